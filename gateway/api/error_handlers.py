@@ -1,0 +1,46 @@
+"""The only place errors become responses; the only broad catch in the gateway."""
+
+from __future__ import annotations
+
+import logging
+
+import orjson
+from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+
+from gateway.errors import GatewayError, InvalidRequest
+
+log = logging.getLogger("gateway.errors")
+
+
+def to_response(err: GatewayError) -> Response:
+    return Response(orjson.dumps(err.body()), status_code=err.status, media_type="application/json", headers=err.headers())
+
+
+def install(app: FastAPI) -> None:
+    @app.exception_handler(GatewayError)
+    async def gateway_error(request: Request, exc: GatewayError) -> Response:
+        return to_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> Response:
+        # FastAPI's 422 {"detail": [...]} is not what OpenAI clients expect: 400 invalid_request_error.
+        first = exc.errors()[0] if exc.errors() else {}
+        loc = ".".join(str(p) for p in first.get("loc", [])[1:]) or None
+        return to_response(InvalidRequest(f"Invalid request: {first.get('msg', 'validation failed')}", param=loc))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        err = GatewayError(str(exc.detail) if exc.status_code != 404 else f"Unknown path: {request.url.path}")
+        err.status = exc.status_code
+        err.type = "invalid_request_error"
+        err.code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+        return to_response(err)
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception) -> Response:
+        log.exception("unhandled error on %s", request.url.path)
+        return to_response(GatewayError("The gateway hit an internal error."))

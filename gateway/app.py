@@ -1,0 +1,111 @@
+"""The app factory: a FastAPI app whose dependencies are built in the lifespan from a validated config."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+from fastapi import FastAPI
+
+from gateway.api import error_handlers, ops
+from gateway.api.admin import routes as admin_routes
+from gateway.api.fastpath import FastPath
+from gateway.api.middleware import RequestIdMiddleware
+from gateway.api.openai import routes as openai_routes
+from gateway.api.openai.proxy import OpenAIProxy
+from gateway.backends.base import Backend
+from gateway.backends.health import HealthChecker
+from gateway.backends.hosted import LiteLLMBackend
+from gateway.backends.openai_compat import HttpBackend, SGLangBackend
+from gateway.backends.transport import asyncio_transport
+from gateway.config import GatewayConfig
+from gateway.dispatch.dispatcher import Dispatcher
+from gateway.observability.logging import setup_logging
+from gateway.observability.metrics import GatewayMetrics
+from gateway.observability.tracing import build_tracer
+from gateway.backends.engine_poller import EnginePoller
+from gateway.dispatch.feedback import Feedback
+from gateway.prediction.ttft import TtftCorrector
+from gateway.prefix.memory import MemoryPrefixIndex
+from gateway.prefix.redis import RedisPrefixIndex
+from gateway.routing.load import MemoryLoadTracker, RedisLoadTracker
+from gateway.routing.pipeline import PipelineRouter
+from gateway.routing.registry import build_policy
+from gateway.state import AppState
+from gateway.tenancy.identify import TenantIndex
+from gateway.upstreams import UpstreamRegistry
+
+
+def create_app(config: GatewayConfig, *, span_exporter: Any = None, transport: httpx.AsyncBaseTransport | None = None) -> Any:
+    """The ASGI app: the hot OpenAI routes as plain ASGI (`api/fastpath.py`), everything else through FastAPI;
+    request ids on every response. `.state` is the FastAPI app's state."""
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        setup_logging()
+        t = config.timeouts
+        limits = httpx.Limits(max_connections=4096, max_keepalive_connections=512, keepalive_expiry=4.0)
+        http = httpx.AsyncClient(
+            timeout=httpx.Timeout(connect=t.connect, read=None, write=30.0, pool=t.connect),
+            transport=transport or asyncio_transport(limits),
+            trust_env=False,  # upstreams are addressed directly, never through an environment proxy
+        )
+        registry = UpstreamRegistry(config)
+        metrics = GatewayMetrics()
+        sglang_backend = SGLangBackend(http, config.retry, t.idle, t.connect)
+        backends: dict[str, Backend] = {"sglang": sglang_backend,
+                                         "openai": HttpBackend(http, config.retry, t.idle),
+                                         "litellm": LiteLLMBackend()}
+        tracer, provider = build_tracer(config.observability.tracing_exporter, config.observability.service_name, span_exporter)
+        health = HealthChecker(registry, http, config.health, metrics)
+        rc = config.routing
+        redis_client = None
+        if rc.redis_url:
+            import redis.asyncio as aioredis
+
+            redis_client = aioredis.from_url(rc.redis_url, socket_connect_timeout=rc.redis_timeout_s * 5)
+            index = RedisPrefixIndex(redis_client, prefix=rc.redis_prefix, timeout=rc.redis_timeout_s,
+                                     on_rtt=metrics.redis_rtt.observe)
+            loads = RedisLoadTracker(redis_client, prefix=rc.redis_prefix, timeout=rc.redis_timeout_s)
+            loads.start()
+        else:
+            index, loads = MemoryPrefixIndex(), MemoryLoadTracker()
+        corrector = TtftCorrector()
+        policy, params, uses_prefix = build_policy(rc)
+        router = PipelineRouter(registry, index, loads, corrector, policy, params, rc.chunk_tokens, uses_prefix,
+                                on_lookup=metrics.routing_lookup.observe)
+        feedback = Feedback(index, loads, corrector, metrics, rc)
+        poller = EnginePoller(registry, http, index, rc.chunk_tokens, rc.load_poll_s)
+        state = AppState(
+            config=config, registry=registry, tenants=TenantIndex(config), metrics=metrics, http=http,
+            backends=backends, router=router, dispatcher=Dispatcher(config, backends, metrics, feedback),
+            health=health, feedback=feedback, tracer=tracer, tracer_provider=provider,
+        )
+        state.extra.update(index=index, loads=loads, corrector=corrector, poller=poller)
+        app.state.gateway = state
+        app.state.proxy = OpenAIProxy(state)
+        health.start()
+        if config.health.enabled:
+            poller.start()
+        try:
+            yield
+        finally:
+            await health.stop()
+            await poller.stop()
+            await feedback.drain()
+            if isinstance(loads, RedisLoadTracker):
+                await loads.stop()
+            if redis_client is not None:
+                await redis_client.aclose()
+            await http.aclose()
+            sglang_backend.close()
+            if provider is not None:
+                provider.shutdown()
+
+    app = FastAPI(title="inference-gateway", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.include_router(openai_routes.router)
+    app.include_router(ops.router)
+    app.include_router(admin_routes.router)
+    error_handlers.install(app)
+    return RequestIdMiddleware(FastPath(app))

@@ -1,0 +1,99 @@
+"""ASGI helpers shared by the gateway and the simulator.
+
+`EventStreamResponse` streams an async iterator of SSE bytes with two properties Starlette's StreamingResponse
+lacks: (1) the status line and headers are sent only when the first chunk exists — the commit point, before
+which an error can still become a proper HTTP error; (2) a client disconnect is noticed at any time, even
+while no chunk is being written (e.g. during a long prefill), and cancels the producer at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+
+class AbortConnection(Exception):
+    """Raised by a producer to cut the connection (no terminator): uvicorn closes the socket."""
+
+
+async def wait_for_disconnect(receive: Receive) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def run_until_disconnect(receive: Receive, work: Awaitable[Any]) -> tuple[bool, Any]:
+    """Run `work` unless the client disconnects first: (disconnected, result)."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(wait_for_disconnect(receive))
+    try:
+        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        task.cancel()
+        watcher.cancel()
+        raise
+    if task in done:
+        watcher.cancel()
+        return False, task.result()
+    task.cancel()
+    try:
+        await task
+    except (asyncio.CancelledError, Exception):  # noqa: BLE001 - the client is gone; nothing to report to
+        pass
+    return True, None
+
+
+class EventStreamResponse(Response):
+    media_type = "text/event-stream"
+
+    def __init__(
+        self,
+        first: Callable[[], Awaitable[Response | bytes]],
+        rest: Callable[[], AsyncIterator[bytes]],
+        headers: dict[str, str] | None = None,
+        on_close: Callable[[bool], Awaitable[None] | None] | None = None,
+    ) -> None:
+        """`first()` returns the first chunk, or a Response (an error) to send instead of the stream;
+        `rest()` yields the remaining chunks. `on_close(disconnected)` runs however it ends."""
+        self.status_code = 200
+        self.background = None
+        # No content-length: the body is chunked and its end is the stream's end. `headers` is read at commit
+        # time, so `first()` may still add to it (e.g. which replica answered).
+        self.raw_headers = [(b"content-type", b"text/event-stream; charset=utf-8")]
+        self._headers = headers if headers is not None else {}
+        self._first = first
+        self._rest = rest
+        self._on_close = on_close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        disconnected = False
+        try:
+            disconnected, first = await run_until_disconnect(receive, self._first())
+            if disconnected:
+                return
+            if isinstance(first, Response):
+                await first(scope, receive, send)
+                return
+            self.raw_headers += [(k.lower().encode("latin-1"), str(v).encode("latin-1")) for k, v in self._headers.items()]
+            self.raw_headers.extend([(b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")])
+            await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+            await send({"type": "http.response.body", "body": first, "more_body": True})
+
+            async def pump() -> None:
+                async for chunk in self._rest():
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+            disconnected, _ = await run_until_disconnect(receive, pump())
+        except OSError:
+            disconnected = True
+        finally:
+            if self._on_close is not None:
+                res = self._on_close(disconnected)
+                if res is not None:
+                    await res

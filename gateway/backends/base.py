@@ -1,0 +1,48 @@
+"""The Backend seam: open one upstream attempt and get either a complete body or a stream of SSE payloads."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from gateway.upstreams import Target
+
+
+class AttemptFailed(Exception):
+    """One upstream attempt failed. `retryable`: another replica may succeed (5xx, 429, connection, timeout);
+    otherwise the request itself is at fault (upstream 4xx) and the error goes back to the client."""
+
+    def __init__(self, message: str, *, retryable: bool, status: int | None = None, timeout: bool = False,
+                 connect: bool = False, overloaded: bool = False, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.retryable = retryable
+        self.status = status
+        self.timeout = timeout
+        self.connect = connect
+        self.overloaded = overloaded
+        self.param = param
+
+
+@dataclass
+class Opened:
+    """A successful attempt: for streams the first payload and the rest; else the parsed JSON body."""
+
+    first: bytes | None
+    rest: AsyncIterator[bytes] | None
+    body: dict[str, Any] | None
+    close: Callable[[], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class UpstreamCall:
+    endpoint: str  # chat/completions | completions
+    body: dict[str, Any]  # the client's body, already adapted for this upstream (model, stream_options)
+    stream: bool
+    request_id: str
+    first_byte_timeout: float
+
+
+class Backend(Protocol):
+    async def open(self, target: Target, call: UpstreamCall) -> Opened: ...

@@ -1,0 +1,206 @@
+"""A lean HTTP/1.1 client for plain-TCP upstreams (SGLang replicas on the cluster network).
+
+httpx/httpcore were ~40% of the gateway's CPU per request in profiles (URL parsing, h11's pure-Python parser,
+pool bookkeeping that scans every connection). SGLang speaks plain HTTP/1.1 with keep-alive, so this client does
+just that: asyncio protocol + httptools' C parser (already installed with uvicorn[standard]), one keep-alive pool
+per origin. Hosted endpoints (TLS, proxies, HTTP/2) keep using httpx.
+
+Errors: `H1ConnectError` (could not connect), `H1Dropped` (the connection closed before any response byte — a
+reused keep-alive connection the server had just closed; safe to retry), `H1Error` (anything else).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import time
+from collections.abc import AsyncIterator
+
+import httptools
+
+
+class H1Error(Exception):
+    pass
+
+
+class H1ConnectError(H1Error):
+    pass
+
+
+class H1Dropped(H1Error):
+    pass
+
+
+class _Conn(asyncio.Protocol):
+    def __init__(self, pool: H1Pool) -> None:
+        self.pool = pool
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self.last_used = time.monotonic()
+        self._reset()
+
+    def _reset(self) -> None:
+        self.parser = httptools.HttpResponseParser(self)
+        self.status = 0
+        self.headers: dict[bytes, bytes] = {}
+        self.chunks: collections.deque[bytes] = collections.deque()
+        self.done = False
+        self.keep_alive = False
+        self.got_bytes = False
+        self.error: H1Error | None = None
+        self.waiter: asyncio.Future[None] | None = None
+        self.headers_done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    # -- asyncio.Protocol ------------------------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self.got_bytes = True
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as e:
+            self._fail(H1Error(f"bad HTTP response: {e}"))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if not self.done:
+            self._fail(H1Error("connection closed mid-response") if self.got_bytes else H1Dropped("connection closed"))
+
+    # -- httptools callbacks ---------------------------------------------------------------------------------
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers[name.lower()] = value
+
+    def on_headers_complete(self) -> None:
+        self.status = self.parser.get_status_code()
+        if not self.headers_done.done():
+            self.headers_done.set_result(None)
+
+    def on_body(self, body: bytes) -> None:
+        self.chunks.append(body)
+        self._wake()
+
+    def on_message_complete(self) -> None:
+        self.keep_alive = self.parser.should_keep_alive()  # llhttp forgets it once the callback returns
+        self.done = True
+        self._wake()
+
+    # -- helpers ---------------------------------------------------------------------------------------------
+    def _wake(self) -> None:
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(None)
+
+    def _fail(self, err: H1Error) -> None:
+        self.error = err
+        if not self.headers_done.done():
+            self.headers_done.set_exception(err)
+            self.headers_done.exception()  # mark retrieved: the caller may already be gone
+        self._wake()
+        if self.transport is not None:
+            self.transport.close()
+
+    def usable(self) -> bool:
+        return not self.closed and self.transport is not None and not self.transport.is_closing()
+
+
+class H1Response:
+    def __init__(self, conn: _Conn) -> None:
+        self._conn = conn
+        self._released = False
+        self.status_code = conn.status
+        self.headers = conn.headers
+
+    async def aiter_raw(self) -> AsyncIterator[bytes]:
+        c = self._conn
+        loop = asyncio.get_running_loop()
+        while True:
+            while c.chunks:
+                yield c.chunks.popleft()
+            if c.done:
+                return
+            if c.error is not None:
+                raise c.error
+            c.waiter = loop.create_future()
+            await c.waiter
+            c.waiter = None
+
+    async def aread(self) -> bytes:
+        return b"".join([chunk async for chunk in self.aiter_raw()])
+
+    async def aclose(self) -> None:
+        """Return the connection to the pool if the response was read to its end; otherwise close it (which is
+        how an unfinished upstream request is cancelled). Idempotent: the connection may already serve another."""
+        if self._released:
+            return
+        self._released = True
+        c = self._conn
+        if c.done and c.error is None and c.keep_alive and c.usable():
+            c.pool.release(c)
+        elif c.transport is not None:
+            c.transport.close()
+
+
+class H1Pool:
+    def __init__(self, host: str, port: int, max_idle: int = 256, idle_expiry: float = 4.0) -> None:
+        self.host = host
+        self.port = port
+        self.max_idle = max_idle
+        self.idle_expiry = idle_expiry  # below SGLang's 5 s keep-alive: never reuse a connection it is about to close
+        self._idle: collections.deque[_Conn] = collections.deque()
+        self.host_header = f"{host}:{port}".encode()
+
+    async def _connect(self, timeout: float) -> _Conn:
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(timeout):
+                _, proto = await loop.create_connection(lambda: _Conn(self), self.host, self.port)
+        except TimeoutError:
+            raise H1ConnectError("connect timed out") from None
+        except OSError as e:
+            raise H1ConnectError(str(e)) from None
+        return proto
+
+    def _take_idle(self) -> _Conn | None:
+        now = time.monotonic()
+        while self._idle:
+            c = self._idle.pop()  # most recently used first
+            if c.usable() and now - c.last_used < self.idle_expiry:
+                return c
+            if c.transport is not None:
+                c.transport.close()
+        return None
+
+    def release(self, c: _Conn) -> None:
+        c.last_used = time.monotonic()
+        c._reset()
+        if len(self._idle) < self.max_idle:
+            self._idle.append(c)
+        elif c.transport is not None:
+            c.transport.close()
+
+    async def request(self, path: str, body: bytes, headers: dict[str, str], connect_timeout: float) -> tuple[H1Response, bool]:
+        """Send a POST; returns once the status line and headers arrived: (response, connection was reused)."""
+        conn = self._take_idle()
+        reused = conn is not None
+        if conn is None:
+            conn = await self._connect(connect_timeout)
+        head = [b"POST ", path.encode(), b" HTTP/1.1\r\nhost: ", self.host_header,
+                b"\r\ncontent-length: ", str(len(body)).encode(), b"\r\n"]
+        for k, v in headers.items():
+            head += [k.encode(), b": ", v.encode("latin-1"), b"\r\n"]
+        head.append(b"\r\n")
+        assert conn.transport is not None
+        conn.transport.write(b"".join(head) + body)
+        try:
+            await conn.headers_done
+        except BaseException:
+            if conn.transport is not None:
+                conn.transport.close()
+            raise
+        return H1Response(conn), reused
+
+    def close(self) -> None:
+        while self._idle:
+            c = self._idle.pop()
+            if c.transport is not None:
+                c.transport.close()

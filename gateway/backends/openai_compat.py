@@ -1,0 +1,205 @@
+"""OpenAI-compatible HTTP upstreams (SGLang replicas and hosted endpoints) over a shared pooled httpx client."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import orjson
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
+
+from gateway.backends.base import AttemptFailed, Opened, UpstreamCall
+from gateway.backends.h1 import H1ConnectError, H1Dropped, H1Error, H1Pool
+from gateway.backends.sse import sse_payloads
+from gateway.config import RetryPolicy
+from gateway.upstreams import Target
+
+RETRYABLE_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
+
+
+def upstream_message(status: int, raw: bytes) -> tuple[str, str | None]:
+    """The message (and param) of an upstream error body: OpenAI's nested shape, SGLang's flat one, or text."""
+    try:
+        obj = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        text = raw.decode("utf-8", "replace").strip()
+        return (text[:500] or f"upstream returned HTTP {status}"), None
+    if isinstance(obj, dict):
+        err = obj.get("error", obj)
+        if isinstance(err, dict):
+            return str(err.get("message") or f"upstream returned HTTP {status}"), err.get("param")
+        if isinstance(err, str):
+            return err, None
+    return f"upstream returned HTTP {status}", None
+
+
+class HttpBackend:
+    def __init__(self, client: httpx.AsyncClient, retry: RetryPolicy, idle_timeout: float) -> None:
+        self.client = client
+        self.retry = retry
+        self.idle_timeout = idle_timeout
+        # A pooled keep-alive connection may be closed by the server just as we reuse it (SGLang's 5 s idle
+        # timeout): that fails before any byte of a response, so the same replica is retried at once.
+        self._same_replica = AsyncRetrying(
+            stop=stop_after_attempt(1 + retry.same_replica_retries),
+            retry=retry_if_exception_type(_DroppedConnection),
+            wait=wait_exponential_jitter(multiplier=retry.backoff_initial, max=retry.backoff_max, jitter=retry.jitter),
+            reraise=True,
+        )
+
+    async def open(self, target: Target, call: UpstreamCall) -> Opened:
+        headers = {"content-type": "application/json", "x-request-id": call.request_id}
+        if target.api_key:
+            headers["authorization"] = f"Bearer {target.api_key}"
+        content = orjson.dumps(call.body)
+        url = target.url(call.endpoint)
+        try:
+            async for attempt in self._same_replica.copy():
+                with attempt:
+                    return await self._once(target, url, content, headers, call)
+        except _DroppedConnection as e:
+            raise AttemptFailed(f"connection dropped by {target.name}: {e}", retryable=True) from None
+        raise AssertionError("unreachable")
+
+    async def _once(self, target: Target, url: str, content: bytes, headers: dict[str, str], call: UpstreamCall) -> Opened:
+        req = self.client.build_request("POST", url, content=content, headers=headers)
+        try:
+            async with asyncio.timeout(call.first_byte_timeout):
+                resp = await self.client.send(req, stream=True)
+        except TimeoutError:
+            raise AttemptFailed("upstream did not answer before the first-byte timeout", retryable=True, timeout=True) from None
+        except httpx.ConnectError as e:
+            raise AttemptFailed(f"cannot connect: {e}", retryable=True, connect=True) from None
+        except httpx.ConnectTimeout:
+            raise AttemptFailed("connect timeout", retryable=True, connect=True, timeout=True) from None
+        except (httpx.RemoteProtocolError, httpx.ReadError) as e:
+            raise _DroppedConnection(str(e)) from None
+        except httpx.HTTPError as e:
+            raise AttemptFailed(f"upstream error: {type(e).__name__}: {e}", retryable=True) from None
+        return await self._handle(resp, call)
+
+    async def _handle(self, resp: Any, call: UpstreamCall) -> Opened:
+        """Status, body or first event of an upstream response (httpx or H1: the same small interface)."""
+        try:
+            if resp.status_code != 200:
+                raw = await self._read_all(resp, call.first_byte_timeout)
+                msg, param = upstream_message(resp.status_code, raw)
+                retryable = resp.status_code in RETRYABLE_STATUSES or resp.status_code >= 500
+                raise AttemptFailed(msg, retryable=retryable, status=resp.status_code, param=param,
+                                    overloaded=resp.status_code in (429, 503))
+            if call.stream:
+                return await self._open_stream(resp, call)
+            raw = await self._read_all(resp, call.first_byte_timeout)
+            try:
+                body = orjson.loads(raw)
+            except orjson.JSONDecodeError:
+                raise AttemptFailed("upstream sent a non-JSON body", retryable=True) from None
+            await resp.aclose()
+            return Opened(None, None, body, resp.aclose)
+        except BaseException:
+            await resp.aclose()
+            raise
+
+    async def _read_all(self, resp: Any, timeout: float) -> bytes:
+        try:
+            async with asyncio.timeout(timeout):
+                return await resp.aread()  # type: ignore[no-any-return]
+        except TimeoutError:
+            raise AttemptFailed("upstream body timed out", retryable=True, timeout=True) from None
+        except (httpx.HTTPError, H1Error) as e:
+            raise AttemptFailed(f"upstream body broken: {type(e).__name__}", retryable=True) from None
+
+    async def _open_stream(self, resp: Any, call: UpstreamCall) -> Opened:
+        payloads = sse_payloads(resp.aiter_raw()).__aiter__()
+        try:
+            async with asyncio.timeout(call.first_byte_timeout):
+                first = await payloads.__anext__()
+        except StopAsyncIteration:
+            raise AttemptFailed("upstream closed the stream before any event", retryable=True) from None
+        except TimeoutError:
+            raise AttemptFailed("no first token before the first-byte timeout", retryable=True, timeout=True) from None
+        except (httpx.HTTPError, H1Error) as e:
+            raise AttemptFailed(f"stream broken before the first event: {type(e).__name__}", retryable=True) from None
+        if first.startswith(b'{"error"'):
+            err = _inband_error(first)
+            raise AttemptFailed(err[0], retryable=err[1] >= 500 or err[1] == 429, status=err[1], overloaded=err[1] in (429, 503))
+        return Opened(first, self._rest(payloads), None, resp.aclose)
+
+    async def _rest(self, payloads: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        idle = self.idle_timeout
+        # The timeout wraps only the wait for the next chunk, never the yield: a timer that fired while the
+        # generator is suspended would cancel the consumer instead.
+        while True:
+            try:
+                async with asyncio.timeout(idle):
+                    payload = await payloads.__anext__()
+            except StopAsyncIteration:
+                return
+            except TimeoutError:
+                raise StreamBroken(f"no chunk from upstream for {idle:.0f} s") from None
+            except (httpx.HTTPError, H1Error) as e:
+                raise StreamBroken(f"upstream stream broken: {type(e).__name__}") from None
+            yield payload
+
+
+class SGLangBackend(HttpBackend):
+    """SGLang replicas: plain-HTTP ones through the lean HTTP/1.1 client (`h1.py`), one keep-alive pool per
+    replica; an https:// replica falls back to httpx."""
+
+    def __init__(self, client: httpx.AsyncClient, retry: RetryPolicy, idle_timeout: float, connect_timeout: float) -> None:
+        super().__init__(client, retry, idle_timeout)
+        self.connect_timeout = connect_timeout
+        self._pools: dict[str, H1Pool] = {}
+
+    def _pool(self, target: Target) -> H1Pool | None:
+        pool = self._pools.get(target.base_url)
+        if pool is None:
+            u = httpx.URL(target.base_url)
+            if u.scheme != "http" or not u.host:
+                return None
+            pool = self._pools[target.base_url] = H1Pool(u.host, u.port or 80)
+        return pool
+
+    async def _once(self, target: Target, url: str, content: bytes, headers: dict[str, str], call: UpstreamCall) -> Opened:
+        pool = self._pool(target)
+        if pool is None:
+            return await super()._once(target, url, content, headers, call)
+        path = url[len(target.base_url):]
+        try:
+            async with asyncio.timeout(call.first_byte_timeout):
+                resp, reused = await pool.request(path, content, headers, self.connect_timeout)
+        except TimeoutError:
+            raise AttemptFailed("upstream did not answer before the first-byte timeout", retryable=True, timeout=True) from None
+        except H1ConnectError as e:
+            raise AttemptFailed(f"cannot connect: {e}", retryable=True, connect=True) from None
+        except H1Dropped as e:
+            if reused:
+                raise _DroppedConnection(str(e)) from None
+            raise AttemptFailed(f"connection dropped: {e}", retryable=True) from None
+        except H1Error as e:
+            raise AttemptFailed(f"upstream error: {e}", retryable=True) from None
+        return await self._handle(resp, call)
+
+    def close(self) -> None:
+        for p in self._pools.values():
+            p.close()
+
+
+class StreamBroken(Exception):
+    """The upstream stream failed after the first event reached the client."""
+
+
+class _DroppedConnection(Exception):
+    pass
+
+
+def _inband_error(payload: bytes) -> tuple[str, int]:
+    try:
+        err: Any = orjson.loads(payload)["error"]
+        code = err.get("code")
+        status = code if isinstance(code, int) else 500
+        return str(err.get("message", "upstream error")), status
+    except (orjson.JSONDecodeError, KeyError, AttributeError, TypeError):
+        return "upstream sent an error event", 500

@@ -1,0 +1,41 @@
+"""The `gateway` command: serve, demo, sim."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="gateway", description="OpenAI-compatible inference gateway")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+
+    from gateway import serve as serve_mod
+    from gateway.sim import cli as sim_cli
+
+    p_serve = sub.add_parser("serve", help="run the gateway from a config file")
+    p_serve.add_argument("--config", required=True)
+    p_serve.add_argument("--host", default="127.0.0.1")
+    p_serve.add_argument("--port", type=int, default=8080)
+    p_serve.add_argument("--drain-timeout", type=float, default=120.0, help="seconds in-flight requests get after SIGTERM")
+    p_serve.set_defaults(func=serve_mod.serve)
+
+    p_demo = sub.add_parser("demo", help="a simulated MI355X pool behind the gateway, in-memory state")
+    p_demo.add_argument("--host", default="127.0.0.1")
+    p_demo.add_argument("--port", type=int, default=8080)
+    p_demo.add_argument("--api-key", default="sk-demo")
+    p_demo.add_argument("--replicas", type=int, default=2)
+    p_demo.add_argument("--sim-port", type=int, default=30000)
+    p_demo.add_argument("--time-scale", type=float, default=1.0)
+    p_demo.set_defaults(func=serve_mod.demo)
+
+    p_sim = sub.add_parser("sim", help="run simulated SGLang replicas")
+    sim_cli.add_arguments(p_sim)
+    p_sim.set_defaults(func=sim_cli.run)
+
+    args = parser.parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,279 @@
+"""The gateway config: models -> pools -> replicas/endpoints, pricing, tenants, timeouts. YAML, validated at load.
+
+Parse (YAML) -> default and validate (pydantic, unknown fields rejected) -> cross-check references. Every error
+names the field path, e.g. ``pools[1].replicas[0].url: Input should be a valid URL``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+from typing import Annotated, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+
+class ConfigError(ValueError):
+    """The config file cannot be used; the message names the file and the field."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class PerTokenPricing(_Strict):
+    type: Literal["per_token"] = "per_token"
+    input_per_mtok: float = Field(ge=0)
+    cached_input_per_mtok: float | None = Field(default=None, ge=0)  # None: same as input
+    output_per_mtok: float = Field(ge=0)
+
+
+class GpuHourPricing(_Strict):
+    """Self-hosted: a replica costs gpus x usd_per_gpu_hour whether busy or not; a request's marginal share is
+    the replica time it occupies at the pool's capacity (prefill at prefill_tokens_per_s, decode at the full-batch
+    decode_tokens_per_s)."""
+
+    type: Literal["gpu_hour"] = "gpu_hour"
+    gpus_per_replica: int = Field(ge=1)
+    usd_per_gpu_hour: float = Field(ge=0)
+    prefill_tokens_per_s: float = Field(gt=0)
+    decode_tokens_per_s: float = Field(gt=0)
+
+
+Pricing = Annotated[PerTokenPricing | GpuHourPricing, Field(discriminator="type")]
+
+
+class Replica(_Strict):
+    name: str = Field(min_length=1)
+    url: str
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        if not v.startswith(("http://", "https://")):
+            raise ValueError("must start with http:// or https://")
+        return v.rstrip("/")
+
+
+class PoolTiming(_Strict):
+    """What the TTFT predictor assumes about one replica of the pool; corrected online from observed TTFTs.
+    Defaults: one MI355X TP4 rank serving GLM-5.2 (docs/simulator.md)."""
+
+    base_s: float = Field(default=0.14, ge=0, description="TTFT floor: API overhead + one prefill forward")
+    prefill_tokens_per_s: float = Field(default=16_700, gt=0)
+    max_running: int = Field(default=48, ge=1)
+    decode_step_s: float = Field(default=0.0467, gt=0, description="decode step time at a full batch")
+    tokens_per_step: float = Field(default=3.5, gt=0)
+    expected_output_tokens: int = Field(default=1000, ge=1)
+    kv_capacity_tokens: int = Field(default=2_400_000, ge=1, description="overridden by /server_info when reachable")
+
+
+class _PoolBase(_Strict):
+    name: str = Field(min_length=1)
+    model: str = Field(min_length=1, description="model name sent upstream")
+    pricing: Pricing | None = None
+    weight: float = Field(default=1.0, ge=0)
+    timing: PoolTiming = PoolTiming()
+
+
+class SGLangPool(_PoolBase):
+    kind: Literal["sglang"] = "sglang"
+    replicas: list[Replica] = Field(min_length=1)
+    api_key_env: str | None = None  # SGLang --api-key, if the servers use one
+    health_path: str = "/health"
+
+
+class OpenAIPool(_PoolBase):
+    """Any OpenAI-compatible hosted endpoint (e.g. a provider serving GLM-5.2 on B200)."""
+
+    kind: Literal["openai"] = "openai"
+    base_url: str
+    api_key_env: str | None = None
+    health_path: str = "/models"
+
+    @field_validator("base_url")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        if not v.startswith(("http://", "https://")):
+            raise ValueError("must start with http:// or https://")
+        return v.rstrip("/")
+
+
+class LiteLLMPool(_PoolBase):
+    """Other providers through litellm (imported only by this pool kind's adapter)."""
+
+    kind: Literal["litellm"] = "litellm"
+    api_key_env: str | None = None
+    api_base: str | None = None
+
+
+Pool = Annotated[SGLangPool | OpenAIPool | LiteLLMPool, Field(discriminator="kind")]
+
+
+class ModelRoute(_Strict):
+    name: str = Field(min_length=1, description="client-facing model name")
+    pools: list[str] = Field(min_length=1, description="pools serving it, in fallback order")
+
+
+class Tenant(_Strict):
+    name: str = Field(min_length=1)
+    api_key_hashes: list[str] = Field(min_length=1, description="sha256 hex of each key")
+    models: list[str] = Field(min_length=1)
+    max_concurrent: int | None = Field(default=None, ge=1, description="in-flight requests per tenant; over it -> 429")
+    ttft_sla_ms: float | None = Field(default=None, gt=0, description="overrides routing.ttft_sla_ms")
+    objective: Literal["cost", "latency"] | None = None
+    on_sla_miss: Literal["spill", "shed"] | None = None
+    cache_salt: str | None = Field(default=None, description="cache namespace; default: the tenant name (isolated)")
+
+    @field_validator("api_key_hashes")
+    @classmethod
+    def _hashes(cls, v: list[str]) -> list[str]:
+        out = []
+        for h in v:
+            h = h.removeprefix("sha256:").lower()
+            if len(h) != 64 or any(c not in "0123456789abcdef" for c in h):
+                raise ValueError("each entry must be a sha256 hex digest (64 hex chars), never a raw key")
+            out.append(h)
+        return out
+
+
+class Timeouts(_Strict):
+    connect: float = Field(default=2.0, gt=0)
+    first_byte: float = Field(default=120.0, gt=0, description="request sent -> first token (streams) or response")
+    idle: float = Field(default=30.0, gt=0, description="max gap between stream chunks")
+    total: float = Field(default=540.0, gt=0, description="whole request, below the SDK's 600 s")
+
+
+class RetryPolicy(_Strict):
+    max_attempts: int = Field(default=3, ge=1, description="attempts across candidates before giving up")
+    same_replica_retries: int = Field(default=1, ge=0, description="immediate retries on a dropped pooled connection")
+    backoff_initial: float = Field(default=0.02, ge=0)
+    backoff_max: float = Field(default=0.5, ge=0)
+    jitter: float = Field(default=0.05, ge=0)
+
+
+class CircuitBreaker(_Strict):
+    failure_threshold: int = Field(default=3, ge=1)
+    cooldown_s: float = Field(default=5.0, gt=0)
+
+
+class HealthChecks(_Strict):
+    interval_s: float = Field(default=5.0, gt=0)
+    timeout_s: float = Field(default=5.0, gt=0)  # SGLang's /health takes ~1 s by design
+    enabled: bool = True
+
+
+class Routing(_Strict):
+    policy: Literal["prefix_sla_cost", "round_robin", "least_loaded"] = "prefix_sla_cost"
+    chunk_tokens: int = Field(default=256, ge=16, description="prefix hash granularity (tokens)")
+    ttft_sla_ms: float = Field(default=2220, gt=0, description="default TTFT target (p95) per request")
+    sla_headroom: float = Field(default=0.1, ge=0, lt=1)
+    stickiness_penalty_ms: float = Field(default=1000, ge=0, description="leave a warm replica only if it is slower by more")
+    on_sla_miss: Literal["spill", "shed"] = "spill"
+    objective: Literal["cost", "latency"] = "cost"
+    bounded_load_factor: float = Field(default=1.25, ge=1.0, description="cold placement: max load vs the mean")
+    speculative_ttl_s: float = Field(default=10, gt=0, description="index entry from dispatch to first token")
+    residency_ttl_s: float = Field(default=900, gt=0, description="index entry after the first token")
+    redis_url: str | None = Field(default=None, description="shared state; in-memory when unset")
+    redis_prefix: str = "gw:"
+    redis_timeout_s: float = Field(default=0.1, gt=0)
+    load_poll_s: float = Field(default=1.0, gt=0, description="engine /v1/loads reconciliation period")
+
+
+class Observability(_Strict):
+    tracing_exporter: Literal["none", "console", "otlp"] = "none"
+    service_name: str = "inference-gateway"
+    log_requests: bool = True
+
+
+class Admin(_Strict):
+    token_hashes: list[str] = Field(default_factory=list, description="sha256 hex of admin tokens; empty = admin API off")
+
+    @field_validator("token_hashes")
+    @classmethod
+    def _hashes(cls, v: list[str]) -> list[str]:
+        return Tenant._hashes(v)  # type: ignore[no-any-return]
+
+
+class GatewayConfig(_Strict):
+    models: list[ModelRoute] = Field(min_length=1)
+    pools: list[Pool] = Field(min_length=1)
+    tenants: list[Tenant] = Field(min_length=1)
+    timeouts: Timeouts = Timeouts()
+    retry: RetryPolicy = RetryPolicy()
+    circuit_breaker: CircuitBreaker = CircuitBreaker()
+    health: HealthChecks = HealthChecks()
+    observability: Observability = Observability()
+    routing: Routing = Routing()
+    admin: Admin = Admin()
+    max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
+
+    @model_validator(mode="after")
+    def _references(self) -> GatewayConfig:
+        pool_names = [p.name for p in self.pools]
+        _unique(pool_names, "pools")
+        _unique([m.name for m in self.models], "models")
+        _unique([t.name for t in self.tenants], "tenants")
+        replica_names = [r.name for p in self.pools if isinstance(p, SGLangPool) for r in p.replicas]
+        _unique(replica_names + [p.name for p in self.pools if not isinstance(p, SGLangPool)], "replicas")
+        for i, m in enumerate(self.models):
+            for j, p in enumerate(m.pools):
+                if p not in pool_names:
+                    raise ValueError(f"models[{i}].pools[{j}]: unknown pool {p!r} (known: {pool_names})")
+        model_names = {m.name for m in self.models}
+        seen: dict[str, str] = {}
+        for i, t in enumerate(self.tenants):
+            for j, m in enumerate(t.models):
+                if m not in model_names:
+                    raise ValueError(f"tenants[{i}].models[{j}]: unknown model {m!r}")
+            for h in t.api_key_hashes:
+                if h in seen:
+                    raise ValueError(f"tenants[{i}].api_key_hashes: key already belongs to tenant {seen[h]!r}")
+                seen[h] = t.name
+        return self
+
+    def pool(self, name: str) -> Pool:
+        return next(p for p in self.pools if p.name == name)
+
+
+def _unique(names: list[str], what: str) -> None:
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise ValueError(f"{what}: duplicate names {dup}")
+
+
+def hash_key(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def _loc(err: dict) -> str:  # type: ignore[type-arg]
+    out = ""
+    for part in err["loc"]:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part in ("sglang", "openai", "litellm", "per_token", "gpu_hour"):
+            continue  # discriminator tags say nothing a user wrote
+        else:
+            out += ("." if out else "") + str(part)
+    return out or "(root)"
+
+
+def parse_config(data: object, source: str = "<config>") -> GatewayConfig:
+    try:
+        return GatewayConfig.model_validate(data)
+    except ValidationError as e:
+        lines = [f"{source}: {_loc(err)}: {err['msg']}" for err in e.errors()]
+        raise ConfigError("\n".join(lines)) from None
+
+
+def load_config(path: str | os.PathLike[str]) -> GatewayConfig:
+    p = Path(path)
+    try:
+        data = yaml.safe_load(p.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{p}: file not found") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{p}: invalid YAML: {e}") from None
+    return parse_config(data, str(p))

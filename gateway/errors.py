@@ -1,0 +1,118 @@
+"""The gateway's one error tree. Each error knows its HTTP status and OpenAI error type/code;
+`api/error_handlers.py` is the only place that turns them into responses.
+
+GatewayError
+├── InvalidRequest        400 invalid_request_error (param set where known)
+├── AuthenticationFailed  401 invalid_request_error / invalid_api_key
+├── PermissionDenied      403 permission_error / model_not_allowed
+├── ModelNotFound         404 invalid_request_error / model_not_found
+├── RequestTooLarge       413 invalid_request_error / request_too_large
+├── RateLimited           429 rate_limit_error / rate_limit_exceeded (+ Retry-After)
+├── UpstreamError         502 server_error / upstream_error
+├── NoCapacity            503 service_unavailable_error / server_is_overloaded (+ Retry-After)
+└── UpstreamTimeout       504 server_error / timeout
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class GatewayError(Exception):
+    status = 500
+    type = "server_error"
+    code: str | None = None
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        retry_after: float | None = None,
+        should_retry: bool | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        if code is not None:
+            self.code = code
+        self.retry_after = retry_after
+        self.should_retry = should_retry
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+    def headers(self) -> dict[str, str]:
+        h: dict[str, str] = {}
+        if self.retry_after is not None:
+            secs = max(0.0, min(self.retry_after, 60.0))  # the SDK ignores Retry-After above 60 s
+            h["retry-after"] = str(max(1, round(secs)))
+            h["retry-after-ms"] = str(int(secs * 1000))
+        if self.should_retry is not None:
+            h["x-should-retry"] = "true" if self.should_retry else "false"
+        return h
+
+
+class InvalidRequest(GatewayError):
+    status = 400
+    type = "invalid_request_error"
+
+
+class AuthenticationFailed(GatewayError):
+    status = 401
+    type = "invalid_request_error"
+    code = "invalid_api_key"
+
+
+class PermissionDenied(GatewayError):
+    status = 403
+    type = "permission_error"
+    code = "model_not_allowed"
+
+
+class ModelNotFound(GatewayError):
+    status = 404
+    type = "invalid_request_error"
+    code = "model_not_found"
+
+
+class RequestTooLarge(GatewayError):
+    status = 413
+    type = "invalid_request_error"
+    code = "request_too_large"
+
+
+class RateLimited(GatewayError):
+    status = 429
+    type = "rate_limit_error"
+    code = "rate_limit_exceeded"
+
+
+class UpstreamError(GatewayError):
+    status = 502
+    type = "server_error"
+    code = "upstream_error"
+
+
+class NoCapacity(GatewayError):
+    status = 503
+    type = "service_unavailable_error"
+    code = "server_is_overloaded"
+
+
+class UpstreamTimeout(GatewayError):
+    status = 504
+    type = "server_error"
+    code = "timeout"
+
+
+def upstream_client_error(status: int, message: str, param: str | None = None) -> GatewayError:
+    """An upstream 4xx that retrying elsewhere cannot fix, passed on with its status and an OpenAI shape."""
+    err = GatewayError(message, param=param, should_retry=False)
+    err.status = status
+    err.type = "invalid_request_error"
+    err.code = {400: None, 404: "model_not_found", 413: "request_too_large"}.get(status)
+    if status == 400 and "context length" in message:
+        err.code = "context_length_exceeded"
+    return err

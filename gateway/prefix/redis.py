@@ -1,0 +1,212 @@
+"""Redis prefix index, shared by every gateway instance; falls back to an in-memory mirror when Redis is away.
+
+Data model (prefix `gw:` by default):
+- `gw:pfx:<hash>`: Redis hash, field replica -> expiry (ms since epoch); key TTL = the longest entry's.
+- `gw:lru:<replica>`: sorted set of the replica's hashes by last touch, trimmed to the replica's capacity; trimming
+  removes the replica from those `pfx` keys.
+Lookup is one EVALSHA that walks the chain and returns each replica's longest leading run; a write is one EVALSHA.
+
+Redis unavailable: every write also goes to the local mirror, reads use the mirror while Redis is down (no
+request fails because of Redis), and writes made meanwhile are replayed when it returns (bounded).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from gateway.prefix.memory import MemoryPrefixIndex
+
+log = logging.getLogger("gateway.prefix")
+
+MATCH_LUA = """
+local now = tonumber(ARGV[1])
+local best, order, alive = {}, {}, nil
+for i = 1, #KEYS do
+  local flat = redis.call('HGETALL', KEYS[i])
+  if #flat == 0 then break end
+  local cur, any = {}, false
+  for j = 1, #flat, 2 do
+    local r = flat[j]
+    if tonumber(flat[j + 1]) > now and (alive == nil or alive[r]) then
+      cur[r] = true
+      any = true
+      if best[r] == nil then table.insert(order, r) end
+      best[r] = i
+    end
+  end
+  if not any then break end
+  alive = cur
+end
+local out = {}
+for _, r in ipairs(order) do
+  table.insert(out, r)
+  table.insert(out, best[r])
+end
+return out
+"""
+
+# KEYS[1] = lru key, KEYS[2..] = pfx keys (leading chunk first); ARGV: replica, expiry_ms, ttl_ms, now_ms, capacity, pfx prefix
+INSERT_LUA = """
+local replica, expiry, ttl, now, cap = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local n = #KEYS
+for i = 2, n do
+  redis.call('HSET', KEYS[i], replica, expiry)
+  if redis.call('PTTL', KEYS[i]) < ttl then redis.call('PEXPIRE', KEYS[i], ttl) end
+  -- deeper chunks count as slightly older, so trimming removes the leaves of a path first
+  redis.call('ZADD', KEYS[1], now - (i - 2) * 0.001, string.sub(KEYS[i], string.len(ARGV[6]) + 1))
+end
+local size = redis.call('ZCARD', KEYS[1])
+if size > cap then
+  local old = redis.call('ZPOPMIN', KEYS[1], size - cap)
+  for j = 1, #old, 2 do redis.call('HDEL', ARGV[6] .. old[j], replica) end
+end
+redis.call('PEXPIRE', KEYS[1], ttl * 4)
+return size
+"""
+
+INVALIDATE_LUA = """
+for i = 2, #KEYS do
+  redis.call('HDEL', KEYS[i], ARGV[1])
+  redis.call('ZREM', KEYS[1], ARGV[i])
+end
+return 1
+"""
+
+DROP_LUA = """
+local members = redis.call('ZRANGE', KEYS[1], 0, -1)
+for _, h in ipairs(members) do redis.call('HDEL', ARGV[2] .. h, ARGV[1]) end
+redis.call('DEL', KEYS[1])
+return #members
+"""
+
+
+class RedisPrefixIndex:
+    def __init__(self, client: aioredis.Redis, *, prefix: str = "gw:", timeout: float = 0.1, retry_after: float = 1.0,
+                 clock: Callable[[], float] = time.time, local: MemoryPrefixIndex | None = None,
+                 on_rtt: Callable[[float], None] | None = None) -> None:
+        self.r = client
+        self.pfx = f"{prefix}pfx:"
+        self.lru = f"{prefix}lru:"
+        self.timeout = timeout
+        self.retry_after = retry_after
+        self.clock = clock
+        self.local = local or MemoryPrefixIndex(clock=clock)
+        self.on_rtt = on_rtt
+        self._capacity: dict[str, int] = {}
+        self._down_until = 0.0
+        self._resync_lock = asyncio.Lock()
+        self._pending: deque[tuple[Any, ...]] = deque(maxlen=10_000)  # writes made while Redis was away
+        self._scripts = {
+            "match": client.register_script(MATCH_LUA),
+            "insert": client.register_script(INSERT_LUA),
+            "invalidate": client.register_script(INVALIDATE_LUA),
+            "drop": client.register_script(DROP_LUA),
+        }
+
+    @property
+    def available(self) -> bool:
+        return time.monotonic() >= self._down_until
+
+    async def _call(self, name: str, keys: list[str], args: list[Any]) -> Any:
+        start = time.perf_counter()
+        async with asyncio.timeout(self.timeout):
+            out = await self._scripts[name](keys=keys, args=args)
+        if self.on_rtt:
+            self.on_rtt(time.perf_counter() - start)
+        return out
+
+    def _mark_down(self, err: BaseException) -> None:
+        if self.available:
+            log.warning("redis unavailable (%s): prefix index falls back to local memory", type(err).__name__)
+        self._down_until = time.monotonic() + self.retry_after
+
+    async def _resync(self) -> None:
+        """Replay writes made while Redis was away (oldest first); one coroutine at a time, the others go on."""
+        if self._resync_lock.locked():
+            return
+        async with self._resync_lock:
+            while self._pending:
+                op = self._pending[0]
+                await self._write(*op, replaying=True)
+                if self._pending and self._pending[0] is op:
+                    self._pending.popleft()
+
+    # -- PrefixIndex -----------------------------------------------------------------------------------------
+    async def match(self, hashes: Sequence[int], replicas: Sequence[str]) -> dict[str, int]:
+        if not hashes:
+            return {}
+        if self.available:
+            try:
+                if self._pending:
+                    await self._resync()
+                flat = await self._call("match", [f"{self.pfx}{h}" for h in hashes], [int(self.clock() * 1000)])
+                allowed = set(replicas)
+                out = {}
+                for i in range(0, len(flat), 2):
+                    name = flat[i].decode() if isinstance(flat[i], bytes) else flat[i]
+                    if name in allowed:
+                        out[name] = int(flat[i + 1])
+                return out
+            except (RedisError, OSError, TimeoutError) as e:
+                self._mark_down(e)
+        return self.local.match_sync(hashes, replicas)
+
+    async def insert(self, replica: str, hashes: Sequence[int], ttl: float) -> None:
+        self.local.insert_sync(replica, hashes, ttl)
+        if hashes:
+            await self._write("insert", replica, list(hashes), ttl)
+
+    async def invalidate(self, replica: str, hashes: Sequence[int]) -> None:
+        self.local.invalidate_sync(replica, hashes)
+        if hashes:
+            await self._write("invalidate", replica, list(hashes), 0.0)
+
+    async def drop_replica(self, replica: str) -> None:
+        self.local.drop_replica_sync(replica)
+        await self._write("drop", replica, [], 0.0)
+
+    async def _write(self, op: str, replica: str, hashes: list[int], ttl: float, replaying: bool = False) -> None:
+        if not self.available and not replaying:
+            self._pending.append((op, replica, hashes, ttl))
+            return
+        try:
+            lru = f"{self.lru}{replica}"
+            if op == "insert":
+                now_ms = int(self.clock() * 1000)
+                ttl_ms = int(ttl * 1000)
+                cap = self._capacity.get(replica, self.local.default_capacity)
+                await self._call("insert", [lru] + [f"{self.pfx}{h}" for h in hashes],
+                                 [replica, now_ms + ttl_ms, ttl_ms, now_ms, cap, self.pfx])
+            elif op == "invalidate":
+                await self._call("invalidate", [lru] + [f"{self.pfx}{h}" for h in hashes], [replica, *hashes])
+            else:
+                await self._call("drop", [lru], [replica, self.pfx])
+        except (RedisError, OSError, TimeoutError) as e:
+            self._mark_down(e)
+            if not replaying:
+                self._pending.append((op, replica, hashes, ttl))
+            else:
+                raise
+
+    def set_capacity(self, replica: str, chunks: int) -> None:
+        self._capacity[replica] = max(1, chunks)
+        self.local.set_capacity(replica, chunks)
+
+    async def size(self) -> int:
+        if self.available:
+            try:
+                total = 0
+                async for key in self.r.scan_iter(match=f"{self.lru}*", count=500):
+                    total += await self.r.zcard(key)
+                return total
+            except (RedisError, OSError) as e:
+                self._mark_down(e)
+        return self.local.size_sync()

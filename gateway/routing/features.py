@@ -1,0 +1,66 @@
+"""Per-candidate features, computed once before the policy runs (pure): predicted cached tokens from the prefix
+match, load, predicted TTFT and the request's cost on that target. Policies only read these."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.config import GpuHourPricing, PerTokenPricing, PoolTiming
+from gateway.prediction.pricing import request_cost
+from gateway.prediction.ttft import LoadView, predict_ttft
+from gateway.routing.request import RoutingRequest
+
+
+@dataclass(frozen=True)
+class TargetInfo:
+    """What the pure core needs to know about a target (the gateway builds it from upstreams.Target)."""
+
+    name: str
+    key: str  # index key: name@incarnation
+    pool: str
+    timing: PoolTiming
+    pricing: PerTokenPricing | GpuHourPricing | None
+    ref: Any = None  # the gateway's Target (opaque here)
+
+    @property
+    def self_hosted(self) -> bool:
+        return not isinstance(self.pricing, PerTokenPricing)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    info: TargetInfo
+    matched_chunks: int
+    cached_tokens: int
+    uncached_tokens: int
+    load: LoadView
+    ttft: float
+    ttft_raw: float
+    cost: float
+
+    @property
+    def name(self) -> str:
+        return self.info.name
+
+    def explain(self) -> dict[str, Any]:
+        return {"replica": self.name, "pool": self.info.pool, "cached_tokens": self.cached_tokens,
+                "queued_prefill_tokens": round(self.load.queued_prefill_tokens), "inflight": round(self.load.inflight, 1),
+                "predicted_ttft_s": round(self.ttft, 3), "cost_usd": round(self.cost, 8)}
+
+
+def build_candidates(req: RoutingRequest, targets: Sequence[TargetInfo], matches: Mapping[str, int],
+                     loads: Mapping[str, LoadView], corrections: Mapping[str, float], chunk_tokens: int) -> list[Candidate]:
+    out = []
+    expected_out = req.max_output_tokens
+    for t in targets:
+        chunks = matches.get(t.key, 0)
+        cached = min(chunks * chunk_tokens, max(req.prompt_tokens - 1, 0))
+        uncached = req.prompt_tokens - cached
+        load = loads.get(t.name, LoadView())
+        raw = predict_ttft(t.timing, load, uncached)
+        out_tokens = expected_out if expected_out is not None else t.timing.expected_output_tokens
+        out.append(Candidate(t, chunks, cached, uncached, load, raw * corrections.get(t.pool, 1.0), raw,
+                             request_cost(t.pricing, req.prompt_tokens, cached, out_tokens)))
+    return out

@@ -1,0 +1,174 @@
+"""Load per replica as the gateways see it: queued prefill tokens (dispatched, no first token yet) and in-flight
+requests. `MemoryLoadTracker` is one instance's view; `RedisLoadTracker` sums every live instance's.
+
+Redis layout: `gw:load:<replica>` hash with fields `<gateway id>:p` (prefill tokens) and `<gateway id>:n`
+(requests), changed with HINCRBYFLOAT; `gw:gateways` sorted set of gateway ids by last heartbeat. Readers sum only
+gateways whose heartbeat is fresh, so a crashed instance's load disappears after `dead_after` seconds instead of
+leaking forever. Snapshots are cached for `snapshot_ttl` and local changes are applied on top at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Protocol
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from gateway.background import BackgroundTask
+from gateway.prediction.ttft import LoadView
+
+log = logging.getLogger("gateway.load")
+
+
+class LoadTracker(Protocol):
+    async def snapshot(self, names: Sequence[str]) -> dict[str, LoadView]: ...
+    async def add(self, name: str, prefill_tokens: float, requests: float = 1) -> None: ...
+    async def prefill_done(self, name: str, prefill_tokens: float) -> None: ...
+    async def finish(self, name: str, requests: float = 1) -> None: ...
+
+
+class MemoryLoadTracker:
+    def __init__(self) -> None:
+        self.prefill: dict[str, float] = {}
+        self.requests: dict[str, float] = {}
+
+    def view(self, name: str) -> LoadView:
+        return LoadView(max(0.0, self.prefill.get(name, 0.0)), max(0.0, self.requests.get(name, 0.0)))
+
+    async def snapshot(self, names: Sequence[str]) -> dict[str, LoadView]:
+        return {n: self.view(n) for n in names}
+
+    async def add(self, name: str, prefill_tokens: float, requests: float = 1) -> None:
+        self.prefill[name] = self.prefill.get(name, 0.0) + prefill_tokens
+        self.requests[name] = self.requests.get(name, 0.0) + requests
+
+    async def prefill_done(self, name: str, prefill_tokens: float) -> None:
+        self.prefill[name] = self.prefill.get(name, 0.0) - prefill_tokens
+
+    async def finish(self, name: str, requests: float = 1) -> None:
+        self.requests[name] = self.requests.get(name, 0.0) - requests
+
+
+class RedisLoadTracker:
+    def __init__(self, client: aioredis.Redis, *, prefix: str = "gw:", gateway_id: str | None = None,
+                 timeout: float = 0.1, snapshot_ttl: float = 0.05, heartbeat_s: float = 1.0, dead_after: float = 3.0) -> None:
+        self.r = client
+        self.prefix = prefix
+        self.id = gateway_id or uuid.uuid4().hex[:12]
+        self.timeout = timeout
+        self.snapshot_ttl = snapshot_ttl
+        self.heartbeat_s = heartbeat_s
+        self.dead_after = dead_after
+        self.local = MemoryLoadTracker()  # this instance's own load: the fallback view and the source of truth for writes
+        self._cache: dict[str, LoadView] = {}
+        self._cache_at = 0.0
+        self._pending: dict[str, tuple[float, float]] = {}  # deltas since the cached snapshot
+        self._down_until = 0.0
+        self._bg = BackgroundTask(self._heartbeat, "load-heartbeat")
+
+    def _key(self, name: str) -> str:
+        return f"{self.prefix}load:{name}"
+
+    def start(self) -> None:
+        self._bg.start()
+
+    async def stop(self) -> None:
+        await self._bg.stop()
+        try:  # leave nothing behind
+            async with asyncio.timeout(self.timeout):
+                await self.r.zrem(f"{self.prefix}gateways", self.id)
+        except (RedisError, OSError, TimeoutError):
+            pass
+
+    async def _heartbeat(self) -> None:
+        while True:
+            try:
+                async with asyncio.timeout(self.timeout * 5):
+                    await self.r.zadd(f"{self.prefix}gateways", {self.id: time.time()})
+                    if time.monotonic() >= self._down_until:
+                        await self._publish_all()
+            except (RedisError, OSError, TimeoutError) as e:
+                self._mark_down(e)
+            await asyncio.sleep(self.heartbeat_s)
+
+    async def _publish_all(self) -> None:
+        """Write this instance's absolute load (repairs whatever was lost while Redis was away)."""
+        pipe = self.r.pipeline(transaction=False)
+        for name in set(self.local.prefill) | set(self.local.requests):
+            v = self.local.view(name)
+            pipe.hset(self._key(name), mapping={f"{self.id}:p": v.queued_prefill_tokens, f"{self.id}:n": v.inflight})
+        await pipe.execute()
+
+    def _mark_down(self, err: BaseException) -> None:
+        if time.monotonic() >= self._down_until:
+            log.warning("redis unavailable (%s): load falls back to this instance's view", type(err).__name__)
+        self._down_until = time.monotonic() + 1.0
+
+    async def snapshot(self, names: Sequence[str]) -> dict[str, LoadView]:
+        now = time.monotonic()
+        if now < self._down_until:
+            return await self.local.snapshot(names)
+        if now - self._cache_at > self.snapshot_ttl or any(n not in self._cache for n in names):
+            try:
+                async with asyncio.timeout(self.timeout):
+                    pipe = self.r.pipeline(transaction=False)
+                    pipe.zrangebyscore(f"{self.prefix}gateways", time.time() - self.dead_after, "+inf")
+                    for n in names:
+                        pipe.hgetall(self._key(n))
+                    res = await pipe.execute()
+            except (RedisError, OSError, TimeoutError) as e:
+                self._mark_down(e)
+                return await self.local.snapshot(names)
+            live = {g.decode() if isinstance(g, bytes) else g for g in res[0]} | {self.id}
+            cache = {}
+            for n, fields in zip(names, res[1:]):
+                p = q = 0.0
+                for k, v in fields.items():
+                    k = k.decode() if isinstance(k, bytes) else k
+                    gid, _, kind = k.rpartition(":")
+                    if gid in live:
+                        if kind == "p":
+                            p += float(v)
+                        else:
+                            q += float(v)
+                cache[n] = LoadView(max(0.0, p), max(0.0, q))
+            self._cache, self._cache_at, self._pending = cache, now, {}
+        out = {}
+        for n in names:
+            v = self._cache.get(n, LoadView())
+            dp, dq = self._pending.get(n, (0.0, 0.0))
+            out[n] = LoadView(max(0.0, v.queued_prefill_tokens + dp), max(0.0, v.inflight + dq))
+        return out
+
+    async def _incr(self, name: str, dp: float, dq: float) -> None:
+        p0, q0 = self._pending.get(name, (0.0, 0.0))
+        self._pending[name] = (p0 + dp, q0 + dq)
+        if time.monotonic() < self._down_until:
+            return
+        try:
+            async with asyncio.timeout(self.timeout):
+                pipe = self.r.pipeline(transaction=False)
+                if dp:
+                    pipe.hincrbyfloat(self._key(name), f"{self.id}:p", dp)
+                if dq:
+                    pipe.hincrbyfloat(self._key(name), f"{self.id}:n", dq)
+                await pipe.execute()
+        except (RedisError, OSError, TimeoutError) as e:
+            self._mark_down(e)
+
+    async def add(self, name: str, prefill_tokens: float, requests: float = 1) -> None:
+        await self.local.add(name, prefill_tokens, requests)
+        await self._incr(name, prefill_tokens, requests)
+
+    async def prefill_done(self, name: str, prefill_tokens: float) -> None:
+        await self.local.prefill_done(name, prefill_tokens)
+        await self._incr(name, -prefill_tokens, 0.0)
+
+    async def finish(self, name: str, requests: float = 1) -> None:
+        await self.local.finish(name, requests)
+        await self._incr(name, 0.0, -requests)

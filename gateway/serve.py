@@ -1,0 +1,101 @@
+"""`gateway serve` and `gateway demo`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from typing import Any
+
+from gateway.app import create_app
+from gateway.config import ConfigError, hash_key, load_config, parse_config
+from gateway.servers import make_server, serve_all
+
+
+async def _serve_gateway(app: Any, host: str, port: int, drain_timeout: float, extra: list[Any] | None = None,
+                         on_started: Any = None) -> None:
+    """Serve until SIGTERM/SIGINT; then stop accepting, report not-ready, and let in-flight streams finish (the
+    simulated replicas of the demo stop after the gateway has drained)."""
+    server = make_server(app, host, port, timeout_graceful_shutdown=drain_timeout, timeout_keep_alive=75)
+
+    def stop() -> None:
+        st = getattr(app.state, "gateway", None)
+        if st is not None:
+            st.draining = True
+        server.should_exit = True
+
+    await serve_all([server] + (extra or []), on_started=on_started, on_signal=stop)
+
+
+def serve(a: argparse.Namespace) -> int:
+    try:
+        cfg = load_config(a.config)
+    except ConfigError as e:
+        print(f"config error:\n{e}", file=sys.stderr)
+        return 2
+    app = create_app(cfg)
+
+    def started() -> None:
+        print(f"gateway listening on http://{a.host}:{a.port}", file=sys.stderr, flush=True)
+
+    asyncio.run(_serve_gateway(app, a.host, a.port, a.drain_timeout, on_started=started))
+    return 0
+
+
+def demo_config(sim_urls: list[str], api_key: str, b200_urls: list[str] | None = None) -> dict[str, Any]:
+    pools: list[dict[str, Any]] = [{
+        "name": "mi355x", "kind": "sglang", "model": "zai-org/GLM-5.2",
+        "replicas": [{"name": f"mi355x-{i}", "url": u} for i, u in enumerate(sim_urls)],
+        # 4 GPUs per TP4 replica; prefill/decode capacity from the fitted MI355X model (docs/simulator.md)
+        "pricing": {"type": "gpu_hour", "gpus_per_replica": 4, "usd_per_gpu_hour": 2.10,
+                    "prefill_tokens_per_s": 16700, "decode_tokens_per_s": 3600},
+    }]
+    pool_names = ["mi355x"]
+    if b200_urls:
+        pools.append({"name": "b200", "kind": "sglang", "model": "zai-org/GLM-5.2",
+                      "replicas": [{"name": f"b200-{i}", "url": u} for i, u in enumerate(b200_urls)],
+                      "pricing": {"type": "per_token", "input_per_mtok": 1.0, "cached_input_per_mtok": 0.2, "output_per_mtok": 3.2}})
+        pool_names.append("b200")
+    return {
+        "models": [{"name": "glm-5.2", "pools": pool_names}],
+        "pools": pools,
+        "tenants": [{"name": "demo", "api_key_hashes": [hash_key(api_key)], "models": ["glm-5.2"]}],
+        "health": {"interval_s": 2.0, "timeout_s": 3.0},
+    }
+
+
+def demo(a: argparse.Namespace) -> int:
+    from gateway.sim.profiles import profile
+    from gateway.sim.replica import Replica
+    from gateway.sim.server import create_sim_app
+
+    sim_ports = [a.sim_port + i for i in range(a.replicas)]
+    cfg_sim = profile("mi355x-glm52-tp4", time_scale=a.time_scale)
+    sims = [make_server(create_sim_app(Replica(cfg_sim.with_overrides(seed=i), name=f"mi355x-{i}")), "127.0.0.1", p,
+                        timeout_keep_alive=5) for i, p in enumerate(sim_ports)]
+    cfg = parse_config(demo_config([f"http://127.0.0.1:{p}" for p in sim_ports], a.api_key), "<demo>")
+    app = create_app(cfg)
+    base = f"http://{a.host}:{a.port}/v1"
+
+    def started() -> None:
+        print(f"""
+Inference gateway demo is up.
+  gateway      {base}   (model "glm-5.2", API key "{a.api_key}")
+  replicas     {", ".join(f"http://127.0.0.1:{p}" for p in sim_ports)}   (simulated SGLang, MI355X TP4, time scale {a.time_scale})
+  metrics      http://{a.host}:{a.port}/metrics
+
+Point the OpenAI SDK at it:
+
+    from openai import OpenAI
+    client = OpenAI(base_url="{base}", api_key="{a.api_key}")
+    r = client.chat.completions.create(model="glm-5.2", messages=[{{"role": "user", "content": "Hello"}}], max_tokens=32)
+    print(r.choices[0].message.content, r.usage)
+
+or: curl {base}/chat/completions -H 'authorization: Bearer {a.api_key}' -H 'content-type: application/json' \\
+      -d '{{"model": "glm-5.2", "messages": [{{"role": "user", "content": "Hello"}}], "max_tokens": 32, "stream": true}}'
+
+Ctrl-C stops it (in-flight requests finish first).
+""", flush=True)
+
+    asyncio.run(_serve_gateway(app, a.host, a.port, 30.0, extra=sims, on_started=started))
+    return 0

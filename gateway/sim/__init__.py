@@ -1,0 +1,1 @@
+"""SGLang-compatible replica simulator (see docs/simulator.md and shared/reference/sglang-simulator-spec.md)."""

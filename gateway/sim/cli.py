@@ -1,0 +1,89 @@
+"""`gateway sim`: N independent simulated SGLang replicas in one process, one per port."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+
+from gateway.servers import make_server, serve_all
+from gateway.sim.profiles import PROFILES, ReplicaConfig, profile
+from gateway.sim.replica import Replica
+from gateway.sim.server import create_sim_app
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--replicas", type=int, default=2, help="number of servers (ports PORT..PORT+N-1)")
+    p.add_argument("--port", type=int, default=30000)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--profile", default="mi355x-glm52-tp4", choices=sorted(PROFILES))
+    p.add_argument("--served-model-name", default=None)
+    p.add_argument("--kv-capacity", type=int, default=None, help="max_total_num_tokens per DP rank")
+    p.add_argument("--page-size", type=int, default=None)
+    p.add_argument("--max-running-requests", type=int, default=None)
+    p.add_argument("--max-queued-requests", type=int, default=None)
+    p.add_argument("--chunked-prefill-size", type=int, default=None)
+    p.add_argument("--dp-size", type=int, default=None, help="DP ranks per server")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--time-scale", type=float, default=1.0, help="k > 1 runs k times faster than real time")
+    p.add_argument("--jitter", type=float, default=None, help="lognormal sigma per forward")
+    p.add_argument("--stream-interval", type=int, default=None)
+    p.add_argument("--sse-style", choices=["0.5.9", "0.5.13"], default=None)
+    p.add_argument("--api-key", default=None)
+    p.add_argument("--no-cache-report", action="store_true", help="like running without --enable-cache-report")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override any server argument or timing parameter, e.g. --set alpha=64 --set t_api=0")
+
+
+def config_from_args(a: argparse.Namespace) -> ReplicaConfig:
+    over = {
+        "served_model_name": a.served_model_name,
+        "max_total_num_tokens": a.kv_capacity,
+        "page_size": a.page_size,
+        "max_running_requests": a.max_running_requests,
+        "max_queued_requests": a.max_queued_requests,
+        "chunked_prefill_size": a.chunked_prefill_size,
+        "dp_size": a.dp_size,
+        "time_scale": a.time_scale,
+        "jitter_sigma": a.jitter,
+        "stream_interval": a.stream_interval,
+        "sse_style": a.sse_style,
+        "api_key": a.api_key,
+        "seed": a.seed,
+    }
+    cfg = profile(a.profile, **{k: v for k, v in over.items() if v is not None})
+    if a.no_cache_report:
+        cfg = cfg.with_overrides(enable_cache_report=False)
+    extra = {}
+    for item in a.set:
+        key, sep, raw = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--set expects KEY=VALUE, got {item!r}")
+        if key not in cfg.__dataclass_fields__ and key not in cfg.timing.__dataclass_fields__:
+            raise SystemExit(f"--set: unknown setting {key!r}")
+        extra[key] = _parse_value(raw)
+    return cfg.with_overrides(**extra) if extra else cfg
+
+
+def _parse_value(raw: str) -> object:
+    import json
+
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw
+
+
+def run(a: argparse.Namespace) -> int:
+    cfg = config_from_args(a)
+    servers = []
+    for i in range(a.replicas):
+        rep = Replica(cfg.with_overrides(seed=cfg.seed + i), name=f"{cfg.profile}-{i}")
+        servers.append(make_server(create_sim_app(rep), a.host, a.port + i, timeout_keep_alive=5))
+
+    def started() -> None:
+        urls = " ".join(f"http://{a.host}:{a.port + i}" for i in range(a.replicas))
+        print(f"simulated SGLang replicas ({cfg.profile}, time scale {cfg.time_scale}): {urls}", file=sys.stderr, flush=True)
+
+    asyncio.run(serve_all(servers, on_started=started))
+    return 0

@@ -1,0 +1,174 @@
+"""A paged prefix cache with the observable behaviour of SGLang's radix cache.
+
+A prompt is cut into full pages; page i is keyed by a chain hash of (key of page i-1, tokens of page i), seeded
+by the request's namespace (cache_salt + extra_key), so equal keys mean equal prefixes in the same namespace.
+That is a radix tree with edges split at page boundaries, stored as a dict from chain key to node.
+
+- Matching walks the chain until the first missing page and refreshes every matched node's access time.
+- Nodes on a running request's path are locked (ref-counted) and never evicted.
+- Eviction removes least-recently-used unlocked *leaves*, repeatedly (a parent becomes a leaf when its last
+  child goes), as `--radix-eviction-policy lru` does.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass(eq=False, slots=True)
+class Node:
+    key: int
+    parent: Node | None
+    children: int = 0
+    lock: int = 0
+    last_access: float = 0.0
+    stamp: int = 0
+
+
+@dataclass
+class CacheStats:
+    inserted_pages: int = 0
+    evicted_pages: int = 0
+    flushes: int = 0
+
+
+@dataclass
+class PrefixCache:
+    page_size: int
+    nodes: dict[int, Node] = field(default_factory=dict)
+    stats: CacheStats = field(default_factory=CacheStats)
+    _heap: list[tuple[float, int, int, Node]] = field(default_factory=list)
+    _seq: itertools.count = field(default_factory=itertools.count)
+    locked_pages: int = 0
+
+    # -- keys -------------------------------------------------------------------------------------------------
+    def page_keys(self, tokens: np.ndarray | Sequence[int], namespace: str = "") -> list[int]:
+        """Chain keys of the full pages of `tokens` (a trailing partial page has no key)."""
+        arr = np.asarray(tokens, dtype=np.uint32)
+        ps = self.page_size
+        n_pages = len(arr) // ps
+        key = hash(("ns", namespace))
+        keys = []
+        if ps == 1:
+            for t in arr.tolist():
+                key = hash((key, t))
+                keys.append(key)
+            return keys
+        raw = arr[: n_pages * ps].tobytes()
+        step = ps * 4
+        for i in range(n_pages):
+            key = hash((key, raw[i * step : (i + 1) * step]))
+            keys.append(key)
+        return keys
+
+    # -- queries ----------------------------------------------------------------------------------------------
+    @property
+    def total_tokens(self) -> int:
+        return len(self.nodes) * self.page_size
+
+    @property
+    def locked_tokens(self) -> int:
+        return self.locked_pages * self.page_size
+
+    @property
+    def evictable_tokens(self) -> int:
+        return self.total_tokens - self.locked_tokens
+
+    def match(self, keys: Sequence[int], now: float) -> list[Node]:
+        """Longest cached prefix (as nodes); refreshes access times along it."""
+        path = []
+        get = self.nodes.get
+        for k in keys:
+            node = get(k)
+            if node is None:
+                break
+            path.append(node)
+        if path:
+            for node in path:
+                node.last_access = now
+            self._push(path[-1])
+        return path
+
+    # -- mutation ---------------------------------------------------------------------------------------------
+    def insert(self, keys: Sequence[int], now: float, lock: bool = False) -> list[Node]:
+        """Insert the chain `keys` (a full path from the root); returns its nodes, locked once more if `lock`."""
+        path = []
+        parent: Node | None = None
+        for k in keys:
+            node = self.nodes.get(k)
+            if node is None:
+                node = Node(k, parent)
+                self.nodes[k] = node
+                if parent is not None:
+                    parent.children += 1
+                self.stats.inserted_pages += 1
+            node.last_access = now
+            path.append(node)
+            parent = node
+        if lock:
+            self.lock(path)
+        if path:
+            self._push(path[-1])
+        return path
+
+    def lock(self, path: Sequence[Node]) -> None:
+        for node in path:
+            if node.lock == 0:
+                self.locked_pages += 1
+            node.lock += 1
+
+    def unlock(self, path: Sequence[Node], now: float) -> None:
+        for node in path:
+            node.lock -= 1
+            if node.lock == 0:
+                self.locked_pages -= 1
+            node.last_access = now
+        if path:
+            self._push(path[-1])
+
+    def evict(self, n_tokens: int) -> int:
+        """Evict LRU unlocked leaves until `n_tokens` are freed or nothing is evictable; returns tokens freed."""
+        freed = 0
+        heap = self._heap
+        while freed < n_tokens and heap:
+            last, stamp, _, node = heapq.heappop(heap)
+            if (
+                node.stamp != stamp
+                or self.nodes.get(node.key) is not node
+                or node.children
+                or node.lock
+            ):
+                continue
+            del self.nodes[node.key]
+            self.stats.evicted_pages += 1
+            freed += self.page_size
+            parent = node.parent
+            if parent is not None:
+                parent.children -= 1
+                if parent.children == 0 and parent.lock == 0:
+                    self._push(parent)
+        if len(heap) > 4 * len(self.nodes) + 1024:
+            self._rebuild_heap()
+        return freed
+
+    def flush(self) -> None:
+        self.nodes.clear()
+        self._heap.clear()
+        self.locked_pages = 0
+        self.stats.flushes += 1
+
+    # -- heap bookkeeping (lazy: stale entries are skipped on pop) --------------------------------------------
+    def _push(self, node: Node) -> None:
+        node.stamp += 1
+        heapq.heappush(self._heap, (node.last_access, node.stamp, next(self._seq), node))
+
+    def _rebuild_heap(self) -> None:
+        self._heap = []
+        for node in self.nodes.values():
+            if node.children == 0:
+                self._push(node)

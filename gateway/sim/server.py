@@ -1,0 +1,655 @@
+"""HTTP surface of one simulated SGLang server (spec section 2), over a `Replica`."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import numpy as np
+import orjson
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route
+
+from gateway.asgi import AbortConnection, EventStreamResponse, run_until_disconnect
+from gateway.sim.engine import Event, EventKind
+from gateway.sim.protocol import (
+    ChunkWriter,
+    SimHTTPError,
+    error_body,
+    forced_tool,
+    new_id,
+    output_text,
+    tool_call,
+    usage,
+    validate_chat,
+    validate_common,
+)
+from gateway.sim.replica import Fault, Replica
+from gateway.tokenizer import prompt_text, render_chat, token_array
+
+EOS_TOKEN_ID = 154827
+
+
+def _err(status: int, message: str, type_: str | None = None) -> Response:
+    e = SimHTTPError(status, message, type_)
+    return Response(error_body(status, e.message, e.type), status_code=status, media_type="application/json")
+
+
+def _json(obj: Any, status: int = 200) -> Response:
+    return Response(orjson.dumps(obj), status_code=status, media_type="application/json")
+
+
+class SimServer:
+    def __init__(self, replica: Replica) -> None:
+        self.replica = replica
+
+    # -- plumbing --------------------------------------------------------------------------------------------
+    def _authorized(self, request: Request) -> bool:
+        key = self.replica.cfg.api_key
+        return key is None or request.headers.get("authorization") == f"Bearer {key}"
+
+    async def _body(self, request: Request) -> dict[str, Any]:
+        ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if ctype != "application/json":
+            raise SimHTTPError(400, f"Unsupported Content-Type: {ctype or 'missing'}. Expected application/json.")
+        raw = await request.body()
+        try:
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError as e:
+            raise SimHTTPError(400, f"JSON decode error: {e}") from None
+        if not isinstance(body, dict):
+            raise SimHTTPError(400, "1 validation error for request\n  Input should be a valid dictionary")
+        return body
+
+    # -- generation ------------------------------------------------------------------------------------------
+    async def chat(self, request: Request) -> Response:
+        return await self._handle(request, chat=True)
+
+    async def completions(self, request: Request) -> Response:
+        return await self._handle(request, chat=False)
+
+    async def _handle(self, request: Request, chat: bool) -> Response:
+        if not self._authorized(request):
+            return _json({"error": "Unauthorized"}, 401)
+        try:
+            body = await self._body(request)
+            return await self._generate(request, body, chat)
+        except SimHTTPError as e:
+            return _err(e.status, e.message, e.type)
+
+    def _prompt(self, body: dict[str, Any], chat: bool) -> np.ndarray:
+        if chat:
+            validate_chat(body)
+            return token_array(render_chat(body["messages"], body.get("tools")))
+        prompt = body.get("prompt")
+        if prompt is None:
+            raise SimHTTPError(400, "1 validation error for CompletionRequest\nprompt\n  Field required")
+        if prompt in ("", []) or prompt == [[]]:
+            raise SimHTTPError(400, "Prompt cannot be empty", "BadRequestError")
+        text = prompt_text(prompt)
+        if text is not None:
+            return token_array(text)
+        if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in prompt):
+            return np.asarray(prompt, dtype=np.uint32)
+        if isinstance(prompt, list) and prompt and all(isinstance(p, list) for p in prompt):
+            flat = [t for p in prompt for t in p]  # batches are concatenated: the simulator serves one sequence
+            if all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in flat):
+                return np.asarray(flat, dtype=np.uint32)
+        raise SimHTTPError(400, "1 validation error for CompletionRequest\nprompt\n  Input should be a valid string or list of token ids")
+
+    async def _generate(self, request: Request, body: dict[str, Any], chat: bool) -> Response:
+        rep, cfg = self.replica, self.replica.cfg
+        _, n, stream = validate_common(body)
+        tokens = self._prompt(body, chat)
+        prompt_len = len(tokens)
+        max_tokens = body.get("max_completion_tokens") if chat else None
+        if max_tokens is None:
+            max_tokens = body.get("max_tokens", None if chat else 16)
+        if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int)):
+            raise SimHTTPError(400, "1 validation error for request\nmax_tokens\n  Input should be a valid integer")
+        if max_tokens is not None and max_tokens <= 0:
+            raise SimHTTPError(400, "max_tokens must be positive.", "BadRequestError")
+        ctx = cfg.context_length
+        if prompt_len >= ctx:
+            raise SimHTTPError(400, f"The input ({prompt_len} tokens) is longer than the model's context length ({ctx} tokens).", "BadRequestError")
+        if max_tokens is not None and prompt_len + max_tokens > ctx:
+            if chat and body.get("max_completion_tokens") is not None:
+                raise SimHTTPError(400, f"max_completion_tokens is too large: {max_tokens}.This model supports at most {ctx - prompt_len} completion tokens.", "BadRequestError")
+            raise SimHTTPError(
+                400,
+                f"Requested token count exceeds the model's maximum context length of {ctx} tokens. You requested a total of "
+                f"{prompt_len + max_tokens} tokens: {prompt_len} tokens from the input messages and {max_tokens} tokens for the "
+                "completion. Please reduce the number of tokens in the input messages or the completion to fit within the limit.",
+                "BadRequestError",
+            )
+        max_input = min(ctx, cfg.max_total_num_tokens) - 6
+        if prompt_len > max_input:
+            raise SimHTTPError(400, f"Input length ({prompt_len} tokens) exceeds the maximum allowed length ({max_input} tokens). Use a shorter input or enable --allow-auto-truncate.", "BadRequestError")
+        if rep.status != "ready":
+            return _err(503, "The server is not ready.", "503")
+        try:
+            fault = rep.take_fault(request.headers.get("x-sim-fault"))
+        except ValueError as e:
+            raise SimHTTPError(400, str(e), "BadRequestError") from None
+        if fault and fault.kind == "status":
+            return _err(fault.status, f"Injected fault: status {fault.status}.", str(fault.status))
+        dp = body.get("data_parallel_rank")
+        hdr = request.headers.get("x-data-parallel-rank")
+        if hdr is not None:
+            try:
+                dp = int(hdr)
+            except ValueError:
+                raise SimHTTPError(400, f"Invalid X-Data-Parallel-Rank header: {hdr!r}", "BadRequestError") from None
+        if dp is not None and (not isinstance(dp, int) or not 0 <= dp < cfg.dp_size):
+            raise SimHTTPError(400, f"data_parallel_rank must be in [0, {cfg.dp_size}), got {dp}.", "BadRequestError")
+        rank = rep.pick_rank(dp)
+        if rep.queue_full(rank):
+            if stream and cfg.sse_style != "0.5.9":
+                return _queue_full_stream()
+            return _err(503, "The request queue is full.", "503")
+
+        tool = forced_tool(body) if chat else None
+        ignore_eos = bool(body.get("ignore_eos", False))
+        lengths = [
+            (min(max_tokens or 24, 24), "tool_calls") if tool else rep.output_len(int(tokens[:64].sum()), i, max_tokens, ignore_eos, body.get("seed"))
+            for i in range(n)
+        ]
+        for out_len, _ in lengths:
+            if not rank.rank.can_hold(prompt_len, out_len):
+                raise SimHTTPError(400, f"Input length ({prompt_len} tokens) plus output exceeds the KV pool ({cfg.max_total_num_tokens} tokens).", "BadRequestError")
+        namespace = f"{body.get('cache_salt') or ''}\x00{body.get('extra_key') or ''}"
+        rid = body.get("rid") if isinstance(body.get("rid"), str) else new_id()
+        sub = rep.submit(rank, tokens, namespace, lengths, rid)
+        ctx_ = _Ctx(self, sub, body, chat, prompt_len, lengths, tool, rid, fault)
+        if fault and fault.kind == "hang":
+            return EventStreamResponse(ctx_.hang, ctx_.never, on_close=ctx_.close) if stream else await ctx_.hang_plain(request)
+        if stream:
+            return EventStreamResponse(ctx_.first_chunk, ctx_.stream_rest, on_close=ctx_.close)
+        return await ctx_.collect(request)
+
+    # -- info endpoints --------------------------------------------------------------------------------------
+    async def models(self, request: Request) -> Response:
+        if not self._authorized(request):
+            return _json({"error": "Unauthorized"}, 401)
+        return _json({"object": "list", "data": [self._card()]})
+
+    def _card(self) -> dict[str, Any]:
+        name = self.replica.cfg.served_model_name
+        return {"id": name, "object": "model", "created": int(time.time()), "owned_by": "sglang", "root": name,
+                "parent": None, "max_model_len": self.replica.cfg.context_length}
+
+    async def model(self, request: Request) -> Response:
+        if not self._authorized(request):
+            return _json({"error": "Unauthorized"}, 401)
+        mid = request.path_params["model_id"]
+        if mid != self.replica.cfg.served_model_name:
+            return _json({"error": {"message": f"The model '{mid}' does not exist", "type": "invalid_request_error",
+                                    "param": "model", "code": "model_not_found"}}, 404)
+        return _json(self._card())
+
+    async def health(self, request: Request) -> Response:
+        """200 (empty) once any scheduler output arrives after the probe starts; polled each (simulated) second."""
+        rep = self.replica
+        if rep.status != "ready":
+            return Response(status_code=503)
+        if request.url.path == "/health" and getattr(rep, "plain_health", False):
+            return Response(status_code=200)
+        clock = rep.clock
+        assert clock is not None
+        start = clock.now()
+        rank = rep.ranks[0]
+        probe = rep.submit(rank, np.arange(8, dtype=np.uint32), "\x00health", [(1, "length")], new_id(), internal=True)
+        try:
+            waited = 0.0
+            while waited < 20.0:
+                await clock.sleep(1.0)
+                waited += 1.0
+                if any(r.last_output_time > start for r in rep.ranks):
+                    return Response(status_code=200)
+                if rep.status != "ready":
+                    break
+            return Response(status_code=503)
+        finally:
+            rep.cancel(probe)
+
+    async def server_info(self, request: Request) -> Response:
+        rep, cfg = self.replica, self.replica.cfg
+        args = {k: v for k, v in cfg.__dict__.items() if k != "timing"}
+        args.pop("api_key", None)
+        info = {
+            **args,
+            "load_balance_method": "round_robin",
+            "disaggregation_mode": "null",
+            "kv_events_config": None,
+            "status": rep.status,
+            "max_req_input_len": min(cfg.context_length, cfg.max_total_num_tokens) - 6,
+            "internal_states": [
+                {"last_gen_throughput": r.rank.counters.last_gen_throughput,
+                 "effective_max_running_requests_per_dp": cfg.max_running_requests,
+                 "avg_spec_accept_length": cfg.timing.alpha,
+                 "memory_usage": {"weight": 105.2, "kvcache": 131.9, "token_capacity": cfg.max_total_num_tokens, "graph": 3.1}}
+                for r in rep.ranks
+            ],
+            "kv_events": None,
+            "incarnation": rep.incarnation,
+            "sim_timing": cfg.timing.__dict__,
+        }
+        return _json(info)
+
+    async def model_info(self, request: Request) -> Response:
+        cfg = self.replica.cfg
+        return _json({"model_path": cfg.model_path, "tokenizer_path": cfg.model_path, "is_generation": True,
+                      "preferred_sampling_params": None, "weight_version": "default", "has_image_understanding": False,
+                      "has_audio_understanding": False, "model_type": "glm_moe_dsa",
+                      "architectures": ["GlmMoeDsaForCausalLM"], "served_model_name": cfg.served_model_name})
+
+    async def v1_loads(self, request: Request) -> Response:
+        include = request.query_params.get("include", "core")
+        valid = {"core", "memory", "spec", "lora", "disagg", "queues", "all"}
+        parts = {p.strip() for p in include.split(",") if p.strip()}
+        if not parts <= valid:
+            return _err(400, f"Invalid include value(s): {sorted(parts - valid)}. Valid: {sorted(valid)}", "BadRequestError")
+        loads = self.replica.loads()
+        dp = request.query_params.get("dp_rank")
+        if dp is not None:
+            try:
+                loads = [x for x in loads if x["dp_rank"] == int(dp)]
+            except ValueError:
+                return _err(400, f"Invalid dp_rank: {dp!r}", "BadRequestError")
+        now = time.time()
+        for x in loads:
+            x["timestamp"] = now
+            if parts & {"queues", "all"}:
+                x["queues"] = {"waiting": x["num_waiting_reqs"], "grammar": 0, "paused": 0, "retracted": 0, "prealloc_ready": 0}
+            if parts & {"spec", "all"}:
+                x["speculative"] = {"accept_length": self.replica.cfg.timing.alpha, "accept_rate": 0.5}
+            if parts & {"memory", "all"}:
+                x["memory"] = {"weight_gb": 105.2, "kv_cache_gb": 131.9, "graph_gb": 3.1, "token_capacity": x["max_total_num_tokens"]}
+        return _json({"timestamp": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime(now)),
+                      "version": self.replica.cfg.version, "loads": loads})
+
+    async def get_load(self, request: Request) -> Response:
+        out = []
+        for x in self.replica.loads():
+            out.append({"dp_rank": x["dp_rank"], "num_reqs": x["num_running_reqs"] + x["num_waiting_reqs"],
+                        "num_waiting_reqs": x["num_waiting_reqs"], "num_tokens": x["num_used_tokens"] + x["num_waiting_uncached_tokens"],
+                        "num_pending_tokens": x["num_waiting_uncached_tokens"], "ts_tic": time.monotonic()})
+        return _json(out)
+
+    async def flush_cache(self, request: Request) -> Response:
+        if all(r.rank.flush_cache() for r in self.replica.ranks):
+            return PlainTextResponse("Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting requests, the operation will not be performed.)\n")
+        return PlainTextResponse("Cache not flushed. Please check backend logs for more details. (When there are running or waiting requests, the operation will not be performed.)\n", status_code=400)
+
+    async def metrics(self, request: Request) -> Response:
+        if not self.replica.cfg.enable_metrics:
+            return PlainTextResponse("Not Found", status_code=404)
+        return Response(self.replica.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    # -- SGLang control hooks --------------------------------------------------------------------------------
+    async def abort_request(self, request: Request) -> Response:
+        try:
+            body = await self._body(request)
+        except SimHTTPError as e:
+            return _err(e.status, e.message, e.type)
+        if body.get("abort_all"):
+            self.replica.abort_all()
+        else:
+            rid = body.get("rid")
+            for sub in list(self.replica._inflight):
+                if any(r.rid.rsplit("-", 1)[0] == rid for r in sub.requests):
+                    for i, _ in enumerate(sub.requests):
+                        sub.queue.put_nowait((i, Event(EventKind.ABORT, self.replica.now(), reason="Aborted by /abort_request.", code=500)))
+                    self.replica.cancel(sub)
+        return Response(status_code=200)
+
+    async def slow_down(self, request: Request) -> Response:
+        body = orjson.loads(await request.body() or b"{}")
+        t = body.get("forward_sleep_time")
+        for r in self.replica.ranks:
+            r.rank.forward_sleep = float(t or 0.0)
+        return _json({"success": True})
+
+    async def pause(self, request: Request) -> Response:
+        for r in self.replica.ranks:
+            r.rank.paused = True
+        return _json({"message": "Generation paused successfully.", "status": "ok"})
+
+    async def resume(self, request: Request) -> Response:
+        for r in self.replica.ranks:
+            r.rank.paused = False
+            r.kick()
+        return _json({"message": "Generation continued successfully.", "status": "ok"})
+
+    async def noop(self, request: Request) -> Response:
+        return _json({"success": True, "message": "ok (simulated)"})
+
+    # -- /_sim control API -----------------------------------------------------------------------------------
+    async def sim_config(self, request: Request) -> Response:
+        rep = self.replica
+        if request.method == "POST":
+            try:
+                changes = orjson.loads(await request.body() or b"{}")
+                if not isinstance(changes, dict):
+                    raise ValueError("expected a JSON object")
+                unknown = set(changes) - set(rep.cfg.__dataclass_fields__) - set(rep.cfg.timing.__dataclass_fields__) - {"slow_factor"}
+                if unknown:
+                    raise ValueError(f"unknown settings: {sorted(unknown)}")
+                slow = changes.pop("slow_factor", None)
+                if slow is not None and (not isinstance(slow, (int, float)) or slow <= 0):
+                    raise ValueError("slow_factor must be a positive number")
+                rep.reconfigure(**changes)
+                if slow is not None:
+                    for r in rep.ranks:
+                        r.rank.slow_factor = float(slow)
+            except (ValueError, TypeError, orjson.JSONDecodeError) as e:
+                return _err(400, str(e), "BadRequestError")
+        return _json({**{k: v for k, v in rep.cfg.__dict__.items() if k != "timing"}, "timing": rep.cfg.timing.__dict__,
+                      "slow_factor": rep.ranks[0].rank.slow_factor if rep.ranks else 1.0})
+
+    async def sim_fault(self, request: Request) -> Response:
+        try:
+            body = orjson.loads(await request.body() or b"{}")
+            kind = body.get("kind")
+            if kind == "clear":
+                self.replica.faults.clear()
+                return _json({"faults": []})
+            if kind == "restart":
+                asyncio.get_running_loop().create_task(self.replica.restart(float(body.get("startup_seconds", 0.0))))
+                return _json({"restarting": True})
+            if kind not in ("reset_after_chunks", "reset_before_headers", "hang", "hang_after_first", "status"):
+                raise ValueError(f"unknown fault kind {kind!r}")
+            f = Fault(kind, n=int(body.get("n", 0)), status=int(body.get("status", 503)), count=int(body.get("count", 1)))
+        except (ValueError, TypeError, AttributeError, orjson.JSONDecodeError) as e:
+            return _err(400, str(e), "BadRequestError")
+        self.replica.faults.append(f)
+        return _json({"faults": [f.__dict__ for f in self.replica.faults]})
+
+    async def sim_state(self, request: Request) -> Response:
+        rep = self.replica
+        ranks = []
+        for r in rep.ranks:
+            rk = r.rank
+            ranks.append({
+                "dp_rank": rk.dp_rank,
+                "waiting": [q.rid for q in rk.waiting],
+                "running": [q.rid for q in rk.running],
+                "cache_pages": len(rk.cache.nodes),
+                "cache_tokens": rk.cache.total_tokens,
+                "evictable_tokens": rk.cache.evictable_tokens,
+                "reserved_tokens": rk.reserved,
+                "evicted_pages": rk.cache.stats.evicted_pages,
+                "counters": rk.counters.__dict__,
+                "lag": r.lag.as_dict(),
+                "paused": rk.paused,
+            })
+        return _json({"name": rep.name, "incarnation": rep.incarnation, "status": rep.status, "sim_time": rep.now(),
+                      "time_scale": rep.cfg.time_scale, "inflight": len(rep._inflight), "ranks": ranks})
+
+
+class _Ctx:
+    """One generation call: turns rank events into SGLang responses (non-streaming or SSE)."""
+
+    def __init__(self, srv: SimServer, sub: Any, body: dict[str, Any], chat: bool, prompt_len: int,
+                 lengths: list[tuple[int, str]], tool: str | None, rid: str, fault: Fault | None) -> None:
+        self.srv = srv
+        self.rep = srv.replica
+        self.sub = sub
+        self.body = body
+        self.chat = chat
+        self.prompt_len = prompt_len
+        self.n = len(lengths)
+        self.tool = tool
+        self.fault = fault
+        self.model = body.get("model", "default") if isinstance(body.get("model"), str) else "default"
+        self.writer = ChunkWriter(rid, self.model, self.rep.cfg.sse_style, chat)
+        self.base = hash((self.rep.cfg.seed, prompt_len, rid if body.get("seed") is None else body.get("seed"))) & 0xFFFF
+        self.generated = [0] * self.n
+        self.finish: list[str | None] = [None] * self.n
+        self.finish_shown = [False] * self.n
+        self.first_time: float | None = None
+        self.last_time: dict[int, float] = {}
+        self.chunks_sent = 0
+        so = body.get("stream_options") or {}
+        self.include_usage = bool(so.get("include_usage"))
+        self.continuous = bool(so.get("continuous_usage_stats"))
+
+    async def _next(self) -> tuple[int, Event]:
+        idx, ev = await self.sub.queue.get()
+        await self.rep.clock.sleep_until(ev.time + self.rep.cfg.timing.t_api)
+        return idx, ev
+
+    def _observe(self, idx: int, ev: Event) -> None:
+        m = self.rep.metrics
+        t_api = self.rep.cfg.timing.t_api
+        arrival = self.sub.requests[idx].arrival
+        if ev.kind is EventKind.FIRST:
+            if self.first_time is None:
+                self.first_time = ev.time
+            m.ttft.observe(ev.time + t_api - arrival)
+            m.queue.observe(max(0.0, ev.time - arrival))
+        elif ev.kind is EventKind.TOKENS and ev.tokens:
+            gap = (ev.time - self.last_time.get(idx, ev.time)) / ev.tokens
+            for _ in range(ev.tokens):
+                m.itl.observe(gap)
+        elif ev.kind is EventKind.FINISH:
+            m.e2e.observe(ev.time + t_api - arrival)
+        self.last_time[idx] = ev.time
+
+    def _usage(self) -> dict[str, Any]:
+        return usage(self.prompt_len, sum(self.generated), self.sub.cached, self.rep.cfg.enable_cache_report)
+
+    def _text(self, idx: int, n_tokens: int) -> str:
+        start = self.generated[idx]
+        self.generated[idx] += n_tokens
+        return output_text(self.base + idx, start, n_tokens)
+
+    # -- non-streaming ---------------------------------------------------------------------------------------
+    async def collect(self, request: Request) -> Response:
+        disconnected, res = await run_until_disconnect(request.receive, self._collect())
+        self.rep.cancel(self.sub)
+        if disconnected:
+            return Response(status_code=499)
+        return res  # type: ignore[no-any-return]
+
+    async def _collect(self) -> Response:
+        texts = [""] * self.n
+        done = 0
+        if self.fault and self.fault.kind in ("reset_after_chunks", "reset_before_headers", "hang_after_first"):
+            return _Reset()
+        while done < self.n:
+            idx, ev = await self._next()
+            self._observe(idx, ev)
+            if ev.kind in (EventKind.FIRST, EventKind.TOKENS):
+                texts[idx] += self._text(idx, ev.tokens)
+            elif ev.kind is EventKind.FINISH:
+                self.finish[idx] = ev.reason
+                done += 1
+            elif ev.kind is EventKind.ABORT:
+                if ev.code == -1:
+                    return _Reset()
+                return _err(ev.code or 500, ev.reason, "InternalServerError" if ev.code == 500 else str(ev.code))
+        created = int(time.time())
+        choices = []
+        for i in range(self.n):
+            reason = self.finish[i]
+            matched = EOS_TOKEN_ID if reason == "stop" else None
+            if self.chat:
+                msg: dict[str, Any] = {"role": "assistant", "content": texts[i], "reasoning_content": None, "tool_calls": None}
+                if self.tool:
+                    msg["content"] = None
+                    msg["tool_calls"] = [tool_call(self.tool, 0)]
+                    matched = None
+                choices.append({"index": i, "message": msg, "logprobs": None, "finish_reason": reason, "matched_stop": matched})
+            else:
+                choices.append({"index": i, "text": texts[i], "logprobs": None, "finish_reason": reason, "matched_stop": matched})
+        return _json({"id": self.writer.rid, "object": "chat.completion" if self.chat else "text_completion",
+                      "created": created, "model": self.model, "choices": choices, "usage": self._usage(),
+                      "metadata": {"weight_version": "default"}})
+
+    # -- streaming -------------------------------------------------------------------------------------------
+    async def first_chunk(self) -> bytes | Response:
+        if self.fault and self.fault.kind == "reset_before_headers":
+            return _Reset()
+        parts = []
+        async for chunk in self._events(until_first=True):
+            parts.append(chunk)
+        return b"".join(parts)
+
+    async def stream_rest(self) -> AsyncIterator[bytes]:
+        async for chunk in self._events(until_first=False):
+            yield chunk
+
+    async def _events(self, until_first: bool) -> AsyncIterator[bytes]:
+        w = self.writer
+        while not all(f is not None for f in self.finish):
+            idx, ev = await self._next()
+            self._observe(idx, ev)
+            if ev.kind is EventKind.ABORT:
+                if ev.code == -1:
+                    raise AbortConnection("replica restarted")
+                if self.rep.cfg.sse_style == "0.5.9":
+                    yield w.chat_delta(idx, {}, "abort") if self.chat else w.text(idx, "", "abort")
+                else:
+                    yield w.error(ev.reason, "InternalServerError" if ev.code == 500 else "SERVICE_UNAVAILABLE", ev.code or 500)
+                yield w.DONE
+                self.finish = ["abort"] * self.n
+                return
+            if ev.kind is EventKind.FIRST:
+                if self.chat:
+                    yield w.chat_delta(idx, {"role": "assistant", "content": ""})
+                    if self.fault and self.fault.kind == "hang_after_first":
+                        await asyncio.Event().wait()
+                    if self.tool:
+                        self.generated[idx] += ev.tokens
+                        yield w.chat_delta(idx, {"tool_calls": [tool_call(self.tool, 0)]})
+                    else:
+                        yield self._content(idx, ev.tokens)
+                else:
+                    yield self._content(idx, ev.tokens)
+                if until_first:
+                    return
+            elif ev.kind is EventKind.TOKENS:
+                if self.tool:
+                    self.generated[idx] += ev.tokens
+                    continue
+                yield self._content(idx, ev.tokens, ev_finish=None if self.chat else (ev.reason or None))
+            elif ev.kind is EventKind.FINISH:
+                self.finish[idx] = "tool_calls" if self.tool else ev.reason
+                matched = EOS_TOKEN_ID if ev.reason == "stop" else None
+                if self.chat:
+                    yield w.chat_delta(idx, {}, self.finish[idx], matched)
+                elif not self.finish_shown[idx]:  # a 1-token completion: no text chunk carried the reason
+                    yield w.text(idx, "", ev.reason, matched)
+        if self.include_usage:
+            yield w.usage_chunk(self._usage())
+        yield w.DONE
+
+    def _content(self, idx: int, n_tokens: int, ev_finish: str | None = None) -> bytes:
+        self.chunks_sent += 1
+        if self.fault and self.fault.kind == "reset_after_chunks" and self.chunks_sent > self.fault.n:
+            raise AbortConnection("injected reset")
+        text = self._text(idx, n_tokens)
+        if self.chat:
+            chunk = self.writer.chat_delta(idx, {"content": text})
+        else:
+            matched = EOS_TOKEN_ID if ev_finish == "stop" else None
+            self.finish_shown[idx] = ev_finish is not None
+            chunk = self.writer.text(idx, text, ev_finish, matched)
+        if self.continuous:
+            obj = orjson.loads(chunk[6:])
+            obj["usage"] = {"prompt_tokens": self.prompt_len, "completion_tokens": sum(self.generated),
+                            "total_tokens": self.prompt_len + sum(self.generated)}
+            chunk = ChunkWriter.sse(obj)
+        return chunk
+
+    async def hang(self) -> bytes:
+        await asyncio.Event().wait()
+        return b""
+
+    async def never(self) -> AsyncIterator[bytes]:
+        if False:  # pragma: no cover
+            yield b""
+
+    async def hang_plain(self, request: Request) -> Response:
+        await run_until_disconnect(request.receive, asyncio.Event().wait())
+        self.rep.cancel(self.sub)
+        return Response(status_code=499)
+
+    async def close(self, disconnected: bool) -> None:
+        self.rep.cancel(self.sub)
+
+
+class _Reset(Response):
+    """A crash as close as ASGI allows: the status line goes out, then the connection is cut with no body."""
+
+    def __init__(self) -> None:
+        super().__init__(status_code=200)
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", b"100")]})
+        raise AbortConnection("simulated crash")
+
+
+def _queue_full_stream() -> Response:
+    body = ChunkWriter.error("The request queue is full.", "SERVICE_UNAVAILABLE", 503) + ChunkWriter.DONE
+    return Response(body, media_type="text/event-stream")
+
+
+def create_sim_app(replica: Replica) -> Starlette:
+    s = SimServer(replica)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await replica.start()
+        yield
+        await replica.stop()
+
+    routes = [
+        Route("/v1/chat/completions", s.chat, methods=["POST"]),
+        Route("/v1/completions", s.completions, methods=["POST"]),
+        Route("/v1/models", s.models, methods=["GET"]),
+        Route("/v1/models/{model_id:path}", s.model, methods=["GET"]),
+        Route("/health", s.health, methods=["GET"]),
+        Route("/health_generate", s.health, methods=["GET"]),
+        Route("/ready", lambda r: Response(status_code=200 if replica.status == "ready" else 503), methods=["GET"]),
+        Route("/ping", lambda r: Response(status_code=200), methods=["GET"]),
+        Route("/server_info", s.server_info, methods=["GET"]),
+        Route("/get_server_info", s.server_info, methods=["GET"]),
+        Route("/model_info", s.model_info, methods=["GET"]),
+        Route("/get_model_info", s.model_info, methods=["GET"]),
+        Route("/v1/loads", s.v1_loads, methods=["GET"]),
+        Route("/get_load", s.get_load, methods=["GET"]),
+        Route("/flush_cache", s.flush_cache, methods=["GET", "POST"]),
+        Route("/metrics", s.metrics, methods=["GET"]),
+        Route("/abort_request", s.abort_request, methods=["POST"]),
+        Route("/slow_down", s.slow_down, methods=["GET", "POST"]),
+        Route("/pause_generation", s.pause, methods=["POST"]),
+        Route("/continue_generation", s.resume, methods=["POST"]),
+        *[Route(p, s.noop, methods=["GET", "POST"]) for p in ("/start_profile", "/stop_profile", "/freeze_gc",
+                                                               "/update_weights_from_disk", "/load_lora_adapter")],
+        Route("/_sim/config", s.sim_config, methods=["GET", "POST"]),
+        Route("/_sim/fault", s.sim_fault, methods=["POST"]),
+        Route("/_sim/state", s.sim_state, methods=["GET"]),
+    ]
+
+    async def not_found(request: Request, exc: Exception) -> Response:
+        return _json({"detail": "Not Found"}, 404)
+
+    async def method_not_allowed(request: Request, exc: Exception) -> Response:
+        return _json({"detail": "Method Not Allowed"}, 405)
+
+    async def internal_error(request: Request, exc: Exception) -> Response:
+        # SGLang answers unexpected exceptions with its envelope, never a traceback.
+        return _err(500, f"Internal server error: {type(exc).__name__}", "InternalServerError")
+
+    app = Starlette(routes=routes, lifespan=lifespan,
+                    exception_handlers={404: not_found, 405: method_not_allowed, Exception: internal_error})
+    app.state.replica = replica
+    return app

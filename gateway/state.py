@@ -1,0 +1,36 @@
+"""The app's typed state, built in the lifespan (nothing happens at import)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from gateway.backends.base import Backend
+from gateway.backends.health import HealthChecker
+from gateway.config import GatewayConfig
+from gateway.dispatch.dispatcher import Dispatcher
+from gateway.dispatch.feedback import Feedback
+from gateway.observability.metrics import GatewayMetrics
+from gateway.routing.pipeline import Router
+from gateway.tenancy.identify import TenantIndex
+from gateway.upstreams import UpstreamRegistry
+
+
+@dataclass
+class AppState:
+    config: GatewayConfig
+    registry: UpstreamRegistry
+    tenants: TenantIndex
+    metrics: GatewayMetrics
+    http: httpx.AsyncClient
+    backends: dict[str, Backend]
+    router: Router
+    dispatcher: Dispatcher
+    health: HealthChecker
+    feedback: Feedback
+    tracer: Any
+    tracer_provider: Any = None
+    draining: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)

@@ -1,0 +1,199 @@
+"""The fleet over real HTTP: simulated MI355X nodes (+ a simulated B200 pool), gateways sharing one Redis, and peer
+routers, side by side in one run, on the Wafer workload.
+
+    .venv/bin/python -m loadtests.fleet_http --nodes 4 --rates 0.5,0.8,0.95,1.2,1.5 --duration 120 --time-scale 0.5
+
+Rates are multiples of 2.4 req/s per node. Targets (each with its own fresh simulators, so caches start equal):
+this router on 2 instances sharing Redis (clients alternate), the same gateways with round_robin and least_loaded,
+the SGLang router cache_aware with 1 and 2 router processes (clients alternate), and the LiteLLM proxy least-busy.
+Peers get the MI355X replicas only (they have no notion of a per-token overflow pool); this router also has the
+B200 pool for spill. The simulators run at `time-scale` (below 1 = slower than real time, so 2 cores keep up);
+all figures are simulated seconds. Prints a table, writes loadtests/out/fleet_http.{json,png}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from gateway.config import hash_key
+from loadtests.peers import ensure
+from loadtests.procs import Proc
+from loadtests.report import plot_ramp, save_json, table
+from loadtests.runner import run_rate, summarize, warm_up
+from loadtests.workload import WaferWorkload
+
+KEY = "sk-fleet"
+B200_PRICE = {"type": "per_token", "input_per_mtok": 1.0, "cached_input_per_mtok": 0.2, "output_per_mtok": 3.2}
+MI355X_PRICE = {"type": "gpu_hour", "gpus_per_replica": 4, "usd_per_gpu_hour": 2.10, "prefill_tokens_per_s": 16700,
+                "decode_tokens_per_s": 3600}
+
+
+def start_sims(a: argparse.Namespace, work: Path, tag: str) -> tuple[list[Proc], list[str], list[str]]:
+    common = ["--time-scale", str(a.time_scale), "--stream-interval", str(a.stream_interval), "--jitter", "0"]
+    mi = Proc(f"sim-mi355x-{tag}", [sys.executable, "-m", "gateway.cli", "sim", "--replicas", str(2 * a.nodes),
+                                   "--port", str(a.sim_port), *common], f"http://127.0.0.1:{a.sim_port}/ping",
+              log=work / f"sim-mi355x-{tag}.log")
+    procs = [mi]
+    b_urls: list[str] = []
+    if a.b200_replicas:
+        b = Proc(f"sim-b200-{tag}", [sys.executable, "-m", "gateway.cli", "sim", "--profile", "b200-glm52", "--replicas",
+                                     str(a.b200_replicas), "--port", str(a.sim_port + 100), *common],
+                 f"http://127.0.0.1:{a.sim_port + 100}/ping", log=work / f"sim-b200-{tag}.log")
+        procs.append(b)
+        b_urls = [f"http://127.0.0.1:{a.sim_port + 100 + i}" for i in range(a.b200_replicas)]
+    for p in procs:
+        p.wait_ready()
+    return procs, [f"http://127.0.0.1:{a.sim_port + i}" for i in range(2 * a.nodes)], b_urls
+
+
+def gateway_targets(a: argparse.Namespace, work: Path, policy: str, mi: list[str], b200: list[str], redis_url: str,
+                    prefix: str) -> tuple[list[Proc], list[str]]:
+    pools: list[dict[str, Any]] = [{"name": "mi355x", "kind": "sglang", "model": "zai-org/GLM-5.2", "pricing": MI355X_PRICE,
+                                    "replicas": [{"name": f"mi355x-{i}", "url": u} for i, u in enumerate(mi)]}]
+    if b200:
+        pools.append({"name": "b200", "kind": "sglang", "model": "zai-org/GLM-5.2", "pricing": B200_PRICE,
+                      "timing": {"base_s": 0.12, "prefill_tokens_per_s": 20000, "decode_step_s": 0.0365},
+                      "replicas": [{"name": f"b200-{i}", "url": u} for i, u in enumerate(b200)]})
+    cfg = {"models": [{"name": "glm-5.2", "pools": [p["name"] for p in pools]}], "pools": pools,
+           "tenants": [{"name": "bench", "api_key_hashes": [hash_key(KEY)], "models": ["glm-5.2"]}],
+           "routing": {"policy": policy, "redis_url": redis_url, "redis_prefix": prefix},
+           "observability": {"log_requests": False}, "timeouts": {"first_byte": 600, "total": 3000, "idle": 120}}
+    path = work / f"gw-{policy}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    procs, urls = [], []
+    for i in range(a.gateways):
+        port = a.port + i
+        procs.append(Proc(f"gateway-{policy}-{i}", [sys.executable, "-m", "gateway.cli", "serve", "--config", str(path),
+                                                    "--port", str(port)], f"http://127.0.0.1:{port}/healthz",
+                          log=work / f"gw-{policy}-{i}.log"))
+        urls.append(f"http://127.0.0.1:{port}/v1")
+    return procs, urls
+
+
+def sglang_router_targets(a: argparse.Namespace, work: Path, mi: list[str], n: int) -> tuple[list[Proc], list[str]]:
+    bin_ = ensure("sglang-router")
+    if bin_ is None:
+        return [], []
+    procs, urls = [], []
+    for i in range(n):
+        port = a.port + 10 + 2 * i
+        procs.append(Proc(f"sglang-router-{i}", [str(bin_ / "python"), "-m", "sglang_router.launch_router", "--worker-urls",
+                                                 *mi, "--policy", "cache_aware", "--host", "127.0.0.1", "--port", str(port),
+                                                 "--prometheus-host", "127.0.0.1", "--prometheus-port", str(port + 1),
+                                                 "--log-level", "warn"], f"http://127.0.0.1:{port}/v1/models",
+                          log=work / f"sglang-router-{i}.log"))
+        urls.append(f"http://127.0.0.1:{port}/v1")
+    return procs, urls
+
+
+def litellm_target(a: argparse.Namespace, work: Path, mi: list[str]) -> tuple[list[Proc], list[str]]:
+    bin_ = ensure("litellm")
+    if bin_ is None:
+        return [], []
+    cfg = {"model_list": [{"model_name": "glm-5.2", "litellm_params": {"model": "hosted_vllm/zai-org/GLM-5.2", "api_base": u + "/v1",
+                                                                       "api_key": "sk-none"}, "model_info": {"id": f"mi355x-{i}"}}
+                          for i, u in enumerate(mi)],
+           "router_settings": {"routing_strategy": "least-busy", "num_retries": 0},
+           "litellm_settings": {"drop_params": False, "request_timeout": 3000}, "general_settings": {"master_key": KEY}}
+    (work / "litellm.yaml").write_text(yaml.safe_dump(cfg))
+    port = a.port + 20
+    p = Proc("litellm", [str(bin_ / "litellm"), "--config", str(work / "litellm.yaml"), "--host", "127.0.0.1",
+                         "--port", str(port)], f"http://127.0.0.1:{port}/health/liveliness",
+             env={"LITELLM_LOCAL_MODEL_COST_MAP": "True"}, log=work / "litellm.log")
+    return [p], [f"http://127.0.0.1:{port}/v1"]
+
+
+async def run_target(a: argparse.Namespace, work: Path, name: str, redis_url: str) -> list[dict[str, Any]]:
+    sims, mi, b200 = start_sims(a, work, name.replace(" ", "_"))
+    procs: list[Proc] = []
+    try:
+        if name.startswith("this router"):
+            policy = {"this router": "prefix_sla_cost", "this router / round_robin": "round_robin",
+                      "this router / least_loaded": "least_loaded"}[name]
+            procs, urls = gateway_targets(a, work, policy, mi, b200 if policy == "prefix_sla_cost" else [], redis_url,
+                                          f"{policy}{id(work)}:")
+        elif name.startswith("SGLang router"):
+            procs, urls = sglang_router_targets(a, work, mi, 2 if name.endswith("x2") else 1)
+        else:
+            procs, urls = litellm_target(a, work, mi)
+        if not procs:
+            print(f"  {name}: not available here", file=sys.stderr)
+            return []
+        for p in procs:
+            p.wait_ready(300)
+        await asyncio.sleep(2)
+        wl = WaferWorkload(groups=a.groups_per_node * a.nodes, seed=a.seed)
+        headers = {"content-type": "application/json", "authorization": f"Bearer {KEY}"}
+        async with httpx.AsyncClient(timeout=3000, trust_env=False) as c:
+            await warm_up(c, urls, wl, headers, per_group=1)
+        rows = []
+        for m in a.rates:
+            rate = m * 2.4 * a.nodes
+            res = await run_rate(urls, rate, a.duration, wl, api_key=KEY, time_scale=a.time_scale, seed=a.seed, progress=False)
+            s = summarize(res, rate)
+            s["multiple"] = m
+            s["spill"] = sum(r.headers.get("x-gateway-pool") == "b200" for r in res) / max(len(res), 1)
+            s["sla_met"] = sum(1 for r in res if r.ok and r.ttft is not None and r.ttft <= a.sla) / max(len(res), 1)
+            rows.append(s)
+            print(f"  {name} @ {rate:.1f} req/s: hit {s['cache_hit']:.3f} p95 {s['ttft_p95']:.2f} s success {s['success']:.3f}",
+                  file=sys.stderr, flush=True)
+        return rows
+    finally:
+        for p in procs + sims:
+            p.stop()
+
+
+async def main_async(a: argparse.Namespace) -> None:
+    work = Path(tempfile.mkdtemp(prefix="gw-fleet-"))
+    redis = Proc("redis", ["redis-server", "--port", str(a.redis_port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                           "--dir", str(work)], "http://127.0.0.1:1/", log=work / "redis.log")
+    await asyncio.sleep(0.5)
+    redis_url = f"redis://127.0.0.1:{a.redis_port}/0"
+    results: dict[str, list[dict[str, Any]]] = {}
+    try:
+        for name in a.targets.split(","):
+            results[name] = await run_target(a, work, name.strip(), redis_url)
+    finally:
+        redis.stop()
+    rows = [[name, f"{s['multiple']:.2f}", f"{s['rate']:.1f}", f"{s['cache_hit'] * 100:.1f}%", f"{s['ttft_p50']:.2f}",
+             f"{s['ttft_p95']:.2f}", f"{s['success'] * 100:.1f}%", f"{s['sla_met'] * 100:.1f}%", f"{s['spill'] * 100:.1f}%",
+             f"{s['tok_s']:.0f}"] for name, rs in results.items() for s in rs]
+    print(f"\nFleet over HTTP: {a.nodes} MI355X nodes ({2 * a.nodes} replicas) + {a.b200_replicas} B200 replicas, "
+          f"{a.gateways} gateway instances on one Redis, Wafer workload, {a.duration:.0f} simulated s per rate, "
+          f"time scale {a.time_scale}")
+    print(table(["target", "x 2.4/node", "req/s", "hit rate", "TTFT p50", "TTFT p95", "success", f"TTFT<={a.sla}s",
+                 "spill", "tok/s"], rows))
+    save_json("fleet_http", {"args": vars(a), "results": results})
+    plot_ramp("fleet_http", {k: v for k, v in results.items() if v}, f"{a.nodes}-node fleet over HTTP")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--nodes", type=int, default=4)
+    p.add_argument("--b200-replicas", type=int, default=4)
+    p.add_argument("--gateways", type=int, default=2)
+    p.add_argument("--rates", type=lambda s: [float(x) for x in s.split(",")], default=[0.5, 0.8, 0.95, 1.2, 1.5])
+    p.add_argument("--duration", type=float, default=120.0)
+    p.add_argument("--time-scale", type=float, default=0.5)
+    p.add_argument("--stream-interval", type=int, default=16)
+    p.add_argument("--groups-per-node", type=int, default=16)
+    p.add_argument("--sla", type=float, default=2.22)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--targets", default="this router,this router / round_robin,this router / least_loaded,"
+                                        "SGLang router cache_aware x1,SGLang router cache_aware x2,LiteLLM least-busy")
+    p.add_argument("--port", type=int, default=19000)
+    p.add_argument("--sim-port", type=int, default=19100)
+    p.add_argument("--redis-port", type=int, default=19390)
+    asyncio.run(main_async(p.parse_args()))
+
+
+if __name__ == "__main__":
+    main()

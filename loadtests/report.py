@@ -1,0 +1,56 @@
+"""Tables, JSON and PNG plots for load-test results."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+OUT = Path(__file__).parent / "out"
+
+
+def save_json(name: str, data: Any) -> Path:
+    OUT.mkdir(exist_ok=True)
+    p = OUT / f"{name}.json"
+    p.write_text(json.dumps(data, indent=2, default=str))
+    return p
+
+
+def table(headers: list[str], rows: list[list[Any]]) -> str:
+    cells = [[h for h in headers]] + [[f"{c:.2f}" if isinstance(c, float) else str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    lines = [" | ".join(c.rjust(w) for c, w in zip(r, widths)) for r in cells]
+    lines.insert(1, "-+-".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def plot_ramp(name: str, series: dict[str, list[dict[str, Any]]], title: str, reference: dict[float, tuple[float, float, float]] | None = None) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for label, rows in series.items():
+        rates = [r["rate"] for r in rows]
+        ax1.plot(rates, [r["tok_s"] for r in rows], marker="o", label=label)
+        ax2.plot(rates, [r["ttft_p50"] for r in rows], marker="o", label=f"{label} p50")
+        ax2.plot(rates, [r["ttft_p95"] for r in rows], marker="s", linestyle="--", label=f"{label} p95")
+    if reference:
+        rates = sorted(reference)
+        ax1.plot(rates, [reference[r][0] for r in rates], marker="x", color="black", label="Wafer (published)")
+        ax2.plot(rates, [reference[r][1] for r in rates], marker="x", color="black", label="Wafer p50")
+        ax2.plot(rates, [reference[r][2] for r in rates], marker="x", color="gray", linestyle="--", label="Wafer p95")
+    ax1.set_xlabel("offered req/s")
+    ax1.set_ylabel("output tok/s")
+    ax2.set_xlabel("offered req/s")
+    ax2.set_ylabel("TTFT (s, simulated)")
+    ax1.legend(fontsize=8)
+    ax2.legend(fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    OUT.mkdir(exist_ok=True)
+    p = OUT / f"{name}.png"
+    fig.savefig(p, dpi=110)
+    plt.close(fig)
+    return p

@@ -1,0 +1,149 @@
+"""Test infrastructure: real servers on loopback (simulated replicas, the gateway) and a private Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+
+from gateway.servers import make_server
+from gateway.sim.profiles import profile
+from gateway.sim.replica import Replica
+from gateway.sim.server import create_sim_app
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class ServerThread:
+    """uvicorn servers for the given ASGI apps, on free loopback ports, in one background event loop."""
+
+    def __init__(self, apps: list[Any], ports: list[int] | None = None) -> None:
+        self.ports = ports or [free_port() for _ in apps]
+        self.urls = [f"http://127.0.0.1:{p}" for p in self.ports]
+        self.servers = [make_server(app, "127.0.0.1", p, timeout_keep_alive=5) for app, p in zip(apps, self.ports)]
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_until_complete(asyncio.gather(*(s.serve() for s in self.servers)))
+
+    def start(self) -> ServerThread:
+        self.thread.start()
+        deadline = time.time() + 10
+        while not all(s.started for s in self.servers):
+            if time.time() > deadline or not self.thread.is_alive():
+                raise RuntimeError("servers did not start")
+            time.sleep(0.01)
+        return self
+
+    def stop_one(self, i: int) -> None:
+        """Stop server i (its port then refuses connections)."""
+        srv = self.servers[i]
+        srv.should_exit = True
+        deadline = time.time() + 10
+        while srv.started and not getattr(srv, "_stopped", False):
+            try:
+                with socket.create_connection(("127.0.0.1", self.ports[i]), timeout=0.2):
+                    pass
+            except OSError:
+                return
+            if time.time() > deadline:
+                raise RuntimeError("server did not stop")
+            time.sleep(0.02)
+
+    def call(self, fn: Callable[[], Any]) -> Any:
+        """Run fn on the servers' loop thread (for touching simulator state safely)."""
+        async def wrap() -> Any:
+            return fn()
+
+        return asyncio.run_coroutine_threadsafe(wrap(), self.loop).result(5)
+
+    def stop(self) -> None:
+        for s in self.servers:
+            s.should_exit = True
+        self.thread.join(15)
+
+
+def start_sims(n: int = 2, prof: str = "mi355x-glm52-tp4", **overrides: Any) -> tuple[ServerThread, list[Replica]]:
+    overrides.setdefault("time_scale", 20.0)
+    cfg = profile(prof, **overrides)
+    reps = [Replica(cfg.with_overrides(seed=i), name=f"sim-{i}") for i in range(n)]
+    st = ServerThread([create_sim_app(r) for r in reps]).start()
+    return st, reps
+
+
+class RedisServer:
+    """A private redis-server on a free port (never the machine's shared one), ended by PID."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.dir = tempfile.mkdtemp(prefix="gw-redis-")
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.start()
+
+    def start(self) -> None:
+        exe = shutil.which("redis-server") or "/usr/bin/redis-server"
+        self.proc = subprocess.Popen(
+            [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", self.dir],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.time() + 10
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+                    break
+            except OSError:
+                if time.time() > deadline:
+                    raise RuntimeError("redis-server did not start") from None
+                time.sleep(0.02)
+
+    def kill(self) -> None:
+        """Stop it (by our PID) but keep the port and directory, so start() brings it back empty."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+
+    def stop(self) -> None:
+        self.kill()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def wait_http(url: str, timeout: float = 20.0, proc: subprocess.Popen[Any] | None = None) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.returncode}")
+        try:
+            if httpx.get(url, timeout=1).status_code < 500:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.05)
+    raise RuntimeError(f"{url} not up")
+
+
+def env_without_proxies() -> dict[str, str]:
+    env = dict(os.environ)
+    for k in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "ALL_PROXY", "all_proxy"):
+        env.pop(k, None)
+    env["NO_PROXY"] = "127.0.0.1,localhost"
+    return env

@@ -1,0 +1,41 @@
+"""Builders for gateway configs and running gateways in tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gateway.app import create_app
+from gateway.config import hash_key, parse_config
+from tests.helpers import ServerThread
+
+KEY_A = "sk-test-tenant-a"
+KEY_B = "sk-test-tenant-b"
+
+
+def sglang_pool(name: str, urls: list[str], model: str = "zai-org/GLM-5.2") -> dict[str, Any]:
+    return {"name": name, "kind": "sglang", "model": model,
+            "replicas": [{"name": f"{name}-{i}", "url": u} for i, u in enumerate(urls)],
+            "pricing": {"type": "gpu_hour", "gpus_per_replica": 4, "usd_per_gpu_hour": 2.0,
+                        "prefill_tokens_per_s": 16700, "decode_tokens_per_s": 3600}}
+
+
+def config(pools: list[dict[str, Any]], models: list[dict[str, Any]] | None = None, **extra: Any) -> dict[str, Any]:
+    models = models or [{"name": "glm-5.2", "pools": [p["name"] for p in pools]}]
+    tenants = extra.pop("tenants", None) or [
+        {"name": "tenant-a", "api_key_hashes": [hash_key(KEY_A)], "models": [m["name"] for m in models]},
+    ]
+    cfg = {"models": models, "pools": pools, "tenants": tenants,
+           "health": {"interval_s": 0.3, "timeout_s": 2.0},
+           "timeouts": {"connect": 1.0, "first_byte": 10.0, "idle": 5.0, "total": 30.0},
+           "retry": {"backoff_initial": 0.0, "jitter": 0.0},
+           "circuit_breaker": {"failure_threshold": 3, "cooldown_s": 1.0}}
+    for k, v in extra.items():
+        cfg[k] = {**cfg.get(k, {}), **v} if isinstance(v, dict) and isinstance(cfg.get(k), dict) else v
+    return cfg
+
+
+def start_gateway(cfg: dict[str, Any], **kw: Any) -> ServerThread:
+    app = create_app(parse_config(cfg), **kw)
+    st = ServerThread([app]).start()
+    st.app = app  # type: ignore[attr-defined]
+    return st

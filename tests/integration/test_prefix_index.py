@@ -1,0 +1,110 @@
+"""Both prefix index implementations against the same contract; the Redis one against a real Redis."""
+
+import asyncio
+import time
+
+import pytest
+import redis.asyncio as aioredis
+
+from gateway.prefix.memory import MemoryPrefixIndex
+from gateway.prefix.redis import RedisPrefixIndex
+from tests.helpers import RedisServer
+
+
+class FakeClock:
+    def __init__(self, t=1_000_000.0):
+        self.t = t
+
+    def __call__(self):
+        return self.t
+
+
+@pytest.fixture(params=["memory", "redis"])
+def index(request, redis_server):
+    clock = FakeClock()
+    if request.param == "memory":
+        yield MemoryPrefixIndex(clock=clock), clock
+        return
+    client = aioredis.from_url(redis_server.url)
+    prefix = f"t{time.monotonic_ns()}:"  # a private namespace per test in our own redis-server
+    yield RedisPrefixIndex(client, prefix=prefix, clock=clock, timeout=1.0), clock
+
+
+async def _contract(idx, clock):
+    H = list(range(101, 111))
+    await idx.insert("a@1", H[:6], ttl=60)
+    await idx.insert("b@1", H[:3] + [999], ttl=60)
+    assert await idx.match(H, ["a@1", "b@1"]) == {"a@1": 6, "b@1": 3}
+    assert await idx.match(H, ["b@1"]) == {"b@1": 3}
+    assert await idx.match([5, 6], ["a@1"]) == {}
+    # the tail beyond the engine's real hit is invalidated
+    await idx.invalidate("a@1", H[4:6])
+    assert (await idx.match(H, ["a@1"]))["a@1"] == 4
+    # entries expire
+    await idx.insert("c@1", H[:2], ttl=5)
+    clock.t += 6
+    assert "c@1" not in await idx.match(H, ["c@1", "a@1"])
+    # a restarted replica is another key and inherits nothing; dropping removes everything
+    assert await idx.match(H, ["a@2"]) == {}
+    await idx.drop_replica("a@1")
+    assert await idx.match(H, ["a@1"]) == {}
+
+
+def test_contract(index):
+    idx, clock = index
+    asyncio.run(_contract(idx, clock))
+
+
+async def _capacity(idx):
+    idx.set_capacity("a@1", 3)
+    await idx.insert("a@1", [1, 2, 3, 4, 5], ttl=60)
+    assert (await idx.match([1, 2, 3, 4, 5], ["a@1"]))["a@1"] == 3  # trimmed to capacity, deepest chunks first
+    await idx.insert("a@1", [7, 8], ttl=60)
+    assert await idx.match([7, 8], ["a@1"]) == {"a@1": 2}
+    assert (await idx.match([1, 2, 3], ["a@1"])).get("a@1", 0) == 1
+
+
+def test_capacity_trimming(index):
+    idx, _ = index
+    asyncio.run(_capacity(idx))
+
+
+def test_two_instances_share_one_redis(redis_server):
+    async def go():
+        c1, c2 = aioredis.from_url(redis_server.url), aioredis.from_url(redis_server.url)
+        a = RedisPrefixIndex(c1, prefix="shared:")
+        b = RedisPrefixIndex(c2, prefix="shared:")
+        await a.insert("r@1", [11, 12, 13], ttl=60)
+        assert await b.match([11, 12, 13, 14], ["r@1"]) == {"r@1": 3}
+        assert await b.size() >= 3
+        await c1.aclose()
+        await c2.aclose()
+
+    asyncio.run(go())
+
+
+def test_redis_outage_falls_back_then_resyncs():
+    """Killed Redis: lookups answer from the local mirror at once; writes made meanwhile reach Redis after it
+    returns (it restarts empty, like a Redis without persistence)."""
+    srv = RedisServer()
+    try:
+        async def go():
+            client = aioredis.from_url(srv.url, socket_connect_timeout=0.2)
+            idx = RedisPrefixIndex(client, prefix="o:", timeout=0.3, retry_after=0.2)
+            await idx.insert("r@1", [1, 2, 3], ttl=60)
+            srv.kill()
+            t = time.perf_counter()
+            assert await idx.match([1, 2, 3], ["r@1"]) == {"r@1": 3}  # from the mirror
+            assert time.perf_counter() - t < 1.0
+            assert not idx.available
+            await idx.insert("r@1", [7, 8], ttl=60)  # queued for replay
+            srv.start()
+            await asyncio.sleep(0.3)
+            assert await idx.match([7, 8], ["r@1"]) == {"r@1": 2}  # resync happened before this lookup
+            other = RedisPrefixIndex(aioredis.from_url(srv.url), prefix="o:")
+            assert await other.match([7, 8], ["r@1"]) == {"r@1": 2}
+            await client.aclose()
+
+        asyncio.run(go())
+    finally:
+        srv.stop()
