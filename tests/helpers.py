@@ -141,6 +141,16 @@ def wait_http(url: str, timeout: float = 20.0, proc: subprocess.Popen[Any] | Non
     raise RuntimeError(f"{url} not up")
 
 
+def wait_until(pred: Callable[[], bool], timeout: float = 5.0, what: str = "condition") -> None:
+    """Poll `pred` until it holds. For effects the server commits after the client saw its last byte (a stream's
+    accounting runs when the response closes), so a test asserts on them without racing the server."""
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.01)
+
+
 def env_without_proxies() -> dict[str, str]:
     env = dict(os.environ)
     for k in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "ALL_PROXY", "all_proxy"):

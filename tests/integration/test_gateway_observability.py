@@ -6,7 +6,7 @@ import httpx
 from openai import OpenAI
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from tests.helpers import start_sims
+from tests.helpers import start_sims, wait_until
 from tests.integration.gateway_fixtures import KEY_A, config, sglang_pool, start_gateway
 
 SECRET_PROMPT = "my confidential prompt about project nightingale"
@@ -30,6 +30,9 @@ def test_spans_logs_and_metrics_hold_no_secrets():
         c.chat.completions.create(model="glm-5.2", messages=[{"role": "user", "content": SECRET_PROMPT}], max_tokens=3)
         list(c.chat.completions.create(model="glm-5.2", messages=[{"role": "user", "content": SECRET_PROMPT}],
                                        max_tokens=3, stream=True))
+        # a stream is accounted (log line, span end) when the response closes, which may be after the client
+        # read [DONE]: wait for it rather than race it
+        wait_until(lambda: len(records) == 2, what="both requests accounted")
         gw.call(lambda: gw.app.state.gateway.tracer_provider.force_flush())
         spans = exporter.get_finished_spans()
         assert len(spans) == 2
