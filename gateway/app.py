@@ -34,13 +34,22 @@ from gateway.routing.load import MemoryLoadTracker, RedisLoadTracker
 from gateway.routing.pipeline import PipelineRouter
 from gateway.routing.registry import build_policy
 from gateway.state import AppState
-from gateway.tenancy.identify import TenantIndex
+from gateway.control.plane import ControlPlane
+from gateway.control.store import MemoryControlStore, RedisControlStore
+from gateway.tenancy.budget import MemoryBudgetLedger, RedisBudgetLedger
+from gateway.tenancy.fallback import FallbackBudgetLedger, FallbackRateLimiter
+from gateway.tenancy.policy_loader import PolicyError
+from gateway.tenancy.policy_store import PolicyStore
+from gateway.tenancy.ratelimit import MemoryRateLimiter, RedisRateLimiter
 from gateway.upstreams import UpstreamRegistry
 
 
 def create_app(config: GatewayConfig, *, span_exporter: Any = None, transport: httpx.AsyncBaseTransport | None = None) -> Any:
     """The ASGI app: the hot OpenAI routes as plain ASGI (`api/fastpath.py`), everything else through FastAPI;
-    request ids on every response. `.state` is the FastAPI app's state."""
+    request ids on every response. `.state` is the FastAPI app's state. Tenant policies are loaded here, so an
+    invalid policy directory fails the start (ConfigError) before anything listens."""
+    policies = PolicyStore(config)
+
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         setup_logging()
@@ -53,6 +62,7 @@ def create_app(config: GatewayConfig, *, span_exporter: Any = None, transport: h
         )
         registry = UpstreamRegistry(config)
         metrics = GatewayMetrics()
+        policies.on_reload = lambda result: metrics.policy_reloads.labels(result).inc()
         sglang_backend = SGLangBackend(http, config.retry, t.idle, t.connect)
         backends: dict[str, Backend] = {"sglang": sglang_backend,
                                          "openai": HttpBackend(http, config.retry, t.idle),
@@ -69,8 +79,27 @@ def create_app(config: GatewayConfig, *, span_exporter: Any = None, transport: h
                                      on_rtt=metrics.redis_rtt.observe)
             loads = RedisLoadTracker(redis_client, prefix=rc.redis_prefix, timeout=rc.redis_timeout_s)
             loads.start()
+            control_store: MemoryControlStore | RedisControlStore = RedisControlStore(redis_client, rc.redis_prefix)
         else:
             index, loads = MemoryPrefixIndex(), MemoryLoadTracker()
+            control_store = MemoryControlStore()
+        shared = dict(timeout=rc.limits_redis_timeout_s, retry_after=1.0)
+        limiter = FallbackRateLimiter(redis_client and RedisRateLimiter(redis_client, rc.redis_prefix), MemoryRateLimiter(),
+                                      what="rate limits", **shared)
+        budget = FallbackBudgetLedger(redis_client and RedisBudgetLedger(redis_client, rc.redis_prefix), MemoryBudgetLedger(),
+                                      what="budgets", **shared)
+
+        async def reload_event(_: dict[str, Any]) -> None:
+            try:
+                policies.reload()
+            except PolicyError:
+                pass  # logged and kept in policies.last_error; the running policy stays
+
+        async def flush_event(ev: dict[str, Any]) -> None:
+            await index.drop_replica(str(ev["key"]))
+
+        control = ControlPlane(control_store, registry, config.admin.control_resync_s,
+                               actions={"reload": reload_event, "flush": flush_event})
         corrector = TtftCorrector()
         policy, params, uses_prefix = build_policy(rc)
         router = PipelineRouter(registry, index, loads, corrector, policy, params, rc.chunk_tokens, uses_prefix,
@@ -78,7 +107,8 @@ def create_app(config: GatewayConfig, *, span_exporter: Any = None, transport: h
         feedback = Feedback(index, loads, corrector, metrics, rc)
         poller = EnginePoller(registry, http, index, rc.chunk_tokens, rc.load_poll_s)
         state = AppState(
-            config=config, registry=registry, tenants=TenantIndex(config), metrics=metrics, http=http,
+            config=config, registry=registry, policies=policies, control=control, limiter=limiter, budget=budget,
+            metrics=metrics, http=http,
             backends=backends, router=router, dispatcher=Dispatcher(config, backends, metrics, feedback),
             health=health, feedback=feedback, tracer=tracer, tracer_provider=provider,
         )
@@ -88,9 +118,14 @@ def create_app(config: GatewayConfig, *, span_exporter: Any = None, transport: h
         health.start()
         if config.health.enabled:
             poller.start()
+        policies.start()
+        await control.start()
         try:
             yield
         finally:
+            await control.stop()
+            await policies.stop()
+            await app.state.proxy.drain()
             await health.stop()
             await poller.stop()
             await feedback.drain()
@@ -109,3 +144,13 @@ def create_app(config: GatewayConfig, *, span_exporter: Any = None, transport: h
     app.include_router(admin_routes.router)
     error_handlers.install(app)
     return RequestIdMiddleware(FastPath(app))
+
+
+def create_admin_app(main: Any) -> Any:
+    """The admin API alone, for `admin.port` (e.g. reachable only inside the cluster); it serves the main app's
+    state, so both ports see and change the same instance."""
+    admin = FastAPI(title="inference-gateway-admin", docs_url=None, redoc_url=None, openapi_url=None)
+    admin.include_router(admin_routes.router)
+    error_handlers.install(admin)
+    admin.state.main = main
+    return RequestIdMiddleware(admin)

@@ -1,4 +1,4 @@
-"""The `gateway` command: serve, demo, sim."""
+"""The `gateway` command: serve, demo, sim, admin, policies."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="gateway", description="OpenAI-compatible inference gateway")
     sub = parser.add_subparsers(dest="cmd", required=True)
 
+    from gateway import admin_cli
     from gateway import serve as serve_mod
+    from gateway.tenancy import schema_cli
     from gateway.sim import cli as sim_cli
 
     p_serve = sub.add_parser("serve", help="run the gateway from a config file")
@@ -32,6 +34,14 @@ def main(argv: list[str] | None = None) -> int:
     p_sim = sub.add_parser("sim", help="run simulated SGLang replicas")
     sim_cli.add_arguments(p_sim)
     p_sim.set_defaults(func=sim_cli.run)
+
+    p_admin = sub.add_parser("admin", help="on-call commands over the admin API")
+    admin_cli.add_arguments(p_admin)
+    p_admin.set_defaults(func=admin_cli.run)
+
+    p_pol = sub.add_parser("policies", help="tenant policy tools: check a directory, print the JSON Schema")
+    schema_cli.add_arguments(p_pol)
+    p_pol.set_defaults(func=schema_cli.run)
 
     args = parser.parse_args(argv)
     return int(args.func(args) or 0)

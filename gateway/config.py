@@ -12,15 +12,15 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
+
+from gateway.tenancy.policy_schema import Tenant
+from gateway.typed import Strict as _Strict
+from gateway.typed import sha256_hex_list
 
 
 class ConfigError(ValueError):
     """The config file cannot be used; the message names the file and the field."""
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class PerTokenPricing(_Strict):
@@ -117,28 +117,6 @@ class ModelRoute(_Strict):
     pools: list[str] = Field(min_length=1, description="pools serving it, in fallback order")
 
 
-class Tenant(_Strict):
-    name: str = Field(min_length=1)
-    api_key_hashes: list[str] = Field(min_length=1, description="sha256 hex of each key")
-    models: list[str] = Field(min_length=1)
-    max_concurrent: int | None = Field(default=None, ge=1, description="in-flight requests per tenant; over it -> 429")
-    ttft_sla_ms: float | None = Field(default=None, gt=0, description="overrides routing.ttft_sla_ms")
-    objective: Literal["cost", "latency"] | None = None
-    on_sla_miss: Literal["spill", "shed"] | None = None
-    cache_salt: str | None = Field(default=None, description="cache namespace; default: the tenant name (isolated)")
-
-    @field_validator("api_key_hashes")
-    @classmethod
-    def _hashes(cls, v: list[str]) -> list[str]:
-        out = []
-        for h in v:
-            h = h.removeprefix("sha256:").lower()
-            if len(h) != 64 or any(c not in "0123456789abcdef" for c in h):
-                raise ValueError("each entry must be a sha256 hex digest (64 hex chars), never a raw key")
-            out.append(h)
-        return out
-
-
 class Timeouts(_Strict):
     connect: float = Field(default=2.0, gt=0)
     first_byte: float = Field(default=120.0, gt=0, description="request sent -> first token (streams) or response")
@@ -178,7 +156,9 @@ class Routing(_Strict):
     residency_ttl_s: float = Field(default=900, gt=0, description="index entry after the first token")
     redis_url: str | None = Field(default=None, description="shared state; in-memory when unset")
     redis_prefix: str = "gw:"
-    redis_timeout_s: float = Field(default=0.1, gt=0)
+    redis_timeout_s: float = Field(default=0.1, gt=0, description="prefix index and load: past it, this instance's view")
+    limits_redis_timeout_s: float = Field(default=1.0, gt=0,
+                                          description="rate limits and budgets: past it, enforced per instance")
     load_poll_s: float = Field(default=1.0, gt=0, description="engine /v1/loads reconciliation period")
 
 
@@ -190,17 +170,28 @@ class Observability(_Strict):
 
 class Admin(_Strict):
     token_hashes: list[str] = Field(default_factory=list, description="sha256 hex of admin tokens; empty = admin API off")
+    port: int | None = Field(default=None, ge=1, le=65535,
+                             description="also serve the admin API alone on this port (e.g. cluster-internal only)")
+    control_resync_s: float = Field(default=5.0, gt=0, description="full re-read of shared control state (pub/sub is the fast path)")
 
     @field_validator("token_hashes")
     @classmethod
     def _hashes(cls, v: list[str]) -> list[str]:
-        return Tenant._hashes(v)  # type: ignore[no-any-return]
+        return sha256_hex_list(v)
+
+
+class PolicySource(_Strict):
+    """Tenant policies from a directory: `defaults.yaml` + `tenants/*.yaml` (see policies/README.md)."""
+
+    dir: str = Field(min_length=1, description="relative paths resolve against the config file's directory")
+    watch_interval_s: float = Field(default=1.0, gt=0, description="how often files are checked for changes")
 
 
 class GatewayConfig(_Strict):
     models: list[ModelRoute] = Field(min_length=1)
     pools: list[Pool] = Field(min_length=1)
-    tenants: list[Tenant] = Field(min_length=1)
+    tenants: list[Tenant] = Field(default_factory=list, description="inline tenants; or load them from `policies`")
+    policies: PolicySource | None = None
     timeouts: Timeouts = Timeouts()
     retry: RetryPolicy = RetryPolicy()
     circuit_breaker: CircuitBreaker = CircuitBreaker()
@@ -222,20 +213,36 @@ class GatewayConfig(_Strict):
             for j, p in enumerate(m.pools):
                 if p not in pool_names:
                     raise ValueError(f"models[{i}].pools[{j}]: unknown pool {p!r} (known: {pool_names})")
-        model_names = {m.name for m in self.models}
-        seen: dict[str, str] = {}
-        for i, t in enumerate(self.tenants):
-            for j, m in enumerate(t.models):
-                if m not in model_names:
-                    raise ValueError(f"tenants[{i}].models[{j}]: unknown model {m!r}")
-            for h in t.api_key_hashes:
-                if h in seen:
-                    raise ValueError(f"tenants[{i}].api_key_hashes: key already belongs to tenant {seen[h]!r}")
-                seen[h] = t.name
+        if not self.tenants and self.policies is None:
+            raise ValueError("tenants: declare tenants inline or a `policies` directory")
+        if self.tenants and self.policies is not None:
+            raise ValueError("tenants: declare tenants inline or a `policies` directory, not both")
+        check_tenants(self, self.tenants, [f"tenants[{i}]." for i in range(len(self.tenants))])
         return self
 
     def pool(self, name: str) -> Pool:
         return next(p for p in self.pools if p.name == name)
+
+
+def check_tenants(cfg: GatewayConfig, tenants: list[Tenant], where: list[str]) -> None:
+    """Cross-references every tenant makes into the gateway config; `where[i]` prefixes tenant i's field names in
+    errors (`tenants[0].` inline, `tenants/acme.yaml: ` for a policy file)."""
+    model_names = {m.name for m in cfg.models}
+    pool_names = {p.name for p in cfg.pools}
+    _unique([t.name for t in tenants], "tenants")
+    seen: dict[str, str] = {}
+    for t, loc in zip(tenants, where):
+        for j, m in enumerate(t.models):
+            if m not in model_names:
+                raise ValueError(f"{loc}models[{j}]: unknown model {m!r}")
+        for field in ("pools", "fallback_pools"):
+            for j, p in enumerate(getattr(t, field) or []):
+                if p not in pool_names:
+                    raise ValueError(f"{loc}{field}[{j}]: unknown pool {p!r}")
+        for h in t.api_key_hashes:
+            if h in seen:
+                raise ValueError(f"{loc}api_key_hashes: key already belongs to tenant {seen[h]!r}")
+            seen[h] = t.name
 
 
 def _unique(names: list[str], what: str) -> None:
@@ -248,7 +255,7 @@ def hash_key(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
 
-def _loc(err: dict) -> str:  # type: ignore[type-arg]
+def error_location(err: dict) -> str:  # type: ignore[type-arg]
     out = ""
     for part in err["loc"]:
         if isinstance(part, int):
@@ -264,7 +271,7 @@ def parse_config(data: object, source: str = "<config>") -> GatewayConfig:
     try:
         return GatewayConfig.model_validate(data)
     except ValidationError as e:
-        lines = [f"{source}: {_loc(err)}: {err['msg']}" for err in e.errors()]
+        lines = [f"{source}: {error_location(err)}: {err['msg']}" for err in e.errors()]
         raise ConfigError("\n".join(lines)) from None
 
 
@@ -276,4 +283,8 @@ def load_config(path: str | os.PathLike[str]) -> GatewayConfig:
         raise ConfigError(f"{p}: file not found") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"{p}: invalid YAML: {e}") from None
-    return parse_config(data, str(p))
+    cfg = parse_config(data, str(p))
+    if cfg.policies is not None and not Path(cfg.policies.dir).is_absolute():
+        resolved = str((p.parent / cfg.policies.dir).resolve())
+        cfg = cfg.model_copy(update={"policies": cfg.policies.model_copy(update={"dir": resolved})})
+    return cfg

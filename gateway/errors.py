@@ -7,7 +7,8 @@ GatewayError
 ├── PermissionDenied      403 permission_error / model_not_allowed
 ├── ModelNotFound         404 invalid_request_error / model_not_found
 ├── RequestTooLarge       413 invalid_request_error / request_too_large
-├── RateLimited           429 rate_limit_error / rate_limit_exceeded (+ Retry-After)
+├── RateLimited           429 rate_limit_error / rate_limit_exceeded (+ Retry-After, x-ratelimit-*)
+├── QuotaExceeded         429 insufficient_quota (budget spent; x-should-retry: false, Retry-After = period reset)
 ├── UpstreamError         502 server_error / upstream_error
 ├── NoCapacity            503 service_unavailable_error / server_is_overloaded (+ Retry-After)
 └── UpstreamTimeout       504 server_error / timeout
@@ -39,6 +40,7 @@ class GatewayError(Exception):
             self.code = code
         self.retry_after = retry_after
         self.should_retry = should_retry
+        self.extra_headers: dict[str, str] = {}
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
@@ -51,7 +53,7 @@ class GatewayError(Exception):
             h["retry-after-ms"] = str(int(secs * 1000))
         if self.should_retry is not None:
             h["x-should-retry"] = "true" if self.should_retry else "false"
-        return h
+        return {**h, **self.extra_headers}
 
 
 class InvalidRequest(GatewayError):
@@ -87,6 +89,12 @@ class RateLimited(GatewayError):
     status = 429
     type = "rate_limit_error"
     code = "rate_limit_exceeded"
+
+
+class QuotaExceeded(GatewayError):
+    status = 429
+    type = "insufficient_quota"
+    code = "insufficient_quota"
 
 
 class UpstreamError(GatewayError):

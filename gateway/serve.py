@@ -7,7 +7,7 @@ import asyncio
 import sys
 from typing import Any
 
-from gateway.app import create_app
+from gateway.app import create_admin_app, create_app
 from gateway.config import ConfigError, hash_key, load_config, parse_config
 from gateway.servers import make_server, serve_all
 
@@ -33,12 +33,20 @@ def serve(a: argparse.Namespace) -> int:
     except ConfigError as e:
         print(f"config error:\n{e}", file=sys.stderr)
         return 2
-    app = create_app(cfg)
+    try:
+        app = create_app(cfg)
+    except ConfigError as e:  # an invalid policy directory at startup
+        print(f"config error:\n{e}", file=sys.stderr)
+        return 2
+    extra = []
+    if cfg.admin.port is not None:
+        extra.append(make_server(create_admin_app(app), a.host, cfg.admin.port))
 
     def started() -> None:
-        print(f"gateway listening on http://{a.host}:{a.port}", file=sys.stderr, flush=True)
+        admin = f", admin API on http://{a.host}:{cfg.admin.port}/admin" if cfg.admin.port is not None else ""
+        print(f"gateway listening on http://{a.host}:{a.port}{admin}", file=sys.stderr, flush=True)
 
-    asyncio.run(_serve_gateway(app, a.host, a.port, a.drain_timeout, on_started=started))
+    asyncio.run(_serve_gateway(app, a.host, a.port, a.drain_timeout, extra=extra, on_started=started))
     return 0
 
 

@@ -14,7 +14,10 @@ from gateway.dispatch.dispatcher import Dispatcher
 from gateway.dispatch.feedback import Feedback
 from gateway.observability.metrics import GatewayMetrics
 from gateway.routing.pipeline import Router
-from gateway.tenancy.identify import TenantIndex
+from gateway.control.plane import ControlPlane
+from gateway.tenancy.budget import BudgetLedger
+from gateway.tenancy.policy_store import PolicyStore
+from gateway.tenancy.ratelimit import RateLimiter
 from gateway.upstreams import UpstreamRegistry
 
 
@@ -22,7 +25,10 @@ from gateway.upstreams import UpstreamRegistry
 class AppState:
     config: GatewayConfig
     registry: UpstreamRegistry
-    tenants: TenantIndex
+    policies: PolicyStore
+    control: ControlPlane
+    limiter: RateLimiter
+    budget: BudgetLedger
     metrics: GatewayMetrics
     http: httpx.AsyncClient
     backends: dict[str, Backend]

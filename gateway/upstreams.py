@@ -26,6 +26,7 @@ class Target:
     engine_load: LoadView | None = None  # from the engine's own /v1/loads
     healthy: bool = True
     drained: bool = False
+    weight: float = 1.0  # the pool's; 0 takes no new traffic, otherwise routing cost is divided by it
     inflight: int = 0
     health_failures: int = 0
     last_error: str = ""
@@ -45,7 +46,7 @@ class Target:
         return f"{self.name}@{self.incarnation}"
 
     def routable(self) -> bool:
-        return self.healthy and not self.drained and self.breaker.available()
+        return self.healthy and not self.drained and self.weight > 0 and self.breaker.available()
 
 
 class UpstreamRegistry:
@@ -68,6 +69,8 @@ class UpstreamRegistry:
                 assert isinstance(pool, LiteLLMPool)
                 ts = [Target(pool.name, pool.name, "litellm", pool.api_base or "", pool.model, key, "",
                              pool.pricing, CircuitBreaker(cb.failure_threshold, cb.cooldown_s), pool.timing)]
+            for t in ts:
+                t.weight = pool.weight
             self.by_pool[pool.name] = ts
             self.targets.extend(ts)
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from gateway.backends.base import AttemptFailed, Backend, Opened, UpstreamCall
 from gateway.config import GatewayConfig
+from gateway.tenancy.policy_schema import Tenant
 from gateway.dispatch.feedback import Attempt, Feedback
 from gateway.dispatch.retry_policy import client_error, final_error, is_fatal
 from gateway.errors import NoCapacity, UpstreamTimeout
@@ -30,15 +31,21 @@ class Dispatched:
     attempt: Attempt
 
 
-def adapt_body(body: dict[str, Any], target: Target, stream: bool, cache_salt: str | None = None) -> dict[str, Any]:
+def adapt_body(body: dict[str, Any], target: Target, stream: bool, tenant: Tenant | None = None) -> dict[str, Any]:
     """The client's body for this upstream: its model name, usage always requested on streams (for metering; the
     usage chunk is shown to the client only if it asked), and on SGLang the tenant's cache namespace (combined with
-    any client salt, so no client can read another tenant's cache). Every other field passes untouched."""
+    any client salt, so no client can read another tenant's cache) and its priority class (never the client's).
+    Every other field passes untouched."""
     out = dict(body)
     out["model"] = target.upstream_model
-    if cache_salt is not None and target.kind == "sglang":
-        client_salt = body.get("cache_salt")
-        out["cache_salt"] = f"{cache_salt}:{client_salt}" if isinstance(client_salt, str) and client_salt else cache_salt
+    if tenant is not None and target.kind == "sglang":
+        out["cache_salt"] = tenant.cache_namespace(body.get("cache_salt"))
+    if tenant is not None:
+        # SGLang's scheduler default is 0; only a non-default class is sent, so servers started with
+        # --abort-on-priority-when-disabled never see the field from normal tenants
+        out.pop("priority", None)
+        if tenant.priority != "normal" and target.kind == "sglang":
+            out["priority"] = tenant.priority_value
     if stream:
         so = out.get("stream_options")
         out["stream_options"] = {**so, "include_usage": True} if isinstance(so, dict) else {"include_usage": True}
@@ -53,7 +60,7 @@ class Dispatcher:
         self.feedback = feedback
 
     async def open(self, decision: Decision, req: RoutingRequest, body: dict[str, Any], deadline: float,
-                   cache_salt: str | None = None) -> Dispatched:
+                   tenant: Tenant | None = None) -> Dispatched:
         endpoint, stream, request_id = req.endpoint, req.stream, req.request_id
         errors: list[AttemptFailed] = []
         attempts = 0
@@ -68,7 +75,7 @@ class Dispatcher:
             attempts += 1
             if attempts > 1:
                 self.metrics.retries.labels(target.pool).inc()
-            call = UpstreamCall(endpoint, adapt_body(body, target, stream, cache_salt), stream, request_id,
+            call = UpstreamCall(endpoint, adapt_body(body, target, stream, tenant), stream, request_id,
                                 min(self.cfg.timeouts.first_byte, remaining))
             attempt = Attempt(req, target, decision)
             try:

@@ -38,6 +38,9 @@ class GatewayMetrics:
         self.routing_lookup = Histogram("gateway_routing_lookup_seconds", "Prefix match + load snapshot before a decision",
                                         buckets=(0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1),
                                         registry=r)
+        self.refusals = Counter("gateway_tenant_refusals", "Requests refused by a tenant's rate limit or budget",
+                                ["tenant", "reason"], registry=r)
+        self.policy_reloads = Counter("gateway_policy_reloads", "Policy reloads by result", ["result"], registry=r)
         self.breaker_open = Gauge("gateway_replica_circuit_open", "1 while the circuit breaker is open", ["pool", "replica"], registry=r)
 
     def render(self) -> bytes:

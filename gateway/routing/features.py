@@ -23,6 +23,7 @@ class TargetInfo:
     timing: PoolTiming
     pricing: PerTokenPricing | GpuHourPricing | None
     ref: Any = None  # the gateway's Target (opaque here)
+    weight: float = 1.0  # on-call preference: routing cost is divided by it (billing is not)
 
     @property
     def self_hosted(self) -> bool:
@@ -62,5 +63,5 @@ def build_candidates(req: RoutingRequest, targets: Sequence[TargetInfo], matches
         raw = predict_ttft(t.timing, load, uncached)
         out_tokens = expected_out if expected_out is not None else t.timing.expected_output_tokens
         out.append(Candidate(t, chunks, cached, uncached, load, raw * corrections.get(t.pool, 1.0), raw,
-                             request_cost(t.pricing, req.prompt_tokens, cached, out_tokens)))
+                             request_cost(t.pricing, req.prompt_tokens, cached, out_tokens) / max(t.weight, 1e-9)))
     return out

@@ -28,7 +28,7 @@ class Router(Protocol):
 
 
 def target_info(t: Target) -> TargetInfo:
-    return TargetInfo(t.name, t.index_key, t.pool, t.timing, t.pricing, t)
+    return TargetInfo(t.name, t.index_key, t.pool, t.timing, t.pricing, t, t.weight)
 
 
 def merged_load(tracked: LoadView, engine: LoadView | None) -> LoadView:

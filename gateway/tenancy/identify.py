@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable
 
-from gateway.config import GatewayConfig, Tenant
 from gateway.errors import AuthenticationFailed
+from gateway.tenancy.policy_schema import Tenant
 
 
 class TenantIndex:
-    def __init__(self, cfg: GatewayConfig) -> None:
-        self._by_hash: dict[str, Tenant] = {h: t for t in cfg.tenants for h in t.api_key_hashes}
+    def __init__(self, tenants: Iterable[Tenant]) -> None:
+        self.tenants: dict[str, Tenant] = {t.name: t for t in tenants}
+        self._by_hash: dict[str, Tenant] = {h: t for t in self.tenants.values() for h in t.api_key_hashes}
 
     def identify(self, authorization: str | None) -> Tenant:
         if not authorization:

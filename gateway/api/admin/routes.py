@@ -1,66 +1,296 @@
-"""Admin API (its own bearer token, hashed in the config). Today: routing explain (dry run) and replica state.
-Tenancy work extends it (drain, overrides, reload, audit)."""
+"""Admin API for on-call, behind its own bearer token (hashed in the config). Changes go through the control plane:
+stored in Redis, audited (who, what, when), and applied by every instance within a second (pub/sub).
+
+GET  /admin/state                          pools, replicas (health, circuit, load, predicted TTFT, index size), overrides
+POST /admin/replicas/{name}/drain|undrain  stop / resume new traffic to a replica (in-flight requests finish)
+POST /admin/replicas/{name}/flush-prefix   forget the router's prefix entries for a replica
+PUT  /admin/pools/{name}                   {"weight": w, "pricing": {...per_token...}};  DELETE: back to the config
+PUT  /admin/tenants/{name}/override        {"ttl_s", "ttft_sla_ms", "pin_pool", "objective", "on_sla_miss"}; DELETE
+GET  /admin/decisions?limit=N              recent routing decisions on this instance, with their explanation
+POST /admin/explain                        dry run: what the router would do with a request for a tenant
+POST /admin/policies/reload                re-read the policy directory on every instance (invalid: 400, old kept)
+GET  /admin/policies                       policy status (fingerprint, last error)
+GET  /admin/audit?limit=N                  the audit log, newest first
+GET  /admin/usage[?tenant=T]               requests, tokens and cost per tenant, today and this month
+"""
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import time
+from typing import Any, Literal, TypeVar
 
 from fastapi import APIRouter, Request
+from pydantic import BaseModel, Field, ValidationError
 from starlette.responses import JSONResponse, Response
 
 from gateway.api.openai.proxy import Exchange
 from gateway.api.openai.validation import parse_json, validate
-from gateway.errors import AuthenticationFailed, InvalidRequest
+from gateway.config import PerTokenPricing, error_location
+from gateway.control.state import PoolOverride, TenantOverride
+from gateway.control.store import StoreUnavailable
+from gateway.errors import AuthenticationFailed, GatewayError, InvalidRequest, NoCapacity
+from gateway.prediction.ttft import LoadView, predict_ttft
+from gateway.routing.pipeline import merged_load
+from gateway.state import AppState
+from gateway.tenancy.policy_loader import PolicyError
+from gateway.typed import Strict
 
 router = APIRouter(prefix="/admin")
+M = TypeVar("M", bound=BaseModel)
 
 
-def _check(request: Request) -> None:
-    hashes = request.app.state.gateway.config.admin.token_hashes
+class NotFound(GatewayError):
+    status = 404
+    type = "invalid_request_error"
+    code = "not_found"
+
+
+def _state(request: Request) -> AppState:
+    app = getattr(request.app.state, "main", request.app)  # the admin-only port's app reaches the main app's state
+    return app.state.gateway  # type: ignore[no-any-return]
+
+
+def _who(request: Request) -> str:
+    """The caller, for the audit log: which admin token (by digest prefix, never the token), plus a name it gives."""
+    st = _state(request)
+    hashes = st.config.admin.token_hashes
     scheme, _, token = (request.headers.get("authorization") or "").partition(" ")
-    if not hashes or scheme.lower() != "bearer" or not token:
+    if not hashes or scheme.lower() != "bearer" or not token.strip():
         raise AuthenticationFailed("Admin API: missing or invalid admin token.")
     digest = hashlib.sha256(token.strip().encode()).hexdigest()
     if not any(hmac.compare_digest(digest, h) for h in hashes):
         raise AuthenticationFailed("Admin API: missing or invalid admin token.")
+    actor = (request.headers.get("x-admin-actor") or "").strip()[:64]
+    return f"token:{digest[:8]}" + (f" ({actor})" if actor else "")
+
+
+async def _body(request: Request, model: type[M]) -> M:
+    raw = await request.body()
+    try:
+        return model.model_validate(parse_json(raw) if raw else {})
+    except ValidationError as e:
+        err = e.errors()[0]
+        raise InvalidRequest(f"{error_location(err)}: {err['msg']}", param=error_location(err)) from None
+
+
+async def _apply(coro: Any) -> None:
+    try:
+        await coro
+    except StoreUnavailable as e:
+        raise NoCapacity(f"{e}; the change was not applied anywhere.", retry_after=1) from None
+
+
+def _replica(st: AppState, name: str) -> Any:
+    t = st.registry.get(name)
+    if t is None:
+        raise NotFound(f"Unknown replica {name!r}.", param="name")
+    return t
+
+
+# -- state --------------------------------------------------------------------------------------------------------
+@router.get("/state")
+async def state(request: Request, uncached_tokens: int = 8000) -> Response:
+    """`predicted_ttft_s`: for a request with `uncached_tokens` to prefill, on this instance's view of the load."""
+    _who(request)
+    st = _state(request)
+    tracked = await st.extra["loads"].snapshot([t.name for t in st.registry.targets])
+    pools = []
+    for pool in st.config.pools:
+        reps = []
+        for t in st.registry.by_pool[pool.name]:
+            load = merged_load(tracked.get(t.name, LoadView()), t.engine_load)
+            ttft = predict_ttft(t.timing, load, uncached_tokens) * st.extra["corrector"].factor.get(t.pool, 1.0)
+            reps.append({"name": t.name, "healthy": t.healthy, "drained": t.drained, "routable": t.routable(),
+                         "circuit": t.breaker.state.value, "incarnation": t.incarnation, "last_error": t.last_error,
+                         "queued_prefill_tokens": round(load.queued_prefill_tokens), "inflight": round(load.inflight, 1),
+                         "predicted_ttft_s": round(ttft, 3)})
+        first = st.registry.by_pool[pool.name][0]
+        pools.append({"name": pool.name, "kind": pool.kind, "weight": first.weight,
+                      "pricing": first.pricing.model_dump() if first.pricing else None, "replicas": reps})
+    cs = st.control.state
+    return JSONResponse({"pools": pools, "prefix_index_entries": await st.extra["index"].size(),
+                         "drained": sorted(cs.drained),
+                         "pool_overrides": {k: v.model_dump(mode="json") for k, v in cs.pools.items()},
+                         "tenant_overrides": {k: v.model_dump(mode="json") for k, v in cs.live_tenants().items()},
+                         "control_applied_at": st.control.applied_at, "policies": st.policies.status()})
+
+
+@router.get("/replicas")
+async def replicas(request: Request) -> Response:
+    """Compact replica list (kept for scripts written against the first admin API)."""
+    _who(request)
+    st = _state(request)
+    return JSONResponse({"replicas": [{"name": t.name, "pool": t.pool, "kind": t.kind, "healthy": t.healthy,
+                                       "drained": t.drained, "circuit": t.breaker.state.value,
+                                       "incarnation": t.incarnation, "last_error": t.last_error}
+                                      for t in st.registry.targets],
+                         "prefix_index_entries": await st.extra["index"].size()})
+
+
+# -- replicas -----------------------------------------------------------------------------------------------------
+@router.post("/replicas/{name}/{action}")
+async def replica_action(name: str, action: str, request: Request) -> Response:
+    who = _who(request)
+    st = _state(request)
+    t = _replica(st, name)
+    if action in ("drain", "undrain"):
+        await _apply(st.control.drain(who, name, action == "drain"))
+        return JSONResponse({"replica": name, "drained": t.drained})
+    if action == "flush-prefix":
+        await _apply(st.control.change(who, "flush_prefix", {"replica": name}, None, {"kind": "flush", "key": t.index_key}))
+        await st.extra["index"].drop_replica(t.index_key)
+        return JSONResponse({"replica": name, "flushed": t.index_key})
+    raise NotFound(f"Unknown action {action!r}: drain, undrain or flush-prefix.", param="action")
+
+
+# -- pools --------------------------------------------------------------------------------------------------------
+@router.put("/pools/{name}")
+async def set_pool(name: str, request: Request) -> Response:
+    who = _who(request)
+    st = _state(request)
+    if name not in st.registry.by_pool:
+        raise NotFound(f"Unknown pool {name!r}.", param="name")
+    o = await _body(request, PoolOverride)
+    base = next(p for p in st.config.pools if p.name == name).pricing
+    if o.pricing is not None and not isinstance(base, PerTokenPricing):
+        raise InvalidRequest("Only a per-token pool's price can be set here (self-hosted pools are priced by GPU-hour).",
+                             param="pricing")
+    await _apply(st.control.set_pool(who, name, o))
+    return JSONResponse({"pool": name, "override": o.model_dump(mode="json")})
+
+
+@router.delete("/pools/{name}")
+async def clear_pool(name: str, request: Request) -> Response:
+    who = _who(request)
+    st = _state(request)
+    if name not in st.registry.by_pool:
+        raise NotFound(f"Unknown pool {name!r}.", param="name")
+    await _apply(st.control.set_pool(who, name, None))
+    return JSONResponse({"pool": name, "override": None})
+
+
+# -- tenants ------------------------------------------------------------------------------------------------------
+class OverrideIn(Strict):
+    ttl_s: float = Field(gt=0, le=7 * 86400, description="the override lapses on its own after this long")
+    ttft_sla_ms: float | None = Field(default=None, gt=0)
+    pin_pool: str | None = None
+    objective: Literal["cost", "latency"] | None = None
+    on_sla_miss: Literal["spill", "shed"] | None = None
+
+
+@router.put("/tenants/{name}/override")
+async def override_tenant(name: str, request: Request) -> Response:
+    who = _who(request)
+    st = _state(request)
+    if name not in st.policies.index.tenants:
+        raise NotFound(f"Unknown tenant {name!r}.", param="name")
+    body = await _body(request, OverrideIn)
+    if body.pin_pool is not None and body.pin_pool not in st.registry.by_pool:
+        raise InvalidRequest(f"Unknown pool {body.pin_pool!r}.", param="pin_pool")
+    o = TenantOverride(expires_at=time.time() + body.ttl_s, **body.model_dump(exclude={"ttl_s"}))
+    await _apply(st.control.override_tenant(who, name, o))
+    return JSONResponse({"tenant": name, "override": o.model_dump(mode="json")})
+
+
+@router.delete("/tenants/{name}/override")
+async def clear_override(name: str, request: Request) -> Response:
+    who = _who(request)
+    st = _state(request)
+    await _apply(st.control.override_tenant(who, name, None))
+    return JSONResponse({"tenant": name, "override": None})
+
+
+# -- decisions, explain -------------------------------------------------------------------------------------------
+@router.get("/decisions")
+async def decisions(request: Request, limit: int = 50, tenant: str | None = None) -> Response:
+    _who(request)
+    out = []
+    for at, ex in reversed(_proxy(request).recent):
+        if tenant is not None and ex.tenant.name != tenant:
+            continue
+        d = ex.dispatched
+        out.append({"at": at, "request_id": ex.request_id, "tenant": ex.tenant.name, "model": ex.parsed.model,
+                     "status": ex.status, "served_by": d.target.name if d else None, "attempts": d.attempts if d else 0,
+                     "decision": ex.decision.explain() if ex.decision else None})
+        if len(out) >= max(1, limit):
+            break
+    return JSONResponse({"decisions": out})
+
+
+def _proxy(request: Request) -> Any:
+    app = getattr(request.app.state, "main", request.app)
+    return app.state.proxy
 
 
 @router.post("/explain")
 async def explain(request: Request) -> Response:
     """Dry run: what would the router do with this request for this tenant? Nothing is dispatched or recorded.
     Body: {"tenant": name, "endpoint": "chat/completions"|"completions", "request": {...the OpenAI body...}}."""
-    _check(request)
-    st = request.app.state.gateway
+    _who(request)
+    st = _state(request)
     body = parse_json(await request.body())
-    tenant = next((t for t in st.config.tenants if t.name == body.get("tenant")), None)
-    if tenant is None:
+    base = st.policies.index.tenants.get(str(body.get("tenant")))
+    if base is None:
         raise InvalidRequest("Unknown tenant.", param="tenant")
+    tenant = st.control.effective(base)
     endpoint = body.get("endpoint", "chat/completions")
     if endpoint not in ("chat/completions", "completions"):
         raise InvalidRequest("endpoint must be chat/completions or completions.", param="endpoint")
     if not isinstance(body.get("request"), dict):
         raise InvalidRequest("'request' must be an OpenAI request body.", param="request")
     parsed = validate(body["request"], endpoint)
-    proxy = request.app.state.proxy
+    proxy = _proxy(request)
     route = proxy._route_for(tenant, parsed.model)  # noqa: SLF001 - the same resolution the proxy uses (404s alike)
-
     ex = Exchange("explain", tenant, endpoint, parsed, route, 0.0, 0.0)
     rreq = proxy._routing_request(ex)  # noqa: SLF001
     decision = await st.router.decide(rreq, route)
     return JSONResponse({"tenant": tenant.name, "model": parsed.model, "prompt_tokens": parsed.prompt_tokens,
-                         "sla_ms": rreq.ttft_sla_s * 1000, "decision": decision.explain()})
+                         "pools": route.pools, "sla_ms": rreq.ttft_sla_s * 1000, "decision": decision.explain()})
 
 
-@router.get("/replicas")
-async def replicas(request: Request) -> Response:
-    _check(request)
-    st = request.app.state.gateway
-    out = []
-    for t in st.registry.targets:
-        el = t.engine_load
-        out.append({"name": t.name, "pool": t.pool, "kind": t.kind, "healthy": t.healthy, "drained": t.drained,
-                    "circuit": t.breaker.state.value, "incarnation": t.incarnation, "last_error": t.last_error,
-                    "engine_load": None if el is None else {"queued_prefill_tokens": el.queued_prefill_tokens,
-                                                            "inflight": el.inflight}})
-    return JSONResponse({"replicas": out, "prefix_index_entries": await st.extra["index"].size()})
+# -- policies, audit, usage ---------------------------------------------------------------------------------------
+@router.post("/policies/reload")
+async def reload_policies(request: Request) -> Response:
+    """Reload here first (so the caller sees the verdict), then ask every other instance to reload."""
+    who = _who(request)
+    st = _state(request)
+    try:
+        new = st.policies.reload()
+    except PolicyError as e:
+        raise InvalidRequest(f"Policy reload rejected; the running policy stays in force: {e}", param="policies") from None
+    await _apply(st.control.change(who, "reload_policies", {"fingerprint": new.fingerprint}, None, {"kind": "reload"}))
+    return JSONResponse({"reloaded": True, **st.policies.status()})
+
+
+@router.get("/policies")
+async def policies(request: Request) -> Response:
+    _who(request)
+    st = _state(request)
+    return JSONResponse({**st.policies.status(), "tenant_names": sorted(st.policies.index.tenants)})
+
+
+@router.get("/audit")
+async def audit(request: Request, limit: int = 100) -> Response:
+    _who(request)
+    st = _state(request)
+    try:
+        entries = await st.control.store.audit_log(max(1, min(limit, 10_000)))
+    except StoreUnavailable as e:
+        raise NoCapacity(str(e), retry_after=1) from None
+    return JSONResponse({"entries": entries})
+
+
+@router.get("/usage")
+async def usage(request: Request, tenant: str | None = None) -> Response:
+    _who(request)
+    st = _state(request)
+    names = [tenant] if tenant is not None else sorted(st.policies.index.tenants)
+    out = {}
+    for name in names:
+        t = st.policies.index.tenants.get(name)
+        if t is None:
+            raise NotFound(f"Unknown tenant {name!r}.", param="tenant")
+        out[name] = {**await st.budget.usage(name), "budget": t.budget.model_dump(), "rate_limits": t.rate_limits.model_dump()}
+    return JSONResponse({"tenants": out})

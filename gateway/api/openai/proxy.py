@@ -3,8 +3,12 @@ dispatch -> respond (JSON, or SSE relayed chunk by chunk) -> account (metrics, o
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
 import uuid
+from collections import deque
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,9 +19,10 @@ from starlette.responses import Response
 from gateway.api.error_handlers import to_response
 from gateway.asgi import EventStreamResponse, run_until_disconnect
 from gateway.backends.openai_compat import StreamBroken
-from gateway.config import ModelRoute, Tenant
+from gateway.config import ModelRoute, PerTokenPricing
 from gateway.dispatch.dispatcher import Dispatched
-from gateway.errors import GatewayError, ModelNotFound, NoCapacity, PermissionDenied, RateLimited, RequestTooLarge
+from gateway.errors import (GatewayError, ModelNotFound, NoCapacity, PermissionDenied, QuotaExceeded, RateLimited,
+                            RequestTooLarge)
 from gateway.prefix.hashing import group_key, prefix_hashes
 from gateway.observability.logging import log_request
 from gateway.prediction.pricing import request_cost
@@ -25,6 +30,11 @@ from gateway.routing.decision import Decision
 from gateway.routing.request import RoutingRequest
 from gateway.api.openai.validation import ParsedRequest, parse_json, validate
 from gateway.state import AppState
+from gateway.tenancy.budget import Refusal, Reservation, Usage
+from gateway.tenancy.policy_schema import Tenant
+from gateway.tenancy.ratelimit import Bucket, buckets_for
+
+log = logging.getLogger("gateway.proxy")
 
 DONE = b"data: [DONE]\n\n"
 
@@ -62,6 +72,8 @@ class Exchange:
     chunks: int = 0
     headers: dict[str, str] = field(default_factory=dict)
     span: Any = None
+    buckets: list[Bucket] = field(default_factory=list)  # rate-limit buckets this request was admitted on
+    reservation: Reservation | None = None  # budget held until the usage is known
 
 
 class OpenAIProxy:
@@ -69,13 +81,16 @@ class OpenAIProxy:
         self.state = state
         self._model_swap: dict[tuple[str, str], tuple[bytes, bytes, bytes, bytes]] = {}
         self._tenant_inflight: dict[str, int] = {}
+        self._routes: dict[tuple[str, str, str, float, str | None], ModelRoute] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.recent: deque[tuple[float, Exchange]] = deque(maxlen=500)  # for the admin API's recent decisions
 
     # -- entry -----------------------------------------------------------------------------------------------
     async def handle(self, request: Request, endpoint: str) -> Response:
         st = self.state
         started = time.monotonic()
         request_id = request.scope.get("state", {}).get("request_id") or uuid.uuid4().hex
-        tenant = st.tenants.identify(request.headers.get("authorization"))
+        tenant = st.control.effective(st.policies.index.identify(request.headers.get("authorization")))
         raw = await self._read_body(request)
         parsed = validate(parse_json(raw), endpoint)
         route = self._route_for(tenant, parsed.model)
@@ -88,6 +103,7 @@ class OpenAIProxy:
         if cap is not None and self._tenant_inflight.get(tenant.name, 0) >= cap:
             raise RateLimited(f"Too many concurrent requests for this key (limit {cap}).", retry_after=1)
         ex = Exchange(request_id, tenant, endpoint, parsed, route, started, started + st.config.timeouts.total)
+        await self._admit(ex)
         ex.span = st.tracer.start_span(
             f"{'chat' if endpoint == 'chat/completions' else 'text_completion'} {parsed.model}",
             attributes={"gen_ai.operation.name": "chat" if endpoint == "chat/completions" else "text_completion",
@@ -97,12 +113,18 @@ class OpenAIProxy:
         ex.rreq = self._routing_request(ex)
         ex.decision = await st.router.decide(ex.rreq, route)
         st.metrics.decisions.labels(parsed.model, ex.decision.branch).inc()
-        if ex.decision.branch == "shed":
+        try:
+            if ex.decision.branch == "shed":
+                retry = float(ex.decision.inputs.get("retry_after_s", 1.0))
+                raise NoCapacity("No replica can meet this key's TTFT target right now; retry shortly.", retry_after=retry)
+            await self._reserve(ex)
+        except GatewayError as e:  # refused before dispatch: nothing was used, so the rate allowance is given back
             ex.span.end()
-            st.metrics.requests.labels(parsed.model, "none", tenant.name, "503").inc()
-            retry = float(ex.decision.inputs.get("retry_after_s", 1.0))
-            raise NoCapacity("No replica can meet this key's TTFT target right now; retry shortly.", retry_after=retry)
-        ex.headers = {"x-request-id": request_id, "x-gateway-route": ex.decision.branch}
+            st.metrics.requests.labels(parsed.model, "none", tenant.name, str(e.status)).inc()
+            for b in ex.buckets:
+                self._background(st.limiter.adjust(b, b.cost))
+            raise
+        ex.headers.update({"x-request-id": request_id, "x-gateway-route": ex.decision.branch})
         # from here on `_finish` runs exactly once (on_close for streams, finally below), and gives this back
         self._tenant_inflight[tenant.name] = self._tenant_inflight.get(tenant.name, 0) + 1
         if parsed.stream:
@@ -135,7 +157,7 @@ class OpenAIProxy:
     def _routing_request(self, ex: Exchange) -> RoutingRequest:
         r = self.state.config.routing
         t = ex.tenant
-        salt = self.cache_salt(t)
+        salt = t.cache_namespace(ex.parsed.body.get("cache_salt"))
         hashes = tuple(prefix_hashes(ex.endpoint, ex.parsed.body, ex.route.name, salt, r.chunk_tokens)) \
             if r.policy == "prefix_sla_cost" else ()
         group = group_key(hashes, hash(ex.request_id))
@@ -145,24 +167,103 @@ class OpenAIProxy:
             t.on_sla_miss or r.on_sla_miss, group,
         )
 
-    @staticmethod
-    def cache_salt(tenant: Tenant) -> str:
-        """The tenant's cache namespace: isolated per tenant unless the policy names a shared salt."""
-        return tenant.cache_salt or f"tenant:{tenant.name}"
-
     def _route_for(self, tenant: Tenant, model: str) -> ModelRoute:
-        # A model the tenant may not use is reported exactly like one that does not exist: nothing leaks.
+        """The pools this tenant may be served from for this model, in fallback order: the model's pools it may
+        use, then its own fallback pools; or only the pool on-call pinned it to. Memoized per policy/control
+        version. A model the tenant may not use is reported exactly like one that does not exist: nothing leaks."""
+        st = self.state
+        pin = st.control.pinned_pool(tenant.name)  # in the key: a pin lapses by time, with no state change
+        key = (tenant.name, model, st.policies.current.fingerprint, st.control.applied_at, pin)
+        route = self._routes.get(key)
+        if route is not None:
+            return route
         if model in tenant.models:
-            for r in self.state.config.models:
-                if r.name == model:
-                    return r
+            r = next((r for r in st.config.models if r.name == model), None)
+            pools = [pin] if pin is not None else \
+                [p for p in r.pools if self._pool_allowed(tenant, p)] + \
+                [p for p in tenant.fallback_pools if p not in r.pools and self._pool_allowed(tenant, p)] if r else []
+            if r is not None and pools:
+                if len(self._routes) > 10_000:
+                    self._routes.clear()
+                route = self._routes[key] = ModelRoute(name=model, pools=pools)
+                return route
         raise ModelNotFound(f"The model '{model}' does not exist or you do not have access to it.", param="model")
+
+    def _pool_allowed(self, tenant: Tenant, pool: str) -> bool:
+        if tenant.pools is not None and pool not in tenant.pools and pool not in tenant.fallback_pools:
+            return False
+        cap = tenant.max_price_per_mtok
+        targets = self.state.registry.by_pool.get(pool) or []
+        price = targets[0].pricing if targets else None
+        return cap is None or not isinstance(price, PerTokenPricing) or max(price.input_per_mtok, price.output_per_mtok) <= cap
+
+    # -- limits and budgets ----------------------------------------------------------------------------------
+    def _expected_output(self, ex: Exchange, pool: str) -> int:
+        n = ex.parsed.body.get("n")
+        choices = n if isinstance(n, int) and n > 1 else 1
+        if ex.parsed.max_output_tokens is not None:
+            return ex.parsed.max_output_tokens * choices
+        targets = self.state.registry.by_pool.get(pool) or []
+        return (targets[0].timing.expected_output_tokens if targets else 1000) * choices
+
+    async def _admit(self, ex: Exchange) -> None:
+        """Requests/min and tokens/min (estimated: prompt + expected output), across every instance."""
+        buckets = buckets_for(ex.tenant, ex.parsed.prompt_tokens + self._expected_output(ex, ex.route.pools[0]))
+        if not buckets:
+            return
+        adm = await self.state.limiter.take(buckets)
+        headers = {}
+        for b, left in zip(buckets, adm.remaining):
+            kind = "requests" if b.key.endswith(":req") else "tokens"
+            headers[f"x-ratelimit-limit-{kind}"] = str(b.limit)
+            headers[f"x-ratelimit-remaining-{kind}"] = str(max(0, int(left)))
+        if not adm.allowed:
+            self.state.metrics.refusals.labels(ex.tenant.name, "rate_limit").inc()
+            err = RateLimited("Rate limit reached for this key; retry after the time in Retry-After.",
+                              retry_after=max(adm.retry_after_s, 0.001))
+            err.extra_headers = headers
+            raise err
+        ex.buckets = buckets
+        ex.headers.update(headers)
+
+    async def _reserve(self, ex: Exchange) -> None:
+        """Hold the request's worst-case cost (dearest pool it may use, no cache hit, max output) against the
+        tenant's budgets; settled with the real cost in `_finish`. Every request gets a reservation, so usage per
+        tenant is recorded even without a cap."""
+        worst = 0.0
+        for pool in ex.route.pools:
+            targets = self.state.registry.by_pool.get(pool) or []
+            if targets:
+                worst = max(worst, request_cost(targets[0].pricing, ex.parsed.prompt_tokens, 0, self._expected_output(ex, pool)))
+        got = await self.state.budget.reserve(ex.tenant, ex.request_id, worst, self.state.config.timeouts.total + 60)
+        if isinstance(got, Refusal):
+            self.state.metrics.refusals.labels(ex.tenant.name, "budget").inc()
+            err = QuotaExceeded(f"This key's {'daily' if got.period == 'day' else 'monthly'} budget of ${got.limit:.2f} "
+                                f"is spent (or held by requests in flight).", should_retry=False)
+            err.extra_headers = {"retry-after": str(_seconds_to_reset(got.period))}
+            raise err
+        ex.reservation = got
+
+    def _background(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Settlements run after the response; kept referenced until done, awaited at shutdown (`drain`)."""
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("settlement failed: %s", type(task.exception()).__name__)
+
+    async def drain(self) -> None:
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
 
     # -- non-streaming ---------------------------------------------------------------------------------------
     async def _non_stream(self, ex: Exchange) -> Response:
         assert ex.decision is not None
         assert ex.rreq is not None
-        d = await self.state.dispatcher.open(ex.decision, ex.rreq, ex.parsed.body, ex.deadline, self.cache_salt(ex.tenant))
+        d = await self.state.dispatcher.open(ex.decision, ex.rreq, ex.parsed.body, ex.deadline, ex.tenant)
         ex.dispatched = d
         ex.first_token_at = time.monotonic()
         self.state.feedback.first_token(d.attempt, None)  # the whole response: not a TTFT observation
@@ -178,7 +279,7 @@ class OpenAIProxy:
         assert ex.decision is not None
         assert ex.rreq is not None
         try:
-            d = await self.state.dispatcher.open(ex.decision, ex.rreq, ex.parsed.body, ex.deadline, self.cache_salt(ex.tenant))
+            d = await self.state.dispatcher.open(ex.decision, ex.rreq, ex.parsed.body, ex.deadline, ex.tenant)
         except GatewayError as e:  # before the commit point: a real HTTP error the SDK can act on
             ex.status, ex.error = str(e.status), e.message
             return to_response(e)  # x-request-id is added by RequestIdMiddleware like on every response
@@ -298,6 +399,13 @@ class OpenAIProxy:
             m.tokens.labels(model, pool, tenant, "cached").inc(cached)
             m.tokens.labels(model, pool, tenant, "completion").inc(completion)
             m.cost.labels(model, pool, tenant).inc(cost)
+        used = Usage(cost, prompt, cached, completion) if ex.usage else None
+        if ex.reservation is not None:
+            self._background(st.budget.settle(ex.reservation, used))
+        for b in ex.buckets:
+            if b.key.endswith(":tok") and b.cost != (prompt + completion if used else 0):
+                self._background(st.limiter.adjust(b, b.cost - (prompt + completion if used else 0)))
+        self.recent.append((time.time(), ex))
         if ex.span is not None:
             ex.span.set_attributes({
                 "gen_ai.response.model": ex.parsed.model,
@@ -321,3 +429,14 @@ class OpenAIProxy:
                 "error": ex.error,
             })
 
+
+def _seconds_to_reset(period: str) -> int:
+    """Seconds until the budget period ends (UTC midnight / the first of next month)."""
+    from datetime import datetime, timedelta, timezone
+
+    now = datetime.now(timezone.utc)
+    if period == "day":
+        end = (now + timedelta(days=1)).replace(hour=0, minute=0, second=0, microsecond=0)
+    else:
+        end = (now.replace(day=28) + timedelta(days=4)).replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+    return max(1, int((end - now).total_seconds()))

@@ -39,14 +39,14 @@ def _card(name: str) -> dict[str, object]:
 @router.get("/v1/models")
 async def list_models(request: Request) -> Response:
     st = _state(request)
-    tenant = st.tenants.identify(request.headers.get("authorization"))
+    tenant = st.policies.index.identify(request.headers.get("authorization"))
     return JSONResponse({"object": "list", "data": [_card(m) for m in tenant.models]})
 
 
 @router.get("/v1/models/{model_id:path}")
 async def get_model(model_id: str, request: Request) -> Response:
     st = _state(request)
-    tenant = st.tenants.identify(request.headers.get("authorization"))
+    tenant = st.policies.index.identify(request.headers.get("authorization"))
     if model_id not in tenant.models:
         raise ModelNotFound(f"The model '{model_id}' does not exist or you do not have access to it.", param="model")
     return JSONResponse(_card(model_id))

@@ -1,0 +1,100 @@
+"""A tenant's policy: who it is (key hashes), what it may use, and how its requests are routed, limited and billed.
+
+One YAML file per tenant under `policies/tenants/`, merged over `policies/defaults.yaml` (or inline under
+`tenants:` in the gateway config). Unknown fields are rejected; `policies/schema.json` is generated from these
+models (`gateway policies schema`) for editors.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from gateway.typed import Strict, sha256_hex_list
+
+# SGLang's `priority` request field (honoured with --enable-priority-scheduling; larger runs first). The gateway sets
+# it from the tenant's class and drops whatever the client sent: priority is never the client's to choose.
+PRIORITY_VALUES = {"high": 10, "normal": 0, "low": -10}
+
+
+class RateLimits(Strict):
+    requests_per_minute: int | None = Field(default=None, ge=1)
+    tokens_per_minute: int | None = Field(default=None, ge=1, description="prompt + completion tokens")
+
+
+class Budget(Strict):
+    """Spend caps in USD (UTC day / calendar month), from real usage priced per pool (cached tokens as cached)."""
+
+    usd_per_day: float | None = Field(default=None, gt=0)
+    usd_per_month: float | None = Field(default=None, gt=0)
+
+
+class CachePolicy(Strict):
+    """Prefix-cache isolation. By default a tenant's prompts never share KV-cache entries (nor prefix-index entries)
+    with another tenant's: a per-tenant `cache_salt` is forwarded to SGLang and mixed into the prefix hash.
+    Tenants naming the same `sharing_group` share one namespace; `isolated: false` without a group joins the
+    fleet-wide shared namespace."""
+
+    isolated: bool = True
+    sharing_group: str | None = Field(default=None, min_length=1)
+
+    def salt(self, tenant: str) -> str:
+        if self.sharing_group:
+            return f"group:{self.sharing_group}"
+        return f"tenant:{tenant}" if self.isolated else "shared"
+
+
+class _PolicyFields(Strict):
+    """Everything a tenant's file or the defaults file may set."""
+
+    models: list[str] | None = Field(default=None, min_length=1, description="client-facing model names it may use")
+    pools: list[str] | None = Field(default=None, min_length=1,
+                                    description="pools it may be served by; unset = every pool of its models")
+    fallback_pools: list[str] = Field(default_factory=list, description="tried after its models' own pools")
+    objective: Literal["cost", "latency"] | None = None
+    ttft_sla_ms: float | None = Field(default=None, gt=0, description="TTFT target (p95); default routing.ttft_sla_ms")
+    on_sla_miss: Literal["spill", "shed"] | None = Field(default=None, description="no replica meets the SLA")
+    max_price_per_mtok: float | None = Field(default=None, ge=0,
+                                             description="per-token pools priced above this (input or output) are skipped")
+    priority: Literal["high", "normal", "low"] = "normal"
+    max_concurrent: int | None = Field(default=None, ge=1, description="in-flight requests per instance; over it -> 429")
+    rate_limits: RateLimits = RateLimits()
+    budget: Budget = Budget()
+    cache: CachePolicy = CachePolicy()
+
+
+class PolicyDefaults(_PolicyFields):
+    """`policies/defaults.yaml`: applied under every tenant's own file (a tenant's value wins, field by field)."""
+
+
+class TenantFile(_PolicyFields):
+    """`policies/tenants/<name>.yaml` as written (the JSON Schema editors use): the name comes from the file, and
+    fields left out come from the defaults."""
+
+    name: str | None = Field(default=None, description="optional; must equal the file name")
+    api_key_hashes: list[str] = Field(min_length=1, description="sha256 hex of each key: `printf %s KEY | sha256sum`")
+
+
+class Tenant(_PolicyFields):
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    api_key_hashes: list[str] = Field(min_length=1, description="sha256 hex of each key; never the key itself")
+    models: list[str] = Field(min_length=1)  # type: ignore[assignment]
+
+    @field_validator("api_key_hashes")
+    @classmethod
+    def _hashes(cls, v: list[str]) -> list[str]:
+        return sha256_hex_list(v)
+
+    @property
+    def cache_salt(self) -> str:
+        return self.cache.salt(self.name)
+
+    def cache_namespace(self, client_salt: object = None) -> str:
+        """The namespace sent to SGLang as `cache_salt` and mixed into the prefix hash — one rule for both, so the
+        index predicts what the engine will reuse. A client's own salt only subdivides its tenant's namespace."""
+        return f"{self.cache_salt}:{client_salt}" if isinstance(client_salt, str) and client_salt else self.cache_salt
+
+    @property
+    def priority_value(self) -> int:
+        return PRIORITY_VALUES[self.priority]

@@ -1,0 +1,20 @@
+"""The base of every typed config model: unknown fields are errors, values are immutable once loaded."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def sha256_hex_list(v: list[str]) -> list[str]:
+    """Validate API-key/token digests: sha256 hex (an optional `sha256:` prefix is dropped), never a raw secret."""
+    out = []
+    for h in v:
+        h = h.removeprefix("sha256:").lower()
+        if len(h) != 64 or any(c not in "0123456789abcdef" for c in h):
+            raise ValueError("each entry must be a sha256 hex digest (64 hex chars), never a raw key")
+        out.append(h)
+    return out

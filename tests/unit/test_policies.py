@@ -1,0 +1,103 @@
+"""Tenant policies: files merge over defaults, every error names the file and the field, the shipped schemas and
+examples are current, and the derived values (cache namespace, priority) follow one rule."""
+
+from pathlib import Path
+
+import pytest
+
+from gateway.config import hash_key, load_config, parse_config
+from gateway.dispatch.dispatcher import adapt_body
+from gateway.tenancy.policy_loader import PolicyError, load_policies
+from gateway.tenancy.policy_schema import Tenant
+from gateway.tenancy.schema_cli import schemas
+from gateway.upstreams import UpstreamRegistry
+
+ROOT = Path(__file__).resolve().parents[2]
+KEY_HASH = hash_key("sk-unit")
+CFG = parse_config({
+    "models": [{"name": "glm-5.2", "pools": ["mi", "hosted"]}],
+    "pools": [{"name": "mi", "kind": "sglang", "model": "m", "replicas": [{"name": "mi-0", "url": "http://127.0.0.1:1"}]},
+              {"name": "hosted", "kind": "openai", "model": "m", "base_url": "http://127.0.0.1:2/v1"}],
+    "policies": {"dir": "/nonexistent"},
+})
+
+
+def write(root: Path, files: dict[str, str]) -> Path:
+    for name, text in files.items():
+        p = root / name
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+    return root
+
+
+def test_shipped_examples_load_and_merge_over_defaults():
+    cfg = load_config(ROOT / "deploy" / "gateway.multi-tenant.yaml")
+    ps = load_policies(cfg.policies.dir, cfg)
+    t = {x.name: x for x in ps.tenants}
+    assert set(t) == {"acme", "batch-jobs"}
+    # acme: its own token limit plus the defaults' request limit (nested sections merge by key)
+    assert t["acme"].rate_limits.requests_per_minute == 600 and t["acme"].rate_limits.tokens_per_minute == 2_000_000
+    assert t["acme"].ttft_sla_ms == 1500 and t["acme"].on_sla_miss == "spill"  # own value; default
+    assert t["batch-jobs"].rate_limits.requests_per_minute == 120 and t["batch-jobs"].on_sla_miss == "shed"
+    assert t["batch-jobs"].cache.isolated  # from defaults
+
+
+def test_shipped_json_schemas_are_current():
+    """Editors validate against policies/*.schema.json: regenerate with `gateway policies schema` when models change."""
+    for name, text in schemas().items():
+        assert (ROOT / "policies" / name).read_text() == text, f"policies/{name} is stale: run `gateway policies schema`"
+
+
+OK_TENANT = f"api_key_hashes: [{KEY_HASH}]\nmodels: [glm-5.2]\n"
+
+
+@pytest.mark.parametrize("files, message", [
+    ({"tenants/a.yaml": OK_TENANT + "rate_limits: {requests_per_minute: 0}\n"},
+     "tenants/a.yaml: rate_limits.requests_per_minute: Input should be greater than or equal to 1"),
+    ({"tenants/a.yaml": OK_TENANT + "colour: blue\n"}, "tenants/a.yaml: colour: Extra inputs are not permitted"),
+    ({"tenants/a.yaml": f"api_key_hashes: [{KEY_HASH}]\nmodels: [gpt-9]\n"}, "tenants/a.yaml: models[0]: unknown model 'gpt-9'"),
+    ({"tenants/a.yaml": OK_TENANT + "pools: [elsewhere]\n"}, "tenants/a.yaml: pools[0]: unknown pool 'elsewhere'"),
+    ({"tenants/a.yaml": "api_key_hashes: [sk-raw-key]\nmodels: [glm-5.2]\n"}, "tenants/a.yaml: api_key_hashes: Value error"),
+    ({"tenants/a.yaml": OK_TENANT + "name: b\n"}, "tenants/a.yaml: name: must match the file name ('a')"),
+    ({"tenants/a.yaml": OK_TENANT, "tenants/b.yaml": OK_TENANT}, "tenants/b.yaml: api_key_hashes: key already belongs to tenant 'a'"),
+    ({"tenants/a.yaml": "models: [glm-5.2\n"}, "tenants/a.yaml: invalid YAML"),
+    ({"tenants/a.yaml": OK_TENANT, "defaults.yaml": "budget: {usd_per_day: -1}\n"},
+     "defaults.yaml: budget.usd_per_day: Input should be greater than 0"),
+    ({"defaults.yaml": "objective: cost\n"}, "no tenant files under tenants/"),
+])
+def test_errors_name_the_file_and_the_field(tmp_path, files, message):
+    with pytest.raises(PolicyError) as e:
+        load_policies(write(tmp_path, files), CFG)
+    assert message in str(e.value)
+
+
+def test_tenant_value_wins_and_lists_replace(tmp_path):
+    root = write(tmp_path, {"defaults.yaml": "models: [glm-5.2]\npools: [mi, hosted]\nbudget: {usd_per_day: 5, usd_per_month: 50}\n",
+                            "tenants/a.yaml": f"api_key_hashes: [{KEY_HASH}]\npools: [mi]\nbudget: {{usd_per_day: 1}}\n"})
+    t = load_policies(root, CFG).tenants[0]
+    assert t.pools == ["mi"] and t.models == ["glm-5.2"]
+    assert t.budget.usd_per_day == 1 and t.budget.usd_per_month == 50
+
+
+def tenant(**kw) -> Tenant:
+    return Tenant(name=kw.pop("name", "a"), api_key_hashes=[KEY_HASH], models=["glm-5.2"], **kw)
+
+
+def test_cache_namespaces_isolate_by_default_and_share_only_by_group():
+    assert tenant(name="a").cache_namespace() != tenant(name="b").cache_namespace()
+    g = {"sharing_group": "team"}
+    assert tenant(name="a", cache=g).cache_namespace() == tenant(name="b", cache=g).cache_namespace() == "group:team"
+    assert tenant(name="a", cache={"isolated": False}).cache_namespace() == "shared"
+    # a client's own salt subdivides its tenant's namespace, never escapes it
+    assert tenant(name="a").cache_namespace("x") == "tenant:a:x"
+
+
+def test_priority_comes_from_the_policy_never_the_client():
+    reg = UpstreamRegistry(CFG)
+    mi, hosted = reg.by_pool["mi"][0], reg.by_pool["hosted"][0]
+    body = {"model": "glm-5.2", "messages": [], "priority": 99, "cache_salt": "x"}
+    high = adapt_body(body, mi, False, tenant(priority="high"))
+    assert high["priority"] == 10 and high["cache_salt"] == "tenant:a:x" and high["model"] == "m"
+    assert "priority" not in adapt_body(body, mi, False, tenant())  # normal: SGLang's default, field not sent
+    out = adapt_body(body, hosted, False, tenant(priority="high"))
+    assert "priority" not in out and out["cache_salt"] == "x"  # hosted endpoints get neither
