@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 $(BIN)/gateway: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev,litellm]'
+	$(BIN)/pip install -q -e '.[dev,litellm,otlp]'
 	touch $(BIN)/gateway
 
 setup: $(BIN)/gateway

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -20,7 +21,8 @@ from gateway.backends.health import HealthChecker
 from gateway.backends.hosted import LiteLLMBackend
 from gateway.backends.openai_compat import HttpBackend, SGLangBackend
 from gateway.backends.transport import asyncio_transport
-from gateway.config import GatewayConfig
+from gateway.config import ConfigError, GatewayConfig
+from gateway.typed import sha256_hex_list
 from gateway.dispatch.dispatcher import Dispatcher
 from gateway.observability.logging import setup_logging
 from gateway.observability.metrics import GatewayMetrics
@@ -49,6 +51,7 @@ def create_app(config: GatewayConfig, *, span_exporter: Any = None, transport: h
     request ids on every response. `.state` is the FastAPI app's state. Tenant policies are loaded here, so an
     invalid policy directory fails the start (ConfigError) before anything listens."""
     policies = PolicyStore(config)
+    admin_hashes = admin_token_hashes(config)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -112,7 +115,7 @@ def create_app(config: GatewayConfig, *, span_exporter: Any = None, transport: h
             backends=backends, router=router, dispatcher=Dispatcher(config, backends, metrics, feedback),
             health=health, feedback=feedback, tracer=tracer, tracer_provider=provider,
         )
-        state.extra.update(index=index, loads=loads, corrector=corrector, poller=poller)
+        state.extra.update(index=index, loads=loads, corrector=corrector, poller=poller, admin_hashes=admin_hashes)
         app.state.gateway = state
         app.state.proxy = OpenAIProxy(state)
         health.start()
@@ -144,6 +147,16 @@ def create_app(config: GatewayConfig, *, span_exporter: Any = None, transport: h
     app.include_router(admin_routes.router)
     error_handlers.install(app)
     return RequestIdMiddleware(FastPath(app))
+
+
+def admin_token_hashes(config: GatewayConfig) -> list[str]:
+    """The config's admin token digests plus those in `admin.token_hashes_env` (digests only, never tokens)."""
+    env = config.admin.token_hashes_env
+    raw = [h.strip() for h in os.environ.get(env, "").split(",") if h.strip()] if env else []
+    try:
+        return config.admin.token_hashes + sha256_hex_list(raw)
+    except ValueError as e:
+        raise ConfigError(f"admin.token_hashes_env: ${env}: {e}") from None
 
 
 def create_admin_app(main: Any) -> Any:

@@ -6,7 +6,7 @@ import argparse
 import sys
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gateway", description="OpenAI-compatible inference gateway")
     sub = parser.add_subparsers(dest="cmd", required=True)
 
@@ -43,7 +43,11 @@ def main(argv: list[str] | None = None) -> int:
     schema_cli.add_arguments(p_pol)
     p_pol.set_defaults(func=schema_cli.run)
 
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     return int(args.func(args) or 0)
 
 

@@ -170,6 +170,8 @@ class Observability(_Strict):
 
 class Admin(_Strict):
     token_hashes: list[str] = Field(default_factory=list, description="sha256 hex of admin tokens; empty = admin API off")
+    token_hashes_env: str | None = Field(default=None, description="env var with more digests, comma-separated "
+                                         "(e.g. from a Kubernetes Secret, so rotation needs no config change)")
     port: int | None = Field(default=None, ge=1, le=65535,
                              description="also serve the admin API alone on this port (e.g. cluster-internal only)")
     control_resync_s: float = Field(default=5.0, gt=0, description="full re-read of shared control state (pub/sub is the fast path)")
@@ -184,6 +186,7 @@ class PolicySource(_Strict):
     """Tenant policies from a directory: `defaults.yaml` + `tenants/*.yaml` (see policies/README.md)."""
 
     dir: str = Field(min_length=1, description="relative paths resolve against the config file's directory")
+    tenants_dir: str | None = Field(default=None, description="default <dir>/tenants; separate for two ConfigMap mounts")
     watch_interval_s: float = Field(default=1.0, gt=0, description="how often files are checked for changes")
 
 
@@ -284,7 +287,8 @@ def load_config(path: str | os.PathLike[str]) -> GatewayConfig:
     except yaml.YAMLError as e:
         raise ConfigError(f"{p}: invalid YAML: {e}") from None
     cfg = parse_config(data, str(p))
-    if cfg.policies is not None and not Path(cfg.policies.dir).is_absolute():
-        resolved = str((p.parent / cfg.policies.dir).resolve())
-        cfg = cfg.model_copy(update={"policies": cfg.policies.model_copy(update={"dir": resolved})})
+    if cfg.policies is not None:
+        resolved = {k: str((p.parent / v).resolve()) for k in ("dir", "tenants_dir")
+                    if (v := getattr(cfg.policies, k)) is not None and not Path(v).is_absolute()}
+        cfg = cfg.model_copy(update={"policies": cfg.policies.model_copy(update=resolved)})
     return cfg

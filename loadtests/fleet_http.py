@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -112,7 +113,7 @@ def litellm_target(a: argparse.Namespace, work: Path, mi: list[str]) -> tuple[li
 
 
 async def run_target(a: argparse.Namespace, work: Path, name: str, redis_url: str) -> list[dict[str, Any]]:
-    sims, mi, b200 = start_sims(a, work, name.replace(" ", "_"))
+    sims, mi, b200 = start_sims(a, work, re.sub(r"[^A-Za-z0-9]+", "_", name))
     procs: list[Proc] = []
     try:
         if name.startswith("this router"):
@@ -160,7 +161,8 @@ async def main_async(a: argparse.Namespace) -> None:
     results: dict[str, list[dict[str, Any]]] = {}
     try:
         for name in a.targets.split(","):
-            results[name] = await run_target(a, work, name.strip(), redis_url)
+            results[name.strip()] = await run_target(a, work, name.strip(), redis_url)
+            save_json("fleet_http", {"args": vars(a), "results": results})  # a later crash loses nothing
     finally:
         redis.stop()
     rows = [[name, f"{s['multiple']:.2f}", f"{s['rate']:.1f}", f"{s['cache_hit'] * 100:.1f}%", f"{s['ttft_p50']:.2f}",

@@ -31,14 +31,14 @@ class PolicySet:
     source: str
 
 
-def snapshot(root: Path) -> tuple[dict[str, bytes], str]:
+def snapshot(root: Path, tenants_dir: Path | None = None) -> tuple[dict[str, bytes], str]:
     """(relative path -> bytes, fingerprint) of the policy files. Reads through symlinks, as a Kubernetes ConfigMap
-    mount swaps a `..data` link on update."""
+    mount swaps a `..data` link on update (its dot-named entries are skipped)."""
     files: dict[str, bytes] = {}
     defaults = root / "defaults.yaml"
     if defaults.is_file():
         files["defaults.yaml"] = defaults.read_bytes()
-    tdir = root / "tenants"
+    tdir = tenants_dir or root / "tenants"
     if tdir.is_dir():
         for f in sorted(tdir.iterdir()):
             if f.suffix in (".yaml", ".yml") and not f.name.startswith(".") and f.is_file():
@@ -102,9 +102,9 @@ def parse_policies(files: dict[str, bytes], fingerprint: str, cfg: GatewayConfig
     return PolicySet(tuple(tenants), fingerprint, source)
 
 
-def load_policies(root: str | Path, cfg: GatewayConfig) -> PolicySet:
+def load_policies(root: str | Path, cfg: GatewayConfig, tenants_dir: str | Path | None = None) -> PolicySet:
     path = Path(root)
     if not path.is_dir():
         raise PolicyError(f"{path}: policy directory not found")
-    files, fp = snapshot(path)
+    files, fp = snapshot(path, Path(tenants_dir) if tenants_dir else None)
     return parse_policies(files, fp, cfg, str(path))

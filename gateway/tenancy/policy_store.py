@@ -26,7 +26,7 @@ class PolicyStore:
         if self.source is None:
             self.current = PolicySet(tuple(cfg.tenants), "inline", "gateway config")
         else:
-            files, fp = snapshot(Path(self.source.dir))
+            files, fp = self._snapshot()
             self.current = parse_policies(files, fp, cfg, self.source.dir)
         self.index = TenantIndex(self.current.tenants)
         self.loaded_at = time.time()
@@ -39,7 +39,7 @@ class PolicyStore:
         keep serving the old one."""
         if self.source is None:
             raise PolicyError("tenants are inline in the gateway config; there is no policy directory to reload")
-        files, fp = snapshot(Path(self.source.dir))
+        files, fp = self._snapshot()
         try:
             new = parse_policies(files, fp, self.cfg, self.source.dir)
         except PolicyError as e:
@@ -55,6 +55,10 @@ class PolicyStore:
             self.on_reload("ok")
         return new
 
+    def _snapshot(self) -> tuple[dict[str, bytes], str]:
+        assert self.source is not None
+        return snapshot(Path(self.source.dir), Path(self.source.tenants_dir) if self.source.tenants_dir else None)
+
     def start(self) -> None:
         if self.source is not None:
             self._watcher.start()
@@ -67,7 +71,7 @@ class PolicyStore:
         while True:
             await asyncio.sleep(self.source.watch_interval_s)
             try:
-                _, fp = snapshot(Path(self.source.dir))
+                _, fp = self._snapshot()
             except OSError as e:  # a directory being replaced (ConfigMap swap) may be briefly unreadable
                 log.warning("policy directory unreadable (%s); will look again", e)
                 continue

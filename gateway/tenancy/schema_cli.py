@@ -43,7 +43,7 @@ def run(a: argparse.Namespace) -> int:
         if root is None:
             print(f"{a.config}: no policies.dir and no --dir", file=sys.stderr)
             return 2
-        ps = load_policies(root, cfg)
+        ps = load_policies(root, cfg, None if a.dir or cfg.policies is None else cfg.policies.tenants_dir)
     except ConfigError as e:
         print(f"invalid:\n{e}", file=sys.stderr)
         return 1

@@ -55,7 +55,7 @@ def _state(request: Request) -> AppState:
 def _who(request: Request) -> str:
     """The caller, for the audit log: which admin token (by digest prefix, never the token), plus a name it gives."""
     st = _state(request)
-    hashes = st.config.admin.token_hashes
+    hashes = st.extra["admin_hashes"]
     scheme, _, token = (request.headers.get("authorization") or "").partition(" ")
     if not hashes or scheme.lower() != "bearer" or not token.strip():
         raise AuthenticationFailed("Admin API: missing or invalid admin token.")

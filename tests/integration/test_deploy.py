@@ -1,0 +1,155 @@
+"""Deploy artifacts are checked, not trusted: the Kustomize overlays render and every object validates against the
+Kubernetes JSON schemas (kubernetes-validate, strict: unknown fields are errors); the config and policies they carry
+load in the gateway; the compose file, the Dockerfile, the dashboard and the SGLang recipes name only things that
+exist (files in this repo, public images, metrics the gateway exports, the flags the issue requires)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from gateway.cli import build_parser
+from gateway.config import load_config, parse_config
+from gateway.observability.metrics import GatewayMetrics
+from gateway.tenancy.policy_loader import load_policies, parse_policies
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy"
+K8S_VERSIONS = ("1.30.0", "1.37.0")  # oldest still common, newest the validator ships
+CRDS = {"ServiceMonitor": "monitoring.coreos.com/v1"}
+
+
+def render(overlay: str) -> list[dict[str, Any]]:
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl (with its built-in kustomize) is not installed on this machine")
+    out = subprocess.run([kubectl, "kustomize", str(DEPLOY / "k8s" / "overlays" / overlay)], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+
+def by_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [d for d in docs if d["kind"] == kind]
+
+
+def test_the_validator_rejects_what_kubernetes_would():
+    """Control: a misspelt field and a wrong type are errors, so a green run below means something."""
+    bad = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "x"},
+           "spec": {"replicas": "two", "selector": {"matchLabels": {"a": "b"}},
+                    "template": {"metadata": {"labels": {"a": "b"}}, "spec": {"containers": [{"name": "c", "imagePull": "x"}]}}}}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(bad, "1.37.0", strict=True)
+
+
+@pytest.mark.parametrize("overlay", ["dev", "prod"])
+def test_overlays_render_and_validate_against_the_kubernetes_schemas(overlay):
+    docs = render(overlay)
+    kinds = {d["kind"] for d in docs}
+    assert {"Deployment", "Service", "HorizontalPodAutoscaler", "PodDisruptionBudget", "ConfigMap", "ServiceMonitor"} <= kinds
+    for d in docs:
+        if d["kind"] in CRDS:
+            assert d["apiVersion"] == CRDS[d["kind"]]
+            continue
+        for v in K8S_VERSIONS:
+            kubernetes_validate.validate(d, v, strict=True)
+
+    (dep,) = [d for d in by_kind(docs, "Deployment") if d["metadata"]["name"] == "inference-gateway"]
+    pod = dep["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    assert c["readinessProbe"]["httpGet"]["path"] == "/readyz" and c["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert pod["securityContext"]["runAsNonRoot"] and c["securityContext"]["readOnlyRootFilesystem"]
+    assert pod["terminationGracePeriodSeconds"] > int(c["args"][c["args"].index("--drain-timeout") + 1])
+    # every ConfigMap the pod mounts is in the render; so is the Secret in dev (prod: created by the platform)
+    cms = {d["metadata"]["name"]: d for d in by_kind(docs, "ConfigMap")}
+    mounted = {v["configMap"]["name"] for v in pod["volumes"] if "configMap" in v}
+    assert mounted <= set(cms)
+    if overlay == "dev":
+        assert {s["metadata"]["name"] for s in by_kind(docs, "Secret")} == {"gateway-secrets"}
+    (sm,) = by_kind(docs, "ServiceMonitor")
+    assert sm["spec"]["endpoints"][0]["port"] in {p["name"] for s in by_kind(docs, "Service") for p in s["spec"]["ports"]}
+    # the config and policies carried by the ConfigMaps load in the gateway, as the pod would load them
+    config_cm = next(cm for n, cm in cms.items() if n.startswith("gateway-config"))
+    cfg = parse_config(yaml.safe_load(config_cm["data"]["gateway.yaml"]), f"{overlay}: gateway-config")
+    files = {"defaults.yaml": cms["gateway-policy-defaults"]["data"]["defaults.yaml"].encode()}
+    files |= {f"tenants/{k}": v.encode() for k, v in cms["gateway-tenants"]["data"].items()}
+    assert [t.name for t in parse_policies(files, "-", cfg, overlay).tenants] == ["demo"]
+    assert cfg.policies.dir in {m["mountPath"] for m in c["volumeMounts"]}
+    assert cfg.policies.tenants_dir in {m["mountPath"] for m in c["volumeMounts"]}
+    env = {e["name"] for e in c["env"]}
+    assert cfg.admin.token_hashes_env in env and all(p.api_key_env in env for p in cfg.pools if p.api_key_env)
+
+
+def test_compose_names_only_files_in_this_repo_and_public_images():
+    compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
+    parser = build_parser()
+    for name, svc in compose["services"].items():
+        image = svc["image"]
+        if image == "inference-gateway:local":  # built here
+            cmd = svc["command"]
+            parser.parse_args(cmd)  # a real `gateway` subcommand with valid flags (SystemExit otherwise)
+        else:  # public and pinned, never :latest
+            assert re.fullmatch(r"[a-z0-9./-]+:[0-9][\w.-]*", image), f"{name}: {image}"
+        if "build" in svc:
+            assert (DEPLOY / svc["build"]["context"] / svc["build"]["dockerfile"]).is_file()
+        for vol in svc.get("volumes", []):
+            src = vol.split(":")[0]
+            assert (DEPLOY / src).exists(), f"{name}: {src}"
+    assert {"redis", "sim-mi355x", "sim-b200", "gateway-1", "gateway-2", "otel-collector"} <= set(compose["services"])
+    assert all(p.startswith("127.0.0.1:") for s in compose["services"].values() for p in s.get("ports", []))
+    # the config the gateways mount loads, with the policies directory mounted beside it
+    cfg = load_config(DEPLOY / "compose" / "gateway.yaml")
+    assert {t.name for t in load_policies(ROOT / "policies", cfg).tenants} == {"acme", "batch-jobs"}
+    hosts = {u.split("//")[1].split(":")[0] for p in cfg.pools for u in [r.url for r in p.replicas]}
+    assert hosts <= set(compose["services"]) and cfg.routing.redis_url.startswith("redis://redis:")
+
+
+def test_dockerfile_is_non_root_with_a_health_check_and_copies_only_what_exists():
+    text = (DEPLOY / "Dockerfile").read_text()
+    for line in text.splitlines():
+        if line.startswith("COPY") and "--from=" not in line:
+            *srcs, _ = shlex.split(line)[1:]
+            assert all((ROOT / s).exists() for s in srcs), line
+    assert re.search(r"^USER 10001$", text, re.M) and "HEALTHCHECK" in text and "/healthz" in text
+    assert re.search(r"^ARG PYTHON_IMAGE=python:3\.11-slim-\w+$", text, re.M)
+
+
+def exported_metric_names() -> set[str]:
+    """The series names Prometheus will see (labelled metrics have no samples until first used)."""
+    suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
+    return {fam.name + sfx for fam in GatewayMetrics().registry.collect() for sfx in suffixes[fam.type]}
+
+
+def test_dashboard_queries_only_metrics_the_gateway_exports():
+    dash = json.loads((DEPLOY / "k8s" / "base" / "grafana-dashboard.json").read_text())
+    exported = exported_metric_names()
+    exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
+    used = {m for e in exprs for m in re.findall(r"\b(gateway_[a-z_]+)", e)}
+    assert used and used <= exported, used - exported
+    titles = " ".join(p["title"] for p in dash["panels"]).lower()
+    for topic in ("ttft", "hit rate", "sla", "cost", "branch"):
+        assert topic in titles
+
+
+def test_sglang_recipes_carry_the_flags_the_fitted_profile_assumes():
+    mi = (DEPLOY / "sglang" / "mi355x-glm52-tp4.sh").read_text()
+    for flag in ("--tp 4", "--kv-cache-dtype fp8_e4m3", "--enable-aiter-allreduce-fusion", "--speculative-num-steps 5",
+                 "--speculative-eagle-topk 1", "--speculative-num-draft-tokens 6", "--enable-cache-report",
+                 "--enable-metrics", "--chunked-prefill-size 16384", "--max-running-requests 48", "MXFP4"):
+        assert flag in mi, flag
+    commands = "\n".join(line for line in mi.splitlines() if not line.lstrip().startswith("#"))
+    assert "for g in 0 1" in commands and "--dp" not in commands  # one server per TP4 group
+    b = (DEPLOY / "sglang" / "b200-glm52.sh").read_text()
+    assert "--enable-cache-report" in b and "--tp 4" in b
+    pools = yaml.safe_load((DEPLOY / "sglang" / "pools.example.yaml").read_text())
+    cfg = parse_config({**pools, "tenants": [{"name": "t", "api_key_hashes": ["0" * 64], "models": ["glm-5.2"]}]})
+    assert [p.kind for p in cfg.pools] == ["sglang", "sglang", "openai"]
