@@ -141,7 +141,8 @@ def test_dashboard_queries_only_metrics_the_gateway_exports():
 
 
 def test_sglang_recipes_carry_the_flags_the_fitted_profile_assumes():
-    mi = (DEPLOY / "sglang" / "mi355x-glm52-tp4.sh").read_text()
+    common = (DEPLOY / "sglang" / "serve-tp4-groups.sh").read_text()
+    mi = (DEPLOY / "sglang" / "mi355x-glm52-tp4.sh").read_text() + common
     for flag in ("--tp 4", "--kv-cache-dtype fp8_e4m3", "--enable-aiter-allreduce-fusion", "--speculative-num-steps 5",
                  "--speculative-eagle-topk 1", "--speculative-num-draft-tokens 6", "--enable-cache-report",
                  "--enable-metrics", "--chunked-prefill-size 16384", "--max-running-requests 48", "MXFP4"):
@@ -149,7 +150,7 @@ def test_sglang_recipes_carry_the_flags_the_fitted_profile_assumes():
     commands = "\n".join(line for line in mi.splitlines() if not line.lstrip().startswith("#"))
     assert "for g in 0 1" in commands and "--dp" not in commands  # one server per TP4 group
     b = (DEPLOY / "sglang" / "b200-glm52.sh").read_text()
-    assert "--enable-cache-report" in b and "--tp 4" in b
+    assert "serve-tp4-groups.sh" in b and "CUDA_VISIBLE_DEVICES" in b and "HIP_VISIBLE_DEVICES" in mi
     pools = yaml.safe_load((DEPLOY / "sglang" / "pools.example.yaml").read_text())
     cfg = parse_config({**pools, "tenants": [{"name": "t", "api_key_hashes": ["0" * 64], "models": ["glm-5.2"]}]})
     assert [p.kind for p in cfg.pools] == ["sglang", "sglang", "openai"]

@@ -82,6 +82,12 @@ async def _apply(coro: Any) -> None:
         raise NoCapacity(f"{e}; the change was not applied anywhere.", retry_after=1) from None
 
 
+def _pool(st: AppState, name: str) -> str:
+    if name not in st.registry.by_pool:
+        raise NotFound(f"Unknown pool {name!r}.", param="name")
+    return name
+
+
 def _replica(st: AppState, name: str) -> Any:
     t = st.registry.get(name)
     if t is None:
@@ -150,8 +156,7 @@ async def replica_action(name: str, action: str, request: Request) -> Response:
 async def set_pool(name: str, request: Request) -> Response:
     who = _who(request)
     st = _state(request)
-    if name not in st.registry.by_pool:
-        raise NotFound(f"Unknown pool {name!r}.", param="name")
+    _pool(st, name)
     o = await _body(request, PoolOverride)
     base = next(p for p in st.config.pools if p.name == name).pricing
     if o.pricing is not None and not isinstance(base, PerTokenPricing):
@@ -165,9 +170,7 @@ async def set_pool(name: str, request: Request) -> Response:
 async def clear_pool(name: str, request: Request) -> Response:
     who = _who(request)
     st = _state(request)
-    if name not in st.registry.by_pool:
-        raise NotFound(f"Unknown pool {name!r}.", param="name")
-    await _apply(st.control.set_pool(who, name, None))
+    await _apply(st.control.set_pool(who, _pool(st, name), None))
     return JSONResponse({"pool": name, "override": None})
 
 
