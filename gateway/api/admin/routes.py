@@ -210,15 +210,11 @@ async def clear_override(name: str, request: Request) -> Response:
 async def decisions(request: Request, limit: int = 50, tenant: str | None = None) -> Response:
     _who(request)
     out = []
-    for at, ex in reversed(_proxy(request).recent):
-        if tenant is not None and ex.tenant.name != tenant:
-            continue
-        d = ex.dispatched
-        out.append({"at": at, "request_id": ex.request_id, "tenant": ex.tenant.name, "model": ex.parsed.model,
-                     "status": ex.status, "served_by": d.target.name if d else None, "attempts": d.attempts if d else 0,
-                     "decision": ex.decision.explain() if ex.decision else None})
-        if len(out) >= max(1, limit):
-            break
+    for r in reversed(_proxy(request).recent):
+        if tenant is None or r.tenant == tenant:
+            out.append(r.explain())
+            if len(out) >= max(1, limit):
+                break
     return JSONResponse({"decisions": out})
 
 

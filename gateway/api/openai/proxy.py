@@ -76,6 +76,23 @@ class Exchange:
     reservation: Reservation | None = None  # budget held until the usage is known
 
 
+@dataclass(frozen=True)
+class RecentDecision:
+    at: float
+    request_id: str
+    tenant: str
+    model: str
+    status: str
+    served_by: str | None
+    attempts: int
+    decision: Decision | None
+
+    def explain(self) -> dict[str, Any]:
+        return {"at": self.at, "request_id": self.request_id, "tenant": self.tenant, "model": self.model,
+                "status": self.status, "served_by": self.served_by, "attempts": self.attempts,
+                "decision": self.decision.explain() if self.decision else None}
+
+
 class OpenAIProxy:
     def __init__(self, state: AppState) -> None:
         self.state = state
@@ -83,7 +100,7 @@ class OpenAIProxy:
         self._tenant_inflight: dict[str, int] = {}
         self._routes: dict[tuple[str, str, str, float, str | None], ModelRoute] = {}
         self._tasks: set[asyncio.Task[None]] = set()
-        self.recent: deque[tuple[float, Exchange]] = deque(maxlen=500)  # for the admin API's recent decisions
+        self.recent: deque[RecentDecision] = deque(maxlen=500)  # for the admin API (no prompt bodies kept)
 
     # -- entry -----------------------------------------------------------------------------------------------
     async def handle(self, request: Request, endpoint: str) -> Response:
@@ -405,7 +422,8 @@ class OpenAIProxy:
         for b in ex.buckets:
             if b.key.endswith(":tok") and b.cost != (prompt + completion if used else 0):
                 self._background(st.limiter.adjust(b, b.cost - (prompt + completion if used else 0)))
-        self.recent.append((time.time(), ex))
+        self.recent.append(RecentDecision(time.time(), ex.request_id, tenant, model, ex.status,
+                                          d.target.name if d else None, d.attempts if d else 0, ex.decision))
         if ex.span is not None:
             ex.span.set_attributes({
                 "gen_ai.response.model": ex.parsed.model,
