@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import re
+import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -55,17 +56,32 @@ def start_sims(a: argparse.Namespace, work: Path, tag: str) -> tuple[list[Proc],
     return procs, [f"http://127.0.0.1:{a.sim_port + i}" for i in range(2 * a.nodes)], b_urls
 
 
+def wall_timing(timing: dict[str, float], ts: float) -> dict[str, float]:
+    """A pool's TTFT-model parameters in wall-clock terms for simulators running at time scale `ts` (below 1 =
+    slower): the gateway measures wall time, so its SLA and timing must be stated in it too, or every prediction
+    would be off by 1/ts and the router would spill to keep an SLA that is effectively ts x 2.22 s."""
+    return {"base_s": timing["base_s"] / ts, "prefill_tokens_per_s": timing["prefill_tokens_per_s"] * ts,
+            "decode_step_s": timing["decode_step_s"] / ts}
+
+
+MI355X_TIMING = {"base_s": 0.14, "prefill_tokens_per_s": 16700, "decode_step_s": 0.0467}  # PoolTiming defaults
+B200_TIMING = {"base_s": 0.12, "prefill_tokens_per_s": 20000, "decode_step_s": 0.0365}
+
+
 def gateway_targets(a: argparse.Namespace, work: Path, policy: str, mi: list[str], b200: list[str], redis_url: str,
                     prefix: str) -> tuple[list[Proc], list[str]]:
+    ts = a.time_scale
     pools: list[dict[str, Any]] = [{"name": "mi355x", "kind": "sglang", "model": "zai-org/GLM-5.2", "pricing": MI355X_PRICE,
+                                    "timing": wall_timing(MI355X_TIMING, ts),
                                     "replicas": [{"name": f"mi355x-{i}", "url": u} for i, u in enumerate(mi)]}]
     if b200:
         pools.append({"name": "b200", "kind": "sglang", "model": "zai-org/GLM-5.2", "pricing": B200_PRICE,
-                      "timing": {"base_s": 0.12, "prefill_tokens_per_s": 20000, "decode_step_s": 0.0365},
+                      "timing": wall_timing(B200_TIMING, ts),
                       "replicas": [{"name": f"b200-{i}", "url": u} for i, u in enumerate(b200)]})
     cfg = {"models": [{"name": "glm-5.2", "pools": [p["name"] for p in pools]}], "pools": pools,
            "tenants": [{"name": "bench", "api_key_hashes": [hash_key(KEY)], "models": ["glm-5.2"]}],
-           "routing": {"policy": policy, "redis_url": redis_url, "redis_prefix": prefix},
+           "routing": {"policy": policy, "redis_url": redis_url, "redis_prefix": prefix,
+                       "ttft_sla_ms": a.sla * 1000 / ts, "stickiness_penalty_ms": 1000 / ts},
            "observability": {"log_requests": False}, "timeouts": {"first_byte": 600, "total": 3000, "idle": 120}}
     path = work / f"gw-{policy}.yaml"
     path.write_text(yaml.safe_dump(cfg))
@@ -194,6 +210,8 @@ def main() -> None:
     p.add_argument("--port", type=int, default=19000)
     p.add_argument("--sim-port", type=int, default=19100)
     p.add_argument("--redis-port", type=int, default=19390)
+    # SIGTERM ends the run like Ctrl-C: the `finally` blocks stop every process it started (by PID)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     asyncio.run(main_async(p.parse_args()))
 
 
