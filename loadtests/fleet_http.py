@@ -25,7 +25,8 @@ from typing import Any
 import httpx
 import yaml
 
-from gateway.config import hash_key
+from gateway.config import PerTokenPricing, hash_key
+from gateway.prediction.pricing import request_cost
 from loadtests.peers import ensure
 from loadtests.procs import Proc
 from loadtests.report import plot_ramp, save_json, table
@@ -128,6 +129,21 @@ def litellm_target(a: argparse.Namespace, work: Path, mi: list[str]) -> tuple[li
     return [p], [f"http://127.0.0.1:{port}/v1"]
 
 
+def fleet_cost(a: argparse.Namespace, res: list[Any]) -> dict[str, float]:
+    """$ per million output tokens: the MI355X fleet is paid by the GPU-hour whether busy or not (nodes x 8 GPUs for
+    the rate's simulated duration) plus per-token charges for what spilled to the B200 pool; next to the same
+    requests bought entirely per token from a B200 endpoint (at the cache hits this run realized)."""
+    b200 = PerTokenPricing.model_validate(B200_PRICE)
+    ok = [r for r in res if r.ok]
+    out = sum(r.completion_tokens for r in ok)
+    spill = sum(request_cost(b200, r.prompt_tokens, r.cached_tokens, r.completion_tokens) for r in ok
+                if r.headers.get("x-gateway-pool") == "b200")
+    fleet = a.nodes * 8 * MI355X_PRICE["usd_per_gpu_hour"] * a.duration / 3600
+    all_b200 = sum(request_cost(b200, r.prompt_tokens, r.cached_tokens, r.completion_tokens) for r in ok)
+    return {"usd_per_mtok": (fleet + spill) / out * 1e6 if out else float("nan"),
+            "all_b200_usd_per_mtok": all_b200 / out * 1e6 if out else float("nan")}
+
+
 async def run_target(a: argparse.Namespace, work: Path, name: str, redis_url: str) -> list[dict[str, Any]]:
     sims, mi, b200 = start_sims(a, work, re.sub(r"[^A-Za-z0-9]+", "_", name))
     procs: list[Proc] = []
@@ -159,6 +175,7 @@ async def run_target(a: argparse.Namespace, work: Path, name: str, redis_url: st
             s["multiple"] = m
             s["spill"] = sum(r.headers.get("x-gateway-pool") == "b200" for r in res) / max(len(res), 1)
             s["sla_met"] = sum(1 for r in res if r.ok and r.ttft is not None and r.ttft <= a.sla) / max(len(res), 1)
+            s.update(fleet_cost(a, res))
             rows.append(s)
             print(f"  {name} @ {rate:.1f} req/s: hit {s['cache_hit']:.3f} p95 {s['ttft_p95']:.2f} s success {s['success']:.3f}",
                   file=sys.stderr, flush=True)
@@ -183,12 +200,13 @@ async def main_async(a: argparse.Namespace) -> None:
         redis.stop()
     rows = [[name, f"{s['multiple']:.2f}", f"{s['rate']:.1f}", f"{s['cache_hit'] * 100:.1f}%", f"{s['ttft_p50']:.2f}",
              f"{s['ttft_p95']:.2f}", f"{s['success'] * 100:.1f}%", f"{s['sla_met'] * 100:.1f}%", f"{s['spill'] * 100:.1f}%",
-             f"{s['tok_s']:.0f}"] for name, rs in results.items() for s in rs]
+             f"{s['tok_s']:.0f}", f"{s['usd_per_mtok']:.2f}", f"{s['all_b200_usd_per_mtok']:.2f}"]
+            for name, rs in results.items() for s in rs]
     print(f"\nFleet over HTTP: {a.nodes} MI355X nodes ({2 * a.nodes} replicas) + {a.b200_replicas} B200 replicas, "
           f"{a.gateways} gateway instances on one Redis, Wafer workload, {a.duration:.0f} simulated s per rate, "
           f"time scale {a.time_scale}")
     print(table(["target", "x 2.4/node", "req/s", "hit rate", "TTFT p50", "TTFT p95", "success", f"TTFT<={a.sla}s",
-                 "spill", "tok/s"], rows))
+                 "spill", "tok/s", "$/Mtok out", "all-B200 $/Mtok"], rows))
     save_json("fleet_http", {"args": vars(a), "results": results})
     plot_ramp("fleet_http", {k: v for k, v in results.items() if v}, f"{a.nodes}-node fleet over HTTP")
 
