@@ -337,3 +337,34 @@ def test_redis_outage_refuses_admin_writes_but_never_a_request(fleet):
     finally:
         gw.stop()
         srv.stop()
+
+
+def test_admin_port_serves_the_admin_api_alone_and_flushes_a_replicas_prefix_entries(fleet):
+    """`admin.port`: the same instance's admin API on a second port, and nothing else there; flush-prefix makes
+    the router forget a replica's entries (the next request with that prefix is no longer a predicted hit)."""
+    from gateway.app import create_admin_app
+    from tests.helpers import ServerThread
+
+    sims, _ = fleet
+    app = create_app(parse_config(cfg_for([sglang_pool("p", sims.urls[:1])])))
+    st = ServerThread([app, create_admin_app(app)]).start()
+    main, adm = st.urls
+    try:
+        text = "a long shared context for the flush test " * 200
+        c = OpenAI(base_url=main + "/v1", api_key="sk-a", max_retries=0)
+        for _ in range(2):
+            r = c.chat.completions.with_raw_response.create(model="glm-5.2", messages=[{"role": "user", "content": text}],
+                                                            max_tokens=2)
+        assert r.headers["x-gateway-route"] == "prefix_hit"
+        state = httpx.get(adm + "/admin/state", headers=ADMIN_H).json()
+        assert state["prefix_index_entries"] > 0 and state["pools"][0]["replicas"][0]["name"] == "p-0"
+        assert httpx.post(adm + "/v1/chat/completions", headers={"authorization": "Bearer sk-a"}, json={}).status_code == 404
+        r = httpx.post(adm + "/admin/replicas/p-0/flush-prefix", headers=ADMIN_H)
+        assert r.status_code == 200
+        assert httpx.get(adm + "/admin/state", headers=ADMIN_H).json()["prefix_index_entries"] == 0
+        again = c.chat.completions.with_raw_response.create(model="glm-5.2", messages=[{"role": "user", "content": text}],
+                                                            max_tokens=2)
+        assert again.headers["x-gateway-route"] == "cold_ring"
+        assert httpx.get(adm + "/admin/audit", headers=ADMIN_H).json()["entries"][0]["what"] == "flush_prefix"
+    finally:
+        st.stop()
