@@ -103,7 +103,7 @@ def create_app(config: GatewayConfig, *, span_exporter: Any = None, transport: h
 
         control = ControlPlane(control_store, registry, config.admin.control_resync_s,
                                actions={"reload": reload_event, "flush": flush_event})
-        corrector = TtftCorrector()
+        corrector = TtftCorrector(z=rc.ttft_quantile_z)
         policy, params, uses_prefix = build_policy(rc)
         router = PipelineRouter(registry, index, loads, corrector, policy, params, rc.chunk_tokens, uses_prefix,
                                 on_lookup=metrics.routing_lookup.observe)

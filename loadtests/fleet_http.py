@@ -82,7 +82,8 @@ def gateway_targets(a: argparse.Namespace, work: Path, policy: str, mi: list[str
     cfg = {"models": [{"name": "glm-5.2", "pools": [p["name"] for p in pools]}], "pools": pools,
            "tenants": [{"name": "bench", "api_key_hashes": [hash_key(KEY)], "models": ["glm-5.2"]}],
            "routing": {"policy": policy, "redis_url": redis_url, "redis_prefix": prefix,
-                       "ttft_sla_ms": a.sla * 1000 / ts, "stickiness_penalty_ms": 1000 / ts},
+                       "ttft_sla_ms": a.sla * 1000 / ts, "stickiness_penalty_ms": 1000 / ts,
+                       "ttft_quantile_z": a.ttft_quantile_z},
            "observability": {"log_requests": False}, "timeouts": {"first_byte": 600, "total": 3000, "idle": 120}}
     path = work / f"gw-{policy}.yaml"
     path.write_text(yaml.safe_dump(cfg))
@@ -222,6 +223,7 @@ def main() -> None:
     p.add_argument("--stream-interval", type=int, default=16)
     p.add_argument("--groups-per-node", type=int, default=16)
     p.add_argument("--sla", type=float, default=2.22)
+    p.add_argument("--ttft-quantile-z", type=float, default=0.0, help="routing.ttft_quantile_z for this router")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--targets", default="this router,this router / round_robin,this router / least_loaded,"
                                         "SGLang router cache_aware x1,SGLang router cache_aware x2,LiteLLM least-busy")

@@ -56,15 +56,15 @@ class FleetResult:
 
 class _Gateway:
     def __init__(self, clock: Callable[[], float], index: MemoryPrefixIndex | None = None,
-                 loads: dict[str, list[float]] | None = None) -> None:
+                 loads: dict[str, list[float]] | None = None, quantile_z: float = 0.0) -> None:
         self.index = index or MemoryPrefixIndex(clock=clock, default_capacity=2_400_000 // CHUNK)
         self.loads = loads if loads is not None else {}
-        self.corrector = TtftCorrector()
+        self.corrector = TtftCorrector(z=quantile_z)
 
 
 def run_fleet(policy: str, nodes: int, rate_per_node: float, duration: float = 120.0, seed: int = 0,
               groups_per_node: int = 16, b200_replicas: int = 0, gateways: int = 1, shared: bool = True,
-              sla_s: float = 2.22, warm: bool = True) -> FleetResult:
+              sla_s: float = 2.22, warm: bool = True, quantile_z: float = 0.0) -> FleetResult:
     cfg = profile("mi355x-glm52-tp4")
     loop = EventLoop()
     clock = lambda: loop.now  # noqa: E731
@@ -81,7 +81,8 @@ def run_fleet(policy: str, nodes: int, rate_per_node: float, duration: float = 1
         infos.append(TargetInfo(name, f"{name}@0", "b200", B200_TIMING, B200_PRICE))
     shared_index = MemoryPrefixIndex(clock=clock, default_capacity=2_400_000 // CHUNK)
     shared_loads: dict[str, list[float]] = {}
-    gws = [_Gateway(clock, shared_index if shared else None, shared_loads if shared else None) for _ in range(gateways)]
+    gws = [_Gateway(clock, shared_index if shared else None, shared_loads if shared else None, quantile_z)
+           for _ in range(gateways)]
     if policy == "prefix_sla_cost":
         decide: Any = prefix_sla_cost.decide
         params: Any = prefix_sla_cost.Params(min_hit_tokens=CHUNK)

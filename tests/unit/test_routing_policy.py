@@ -113,6 +113,20 @@ def test_corrector_learns_and_clamps():
     assert c.get("p") == pytest.approx(3.0)
 
 
+def test_quantile_correction_plans_against_the_spread_not_the_mean():
+    """z > 0: a pool whose TTFT scatters around the prediction is planned at mean + z std (a steady one is not), so
+    a p95 SLA is met by the request's p95 rather than its mean; z = 0 is the plain EWMA."""
+    plain, p95 = TtftCorrector(alpha=0.05), TtftCorrector(alpha=0.05, z=1.65)
+    for i in range(400):
+        ratio = 1.0 + (0.5 if i % 2 else -0.5)  # mean 1.0, std 0.5
+        for c in (plain, p95):
+            c.observe("scattered", 1.0, ratio)
+            c.observe("steady", 1.0, 1.2)
+    assert plain.get("scattered") == pytest.approx(1.0, abs=0.05)
+    assert p95.get("scattered") == pytest.approx(1.0 + 1.65 * 0.5, abs=0.08)
+    assert p95.get("steady") == pytest.approx(plain.get("steady"), abs=1e-3) == pytest.approx(1.2, abs=1e-3)
+
+
 def test_bounded_load_ring_skips_overloaded_and_is_stable():
     names = [f"r{i}" for i in range(8)]
     first = place(99, names, {})[0]
