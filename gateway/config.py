@@ -211,7 +211,6 @@ class GatewayConfig(_Strict):
         pool_names = [p.name for p in self.pools]
         _unique(pool_names, "pools")
         _unique([m.name for m in self.models], "models")
-        _unique([t.name for t in self.tenants], "tenants")
         replica_names = [r.name for p in self.pools if isinstance(p, SGLangPool) for r in p.replicas]
         _unique(replica_names + [p.name for p in self.pools if not isinstance(p, SGLangPool)], "replicas")
         for i, m in enumerate(self.models):

@@ -30,12 +30,8 @@ async def _serve_gateway(app: Any, host: str, port: int, drain_timeout: float, e
 def serve(a: argparse.Namespace) -> int:
     try:
         cfg = load_config(a.config)
+        app = create_app(cfg)  # loads the policy directory: an invalid one fails here too
     except ConfigError as e:
-        print(f"config error:\n{e}", file=sys.stderr)
-        return 2
-    try:
-        app = create_app(cfg)
-    except ConfigError as e:  # an invalid policy directory at startup
         print(f"config error:\n{e}", file=sys.stderr)
         return 2
     extra = []

@@ -74,5 +74,10 @@ class UpstreamRegistry:
             self.by_pool[pool.name] = ts
             self.targets.extend(ts)
 
+    def head(self, pool: str) -> Target | None:
+        """The pool's first target: it carries what is pool-wide (pricing, timing, weight)."""
+        ts = self.by_pool.get(pool)
+        return ts[0] if ts else None
+
     def get(self, name: str) -> Target | None:
         return next((t for t in self.targets if t.name == name), None)

@@ -59,7 +59,7 @@ class BudgetLedger(Protocol):
     async def usage(self, tenant: str) -> dict[str, dict[str, float]]: ...
 
 
-def limits(tenant: Tenant) -> dict[str, float]:
+def budget_caps(tenant: Tenant) -> dict[str, float]:
     b = tenant.budget
     return {k: v for k, v in (("day", b.usd_per_day), ("month", b.usd_per_month)) if v is not None}
 
@@ -87,7 +87,7 @@ class MemoryBudgetLedger:
     async def reserve(self, tenant: Tenant, rid: str, amount: float, ttl_s: float) -> Reservation | Refusal:
         now = self.clock()
         ps = periods(now)
-        caps = limits(tenant)
+        caps = budget_caps(tenant)
         for kind, cap in caps.items():
             p = self._period(tenant.name, ps[kind])
             reserved = p.reserved(now)
@@ -186,7 +186,7 @@ class RedisBudgetLedger:
     async def reserve(self, tenant: Tenant, rid: str, amount: float, ttl_s: float) -> Reservation | Refusal:
         now = self.clock()
         ps = periods(now)
-        caps = limits(tenant)
+        caps = budget_caps(tenant)
         kinds = list(caps)
         keys = [k for kind in kinds for k in self._keys(tenant.name, ps[kind])]
         if kinds:

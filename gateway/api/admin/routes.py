@@ -112,7 +112,8 @@ async def state(request: Request, uncached_tokens: int = 8000) -> Response:
                          "circuit": t.breaker.state.value, "incarnation": t.incarnation, "last_error": t.last_error,
                          "queued_prefill_tokens": round(load.queued_prefill_tokens), "inflight": round(load.inflight, 1),
                          "predicted_ttft_s": round(ttft, 3)})
-        first = st.registry.by_pool[pool.name][0]
+        first = st.registry.head(pool.name)
+        assert first is not None  # every configured pool has at least one target
         pools.append({"name": pool.name, "kind": pool.kind, "weight": first.weight,
                       "pricing": first.pricing.model_dump() if first.pricing else None, "replicas": reps})
     cs = st.control.state

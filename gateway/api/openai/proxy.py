@@ -30,7 +30,7 @@ from gateway.routing.decision import Decision
 from gateway.routing.request import RoutingRequest
 from gateway.api.openai.validation import ParsedRequest, parse_json, validate
 from gateway.state import AppState
-from gateway.tenancy.budget import Refusal, Reservation, Usage
+from gateway.tenancy.budget import Refusal, Reservation, Usage, budget_caps
 from gateway.tenancy.policy_schema import Tenant
 from gateway.tenancy.ratelimit import Bucket, buckets_for
 
@@ -210,8 +210,8 @@ class OpenAIProxy:
         if tenant.pools is not None and pool not in tenant.pools and pool not in tenant.fallback_pools:
             return False
         cap = tenant.max_price_per_mtok
-        targets = self.state.registry.by_pool.get(pool) or []
-        price = targets[0].pricing if targets else None
+        head = self.state.registry.head(pool)
+        price = head.pricing if head else None
         return cap is None or not isinstance(price, PerTokenPricing) or max(price.input_per_mtok, price.output_per_mtok) <= cap
 
     # -- limits and budgets ----------------------------------------------------------------------------------
@@ -220,11 +220,14 @@ class OpenAIProxy:
         choices = n if isinstance(n, int) and n > 1 else 1
         if ex.parsed.max_output_tokens is not None:
             return ex.parsed.max_output_tokens * choices
-        targets = self.state.registry.by_pool.get(pool) or []
-        return (targets[0].timing.expected_output_tokens if targets else 1000) * choices
+        head = self.state.registry.head(pool)
+        return (head.timing.expected_output_tokens if head else 1000) * choices
 
     async def _admit(self, ex: Exchange) -> None:
         """Requests/min and tokens/min (estimated: prompt + expected output), across every instance."""
+        rl = ex.tenant.rate_limits
+        if rl.requests_per_minute is None and rl.tokens_per_minute is None:
+            return
         buckets = buckets_for(ex.tenant, ex.parsed.prompt_tokens + self._expected_output(ex, ex.route.pools[0]))
         if not buckets:
             return
@@ -246,12 +249,13 @@ class OpenAIProxy:
     async def _reserve(self, ex: Exchange) -> None:
         """Hold the request's worst-case cost (dearest pool it may use, no cache hit, max output) against the
         tenant's budgets; settled with the real cost in `_finish`. Every request gets a reservation, so usage per
-        tenant is recorded even without a cap."""
+        tenant is recorded even without a cap (the worst case is only priced when there is one)."""
         worst = 0.0
-        for pool in ex.route.pools:
-            targets = self.state.registry.by_pool.get(pool) or []
-            if targets:
-                worst = max(worst, request_cost(targets[0].pricing, ex.parsed.prompt_tokens, 0, self._expected_output(ex, pool)))
+        if budget_caps(ex.tenant):
+            for pool in ex.route.pools:
+                head = self.state.registry.head(pool)
+                if head is not None:
+                    worst = max(worst, request_cost(head.pricing, ex.parsed.prompt_tokens, 0, self._expected_output(ex, pool)))
         got = await self.state.budget.reserve(ex.tenant, ex.request_id, worst, self.state.config.timeouts.total + 60)
         if isinstance(got, Refusal):
             self.state.metrics.refusals.labels(ex.tenant.name, "budget").inc()
