@@ -121,7 +121,8 @@ class Replica:
         cap = max_tokens if max_tokens is not None else self.cfg.context_length
         if ignore_eos:
             return cap, "length"
-        rng = random.Random(hash((self.cfg.seed, prompt_key, str(seed), idx)))
+        # a str seed (not hash(), which is salted per process) keeps the draw the same in every process
+        rng = random.Random(f"{self.cfg.seed}|{prompt_key}|{seed!r}|{idx}")
         want = max(1, int(rng.expovariate(1.0 / self.cfg.default_output_tokens)))
         return (cap, "length") if want >= cap else (want, "stop")
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -408,7 +409,8 @@ class _Ctx:
         self.fault = fault
         self.model = body.get("model", "default") if isinstance(body.get("model"), str) else "default"
         self.writer = ChunkWriter(rid, self.model, self.rep.cfg.sse_style, chat)
-        self.base = hash((self.rep.cfg.seed, prompt_len, rid if body.get("seed") is None else body.get("seed"))) & 0xFFFF
+        seed = rid if body.get("seed") is None else body.get("seed")  # str-seeded: stable across processes
+        self.base = random.Random(f"{self.rep.cfg.seed}|{prompt_len}|{seed!r}").getrandbits(16)
         self.generated = [0] * self.n
         self.finish: list[str | None] = [None] * self.n
         self.finish_shown = [False] * self.n
