@@ -148,8 +148,8 @@ class Routing(_Strict):
     chunk_tokens: int = Field(default=256, ge=16, description="prefix hash granularity (tokens)")
     ttft_sla_ms: float = Field(default=2220, gt=0, description="default TTFT target (p95) per request")
     sla_headroom: float = Field(default=0.1, ge=0, lt=1)
-    ttft_quantile_z: float = Field(default=0.0, ge=0, le=4, description="plan against mean + z std of the TTFT "
-                                   "correction (1.65 ~ p95: spills earlier near the knee, costs more at normal load)")
+    ttft_quantile_z: float = Field(default=0.5, ge=0, le=4, description="plan against mean + z std of the TTFT "
+                                   "correction (per load regime): higher spills earlier near the knee and costs more")
     stickiness_penalty_ms: float = Field(default=1000, ge=0, description="leave a warm replica only if it is slower by more")
     on_sla_miss: Literal["spill", "shed"] = "spill"
     objective: Literal["cost", "latency"] = "cost"

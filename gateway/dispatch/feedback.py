@@ -38,6 +38,7 @@ class Attempt:
         self.uncached = cand.uncached_tokens if cand else req.prompt_tokens
         self.ttft_raw = cand.ttft_raw if cand else 0.0
         self.ttft = cand.ttft if cand else 0.0
+        self.regime = cand.regime if cand else "free"
         self.prefill_open = False
         self.open = False
 
@@ -72,7 +73,7 @@ class Feedback:
         if a.req.hashes and a.target.kind == "sglang":
             self._background(self.index.insert(a.key, a.req.hashes, self.cfg.residency_ttl_s))
         if observed_ttft is not None and a.ttft_raw > 0:
-            self.corrector.observe(a.target.pool, a.ttft_raw, observed_ttft)
+            self.corrector.observe(a.target.pool, a.ttft_raw, observed_ttft, a.regime)
             sla = a.req.ttft_sla_s
             self.metrics.sla.labels(a.req.tenant, "met" if observed_ttft <= sla else "missed").inc()
 

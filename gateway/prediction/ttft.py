@@ -6,10 +6,14 @@
 - Slot wait: past `max_running` in-flight requests, a new one waits for running requests to finish; at a full
   batch one frees every (expected output / tokens per step) x decode step / max_running seconds on average — the
   knee that sets the node's ceiling (spec 6.3, step 3).
-- The correction is an EWMA of observed / predicted, per pool, clamped, so a pool that runs slower or faster
+- The correction is an EWMA of observed / predicted, per pool and load regime, clamped, so a pool that runs slower or faster
   than configured is learned from its own traffic. With `z` > 0 it is the EWMA mean plus z EWMA standard
   deviations of that ratio: a request is then planned against an upper quantile of its TTFT (z 1.65 ≈ its p95,
   what a p95 SLA promises) rather than its mean — near the knee, where TTFT spreads, spill starts earlier.
+- Regimes: with a free running slot the model is close (FCFS prefill is exactly the queued tokens); once the batch
+  is full the wait depends on when running requests finish, which the model knows only on average (measured on the
+  virtual clock at 1.5x load: observed/predicted p95 1.3 with a free slot, 5.6 without). One correction for both
+  would either miss the SLA when full or spill needlessly when not, so each regime learns its own.
 """
 
 from __future__ import annotations
@@ -26,6 +30,18 @@ class LoadView:
     inflight: float = 0.0  # requests dispatched and not finished
 
 
+FREE, SLOT_WAIT = "free", "slot_wait"
+
+
+# Until a pool has shown how it does with a full batch, assume the worst the clamp allows: a request sent there would
+# otherwise be planned on the free-slot factor and miss (16 of 16 such dispatches on the virtual clock at 1.5x).
+PRIOR = {FREE: 1.0, SLOT_WAIT: 3.0}
+
+
+def regime(t: PoolTiming, load: LoadView) -> str:
+    return SLOT_WAIT if load.inflight + 1 > t.max_running else FREE
+
+
 def slot_interval(t: PoolTiming) -> float:
     return (t.expected_output_tokens / t.tokens_per_step) * t.decode_step_s / t.max_running
 
@@ -37,27 +53,34 @@ def predict_ttft(t: PoolTiming, load: LoadView, uncached_tokens: int, correction
 
 
 class TtftCorrector:
-    """Per-pool EWMA of observed/predicted TTFT (mean, and spread when `z` > 0)."""
+    """Per (pool, regime) EWMA of observed/predicted TTFT (mean, and spread when `z` > 0)."""
 
-    def __init__(self, alpha: float = 0.05, lo: float = 0.5, hi: float = 3.0, z: float = 0.0) -> None:
+    def __init__(self, alpha: float = 0.05, lo: float = 0.5, hi: float = 3.0, z: float = 0.0,
+                 split_regimes: bool = True) -> None:
         self.alpha = alpha
+        self.split_regimes = split_regimes  # False: one correction per pool (the ablation in tests and fleet_des)
         self.lo = lo
         self.hi = hi
         self.z = z
-        self.factor: dict[str, float] = {}  # what predictions are multiplied by
-        self._mean: dict[str, float] = {}
-        self._var: dict[str, float] = {}
+        self.factor: dict[tuple[str, str], float] = {}  # what predictions are multiplied by, per (pool, regime)
+        self._mean: dict[tuple[str, str], float] = {}
+        self._var: dict[tuple[str, str], float] = {}
 
-    def get(self, pool: str) -> float:
-        return self.factor.get(pool, 1.0)
+    def get(self, pool: str, regime_: str = FREE) -> float:
+        """What a prediction for this pool in this regime is multiplied by (the regime's prior until it is seen)."""
+        if not self.split_regimes:
+            regime_ = FREE
+        return self.factor.get((pool, regime_), PRIOR[regime_])
 
-    def observe(self, pool: str, predicted_uncorrected: float, observed: float) -> None:
+    def observe(self, pool: str, predicted_uncorrected: float, observed: float, regime_: str = FREE) -> None:
         if predicted_uncorrected <= 0 or observed <= 0:
             return
+        key = (pool, regime_ if self.split_regimes else FREE)
         ratio = min(self.hi, max(self.lo, observed / predicted_uncorrected))
-        mean = self._mean.get(pool, 1.0)
+        mean = self._mean.get(key, PRIOR[key[1]])
         d = ratio - mean
         mean = min(self.hi, max(self.lo, mean + self.alpha * d))
-        var = (1 - self.alpha) * (self._var.get(pool, 0.0) + self.alpha * d * d)  # EW variance (West's update)
-        self._mean[pool], self._var[pool] = mean, var
-        self.factor[pool] = min(self.hi, max(self.lo, mean + self.z * math.sqrt(var)))
+        var = (1 - self.alpha) * (self._var.get(key, 0.0) + self.alpha * d * d)  # EW variance (West's update)
+        self._mean[key], self._var[key] = mean, var
+        self.factor[key] = min(self.hi, max(self.lo, mean + self.z * math.sqrt(var)))
+

@@ -3,13 +3,13 @@ match, load, predicted TTFT and the request's cost on that target. Policies only
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from gateway.config import GpuHourPricing, PerTokenPricing, PoolTiming
 from gateway.prediction.pricing import request_cost
-from gateway.prediction.ttft import LoadView, predict_ttft
+from gateway.prediction.ttft import LoadView, predict_ttft, regime
 from gateway.routing.request import RoutingRequest
 
 
@@ -40,6 +40,7 @@ class Candidate:
     ttft: float
     ttft_raw: float
     cost: float
+    regime: str = "free"  # prediction/ttft.regime at decision time: which correction applied and learns
 
     @property
     def name(self) -> str:
@@ -52,7 +53,8 @@ class Candidate:
 
 
 def build_candidates(req: RoutingRequest, targets: Sequence[TargetInfo], matches: Mapping[str, int],
-                     loads: Mapping[str, LoadView], corrections: Mapping[str, float], chunk_tokens: int) -> list[Candidate]:
+                     loads: Mapping[str, LoadView], correction: Callable[[str, str], float],
+                     chunk_tokens: int) -> list[Candidate]:
     out = []
     expected_out = req.max_output_tokens
     for t in targets:
@@ -61,7 +63,8 @@ def build_candidates(req: RoutingRequest, targets: Sequence[TargetInfo], matches
         uncached = req.prompt_tokens - cached
         load = loads.get(t.name, LoadView())
         raw = predict_ttft(t.timing, load, uncached)
+        reg = regime(t.timing, load)
         out_tokens = expected_out if expected_out is not None else t.timing.expected_output_tokens
-        out.append(Candidate(t, chunks, cached, uncached, load, raw * corrections.get(t.pool, 1.0), raw,
-                             request_cost(t.pricing, req.prompt_tokens, cached, out_tokens) / max(t.weight, 1e-9)))
+        out.append(Candidate(t, chunks, cached, uncached, load, raw * correction(t.pool, reg), raw,
+                             request_cost(t.pricing, req.prompt_tokens, cached, out_tokens) / max(t.weight, 1e-9), reg))
     return out

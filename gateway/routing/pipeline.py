@@ -64,7 +64,7 @@ class PipelineRouter:
         if self.on_lookup:
             self.on_lookup(time.perf_counter() - start)
         loads = {t.name: merged_load(tracked.get(t.name, LoadView()), t.engine_load) for t in live}
-        cands = build_candidates(req, infos, matches, loads, self.corrector.factor, self.chunk_tokens)
+        cands = build_candidates(req, infos, matches, loads, self.corrector.get, self.chunk_tokens)
         decision = self.policy(req, cands, self.params)
         if len(decision.features) < len(cands):  # keep every candidate's features for feedback and explain
             decision = replace(decision, features={c.name: c for c in cands})

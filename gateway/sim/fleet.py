@@ -56,15 +56,16 @@ class FleetResult:
 
 class _Gateway:
     def __init__(self, clock: Callable[[], float], index: MemoryPrefixIndex | None = None,
-                 loads: dict[str, list[float]] | None = None, quantile_z: float = 0.0) -> None:
+                 loads: dict[str, list[float]] | None = None, quantile_z: float = 0.5, split_regimes: bool = True) -> None:
         self.index = index or MemoryPrefixIndex(clock=clock, default_capacity=2_400_000 // CHUNK)
         self.loads = loads if loads is not None else {}
-        self.corrector = TtftCorrector(z=quantile_z)
+        self.corrector = TtftCorrector(z=quantile_z, split_regimes=split_regimes)
 
 
 def run_fleet(policy: str, nodes: int, rate_per_node: float, duration: float = 120.0, seed: int = 0,
               groups_per_node: int = 16, b200_replicas: int = 0, gateways: int = 1, shared: bool = True,
-              sla_s: float = 2.22, warm: bool = True, quantile_z: float = 0.0) -> FleetResult:
+              sla_s: float = 2.22, warm: bool = True, quantile_z: float = 0.5,
+              split_regimes: bool = True) -> FleetResult:
     cfg = profile("mi355x-glm52-tp4")
     loop = EventLoop()
     clock = lambda: loop.now  # noqa: E731
@@ -81,7 +82,8 @@ def run_fleet(policy: str, nodes: int, rate_per_node: float, duration: float = 1
         infos.append(TargetInfo(name, f"{name}@0", "b200", B200_TIMING, B200_PRICE))
     shared_index = MemoryPrefixIndex(clock=clock, default_capacity=2_400_000 // CHUNK)
     shared_loads: dict[str, list[float]] = {}
-    gws = [_Gateway(clock, shared_index if shared else None, shared_loads if shared else None, quantile_z)
+    gws = [_Gateway(clock, shared_index if shared else None, shared_loads if shared else None, quantile_z,
+                    split_regimes)
            for _ in range(gateways)]
     if policy == "prefix_sla_cost":
         decide: Any = prefix_sla_cost.decide
@@ -131,7 +133,7 @@ def run_fleet(policy: str, nodes: int, rate_per_node: float, duration: float = 1
                              "cost", "spill", group_key(hashes, i))
         matches = gw.index.match_sync(hashes, [x.key for x in infos]) if policy == "prefix_sla_cost" else {}
         loads = {x.name: load_of(gw, x.name) for x in infos}
-        cands = build_candidates(req, infos, matches, loads, gw.corrector.factor, CHUNK)
+        cands = build_candidates(req, infos, matches, loads, gw.corrector.get, CHUNK)
         dec = decide(req, cands, params)
         branches[dec.branch] = branches.get(dec.branch, 0) + 1
         chosen = dec.ranked[0]
@@ -151,7 +153,7 @@ def run_fleet(policy: str, nodes: int, rate_per_node: float, duration: float = 1
                 rec["ttft"] = ev.time + t_api - t
                 lv[0] -= cand.uncached_tokens
                 gw.index.insert_sync(chosen.key, hashes, 900.0)
-                gw.corrector.observe(chosen.pool, cand.ttft_raw, rec["ttft"])
+                gw.corrector.observe(chosen.pool, cand.ttft_raw, rec["ttft"], cand.regime)
                 real = sim_req.cached
                 rec["cached"] = real
                 if real < cand.cached_tokens - CHUNK:

@@ -3,7 +3,7 @@
 import pytest
 
 from gateway.config import GpuHourPricing, PerTokenPricing, PoolTiming
-from gateway.prediction.ttft import LoadView, TtftCorrector, predict_ttft, slot_interval
+from gateway.prediction.ttft import FREE, SLOT_WAIT, LoadView, TtftCorrector, predict_ttft, regime, slot_interval
 from gateway.routing.features import TargetInfo, build_candidates
 from gateway.routing.policies import baselines, prefix_sla_cost
 from gateway.routing.request import RoutingRequest
@@ -31,7 +31,7 @@ def req(**kw):
 
 def decide(matches, loads=None, params=P, **kw):
     r = req(**kw)
-    cands = build_candidates(r, infos(), matches, loads or {}, {}, 256)
+    cands = build_candidates(r, infos(), matches, loads or {}, TtftCorrector().get, 256)
     return prefix_sla_cost.decide(r, cands, params)
 
 
@@ -81,7 +81,7 @@ def test_no_feasible_replica_least_ttft_or_shed():
 
 def test_latency_objective_takes_the_fastest():
     r = req(objective="latency")
-    cands = build_candidates(r, infos(), {"r1@0": 46}, {"r1": LoadView(queued_prefill_tokens=5_000, inflight=2)}, {}, 256)
+    cands = build_candidates(r, infos(), {"r1@0": 46}, {"r1": LoadView(queued_prefill_tokens=5_000, inflight=2)}, TtftCorrector().get, 256)
     d = prefix_sla_cost.decide(r, cands, P)
     fastest = min(cands, key=lambda c: c.ttft)
     assert d.branch == "latency" and d.chosen.name == fastest.name
@@ -90,7 +90,7 @@ def test_latency_objective_takes_the_fastest():
 
 def test_features_cap_cached_below_prompt_and_price_cached_input():
     r = req(prompt_tokens=1000)
-    c = build_candidates(r, infos(1, hosted=True), {"r0@0": 10, "b200@0": 0}, {}, {}, 256)
+    c = build_candidates(r, infos(1, hosted=True), {"r0@0": 10, "b200@0": 0}, {}, TtftCorrector().get, 256)
     assert c[0].cached_tokens == 999 and c[0].uncached_tokens == 1
     assert c[1].cost > c[0].cost
 
@@ -127,6 +127,31 @@ def test_quantile_correction_plans_against_the_spread_not_the_mean():
     assert p95.get("steady") == pytest.approx(plain.get("steady"), abs=1e-3) == pytest.approx(1.2, abs=1e-3)
 
 
+def test_full_batch_regime_learns_apart_and_starts_pessimistic():
+    """With a free running slot the model is close; with a full batch the wait depends on when running requests end,
+    so that regime has its own correction, pessimistic (the clamp) until it has been observed."""
+    c = TtftCorrector(alpha=0.5)
+    assert c.get("p", FREE) == 1.0 and c.get("p", SLOT_WAIT) == pytest.approx(3.0)
+    for _ in range(20):
+        c.observe("p", 1.0, 0.9, FREE)
+        c.observe("p", 1.0, 1.8, SLOT_WAIT)
+    assert c.get("p", FREE) == pytest.approx(0.9, rel=0.01) and c.get("p", SLOT_WAIT) == pytest.approx(1.8, rel=0.01)
+    shared = TtftCorrector(alpha=0.5, split_regimes=False)
+    assert shared.get("p", SLOT_WAIT) == 1.0
+    for _ in range(20):
+        shared.observe("p", 1.0, 0.9, FREE)
+        shared.observe("p", 1.0, 1.8, SLOT_WAIT)
+    assert shared.get("p", FREE) == shared.get("p", SLOT_WAIT) < 1.8
+
+
+def test_regime_follows_the_running_slots():
+    assert regime(T, LoadView(0, T.max_running - 1)) == FREE  # this request takes the last slot
+    assert regime(T, LoadView(0, T.max_running)) == SLOT_WAIT  # it would be the 49th
+    cands = build_candidates(req(), infos(2, hosted=False), {}, {"r0": LoadView(0, T.max_running)}, TtftCorrector().get, 256)
+    full, free = cands
+    assert (full.regime, free.regime) == (SLOT_WAIT, FREE) and full.ttft == pytest.approx(3.0 * full.ttft_raw)
+
+
 def test_bounded_load_ring_skips_overloaded_and_is_stable():
     names = [f"r{i}" for i in range(8)]
     first = place(99, names, {})[0]
@@ -139,7 +164,7 @@ def test_bounded_load_ring_skips_overloaded_and_is_stable():
 
 
 def test_baselines():
-    cands = build_candidates(req(), infos(), {}, {"r0": LoadView(0, 5), "r1": LoadView(0, 1), "r2": LoadView(0, 3)}, {}, 256)
+    cands = build_candidates(req(), infos(), {}, {"r0": LoadView(0, 5), "r1": LoadView(0, 1), "r2": LoadView(0, 3)}, TtftCorrector().get, 256)
     assert baselines.least_loaded(req(), cands).chosen.name == "r1"
     rr = baselines.RoundRobin()
     assert [rr(req(), cands).chosen.name for _ in range(4)] == ["r0", "r1", "r2", "r0"]

@@ -31,7 +31,7 @@ from gateway.config import PerTokenPricing, error_location
 from gateway.control.state import PoolOverride, TenantOverride
 from gateway.control.store import StoreUnavailable
 from gateway.errors import AuthenticationFailed, GatewayError, InvalidRequest, NoCapacity
-from gateway.prediction.ttft import LoadView, predict_ttft
+from gateway.prediction.ttft import LoadView, predict_ttft, regime
 from gateway.routing.pipeline import merged_load
 from gateway.state import AppState
 from gateway.tenancy.policy_loader import PolicyError
@@ -107,7 +107,7 @@ async def state(request: Request, uncached_tokens: int = 8000) -> Response:
         reps = []
         for t in st.registry.by_pool[pool.name]:
             load = merged_load(tracked.get(t.name, LoadView()), t.engine_load)
-            ttft = predict_ttft(t.timing, load, uncached_tokens) * st.extra["corrector"].factor.get(t.pool, 1.0)
+            ttft = predict_ttft(t.timing, load, uncached_tokens) * st.extra["corrector"].get(t.pool, regime(t.timing, load))
             reps.append({"name": t.name, "healthy": t.healthy, "drained": t.drained, "routable": t.routable(),
                          "circuit": t.breaker.state.value, "incarnation": t.incarnation, "last_error": t.last_error,
                          "queued_prefill_tokens": round(load.queued_prefill_tokens), "inflight": round(load.inflight, 1),
