@@ -52,6 +52,7 @@ def create_app(config: GatewayConfig, *, span_exporter: Any = None, transport: h
     invalid policy directory fails the start (ConfigError) before anything listens."""
     policies = PolicyStore(config)
     admin_hashes = admin_token_hashes(config)
+    redis_pw = redis_password(config)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -77,7 +78,8 @@ def create_app(config: GatewayConfig, *, span_exporter: Any = None, transport: h
         if rc.redis_url:
             import redis.asyncio as aioredis
 
-            redis_client = aioredis.from_url(rc.redis_url, socket_connect_timeout=rc.redis_timeout_s * 5)
+            redis_client = aioredis.from_url(rc.redis_url, socket_connect_timeout=rc.redis_timeout_s * 5,
+                                             password=redis_pw)
             index = RedisPrefixIndex(redis_client, prefix=rc.redis_prefix, timeout=rc.redis_timeout_s,
                                      on_rtt=metrics.redis_rtt.observe)
             loads = RedisLoadTracker(redis_client, prefix=rc.redis_prefix, timeout=rc.redis_timeout_s)
@@ -147,6 +149,18 @@ def create_app(config: GatewayConfig, *, span_exporter: Any = None, transport: h
     app.include_router(admin_routes.router)
     error_handlers.install(app)
     return RequestIdMiddleware(FastPath(app))
+
+
+def redis_password(config: GatewayConfig) -> str | None:
+    """`routing.redis_password_env`'s value; a named variable that is unset or empty refuses to start (it would
+    otherwise connect unauthenticated and fail every Redis call, silently degrading to per-instance state)."""
+    env = config.routing.redis_password_env
+    if not env:
+        return None
+    value = os.environ.get(env)
+    if not value:
+        raise ConfigError(f"routing.redis_password_env: ${env} is not set")
+    return value
 
 
 def admin_token_hashes(config: GatewayConfig) -> list[str]:

@@ -156,7 +156,9 @@ class Routing(_Strict):
     bounded_load_factor: float = Field(default=1.25, ge=1.0, description="cold placement: max load vs the mean")
     speculative_ttl_s: float = Field(default=10, gt=0, description="index entry from dispatch to first token")
     residency_ttl_s: float = Field(default=900, gt=0, description="index entry after the first token")
-    redis_url: str | None = Field(default=None, description="shared state; in-memory when unset")
+    redis_url: str | None = Field(default=None, description="shared state; in-memory when unset (rediss:// for TLS)")
+    redis_password_env: str | None = Field(default=None, description="env var holding the Redis password (e.g. from a "
+                                           "Secret), used when the URL carries none; keeps it out of config files")
     redis_prefix: str = "gw:"
     redis_timeout_s: float = Field(default=0.1, gt=0, description="prefix index and load: past it, this instance's view")
     limits_redis_timeout_s: float = Field(default=1.0, gt=0,

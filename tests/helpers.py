@@ -89,16 +89,18 @@ def start_sims(n: int = 2, prof: str = "mi355x-glm52-tp4", **overrides: Any) -> 
 class RedisServer:
     """A private redis-server on a free port (never the machine's shared one), ended by PID."""
 
-    def __init__(self) -> None:
+    def __init__(self, password: str | None = None) -> None:
         self.port = free_port()
         self.dir = tempfile.mkdtemp(prefix="gw-redis-")
         self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.password = password
         self.start()
 
     def start(self) -> None:
         exe = shutil.which("redis-server") or "/usr/bin/redis-server"
         self.proc = subprocess.Popen(
-            [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", self.dir],
+            [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", self.dir,
+             *(["--requirepass", self.password] if self.password else [])],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )

@@ -87,6 +87,9 @@ def test_overlays_render_and_validate_against_the_kubernetes_schemas(overlay):
     assert cfg.policies.tenants_dir in {m["mountPath"] for m in c["volumeMounts"]}
     env = {e["name"] for e in c["env"]}
     assert cfg.admin.token_hashes_env in env and all(p.api_key_env in env for p in cfg.pools if p.api_key_env)
+    if cfg.routing.redis_password_env:  # prod: the password comes from the Secret, not the ConfigMap
+        assert cfg.routing.redis_password_env in env and "@" not in (cfg.routing.redis_url or "")
+    assert (overlay == "prod") == bool(cfg.routing.redis_password_env)
 
 
 def test_compose_names_only_files_in_this_repo_and_public_images():

@@ -7,6 +7,7 @@ import httpx
 import pytest
 from openai import OpenAI
 
+from gateway.config import ConfigError
 from tests.helpers import RedisServer, start_sims
 from tests.integration.gateway_fixtures import KEY_A, config, sglang_pool, start_gateway
 
@@ -52,6 +53,33 @@ def test_two_instances_share_prefix_placement_through_redis(fleet, redis_server)
     finally:
         a.stop()
         b.stop()
+
+
+def test_redis_password_from_the_environment(fleet, monkeypatch):
+    """A Redis that requires AUTH, its password only in an env var (as a Kubernetes Secret provides it): the two
+    instances share placement through it; the variable unset refuses to start rather than silently running
+    unshared."""
+    sims, _ = fleet
+    secured = RedisServer(password="s3cret-pw")
+    try:
+        cfg = routing_cfg(sims.urls, secured.url)
+        cfg["routing"]["redis_password_env"] = "GW_TEST_REDIS_PASSWORD"
+        monkeypatch.delenv("GW_TEST_REDIS_PASSWORD", raising=False)
+        with pytest.raises(ConfigError, match=r"redis_password_env: \$GW_TEST_REDIS_PASSWORD is not set"):
+            start_gateway(cfg)
+        monkeypatch.setenv("GW_TEST_REDIS_PASSWORD", "s3cret-pw")
+        a, b = start_gateway(cfg), start_gateway(cfg)
+        try:
+            msgs = long_prompt("secured")
+            h1, _ = send(a, msgs)
+            h2, r2 = send(b, msgs[:1] + [{"role": "user", "content": "another question"}])
+            assert (h2["x-gateway-replica"], h2["x-gateway-route"]) == (h1["x-gateway-replica"], "prefix_hit")
+            assert r2.usage.prompt_tokens_details.cached_tokens >= 3000
+        finally:
+            a.stop()
+            b.stop()
+    finally:
+        secured.stop()
 
 
 def test_instances_agree_on_cold_placement_without_talking(fleet):
