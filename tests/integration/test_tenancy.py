@@ -199,6 +199,29 @@ def test_twenty_concurrent_requests_cannot_push_a_tenant_past_its_budget(fleet, 
         b.stop()
 
 
+def test_a_stream_the_client_abandons_is_still_charged(fleet):
+    """The engine prefilled the prompt and generated until the cancel, but its usage chunk never comes: the tenant is
+    charged the gateway's prompt count and at least the tokens relayed, and the reservation is released."""
+    sims, _ = fleet
+    pool = {**sglang_pool("hosted", sims.urls[2:3]), "pricing": PER_TOKEN}
+    gw = start_gateway(cfg_for([pool], [tenant("a", budget={"usd_per_day": 10.0})]))
+    try:
+        s = client(gw, "a").chat.completions.create(model="glm-5.2", messages=[{"role": "user", "content": "x" * 4000}],
+                                                    max_tokens=20_000, stream=True, extra_body={"ignore_eos": True})
+        it = iter(s)
+        got = [next(it) for _ in range(4)]  # the role chunk and three content chunks
+        s.close()
+        wait_until(lambda: admin(gw, "GET", "/admin/usage?tenant=a").json()["tenants"]["a"]["day"]["requests"] == 1,
+                   what="the abandoned stream's settlement")
+        day = admin(gw, "GET", "/admin/usage?tenant=a").json()["tenants"]["a"]["day"]
+        assert day["prompt_tokens"] >= 1000 and day["completion_tokens"] >= len(got) - 1
+        assert day["spent_usd"] == pytest.approx((day["prompt_tokens"] - day["cached_tokens"]) * 1e-6
+                                                 + day["cached_tokens"] * 0.2e-6 + day["completion_tokens"] * 3.2e-6)
+        assert day["reserved_usd"] == pytest.approx(0, abs=1e-12)
+    finally:
+        gw.stop()
+
+
 def test_a_rate_limit_holds_across_two_instances_within_five_percent(fleet, redis_server):
     """60 requests/min shared by two instances: over a few seconds of hammering from both, what passes is the
     bucket's minute allowance plus its refill — not twice that, as per-instance counters would allow."""

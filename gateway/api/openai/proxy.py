@@ -43,6 +43,14 @@ def sse_error(message: str, type_: str = "server_error", code: str = "upstream_e
     return b"data: " + orjson.dumps({"error": {"message": message, "type": type_, "param": None, "code": code}}) + b"\n\n"
 
 
+def abandoned_usage(ex: Exchange, predicted_cached: int) -> dict[str, Any]:
+    """A client that leaves mid-stream never gets the engine's usage chunk, yet the engine prefilled its prompt and
+    generated until the cancel. Charge what the gateway knows: its own prompt count, the cache hit it predicted,
+    and one token per content chunk relayed (a lower bound: an engine chunk carries >= 1 token)."""
+    return {"prompt_tokens": ex.parsed.prompt_tokens, "completion_tokens": max(ex.chunks - 1, 0),  # minus the role chunk
+            "prompt_tokens_details": {"cached_tokens": predicted_cached}, "estimated": True}
+
+
 def usage_counts(usage: dict[str, Any] | None) -> tuple[int, int | None, int]:
     """(prompt, cached — None when the engine does not report it, completion) from an OpenAI usage object."""
     u = usage or {}
@@ -405,6 +413,8 @@ class OpenAIProxy:
             if ex.usage is not None:
                 st.feedback.usage(d.attempt, usage_counts(ex.usage)[1])
             st.feedback.finished(d.attempt, failed=ex.status not in ("200", "client_disconnect"))
+            if ex.usage is None and ex.status == "client_disconnect" and ex.first_token_at is not None:
+                ex.usage = abandoned_usage(ex, d.attempt.predicted_cached)
         pool = d.target.pool if d else "none"
         model, tenant = ex.parsed.model, ex.tenant.name
         m = st.metrics
