@@ -29,7 +29,7 @@ from gateway.config import PerTokenPricing, hash_key
 from gateway.prediction.pricing import request_cost
 from loadtests.peers import ensure
 from loadtests.procs import Proc
-from loadtests.report import plot_ramp, save_json, table
+from loadtests.report import plot_fleet, save_json, sustained_rate, table
 from loadtests.runner import run_rate, summarize, warm_up
 from loadtests.workload import WaferWorkload
 
@@ -83,7 +83,7 @@ def gateway_targets(a: argparse.Namespace, work: Path, policy: str, mi: list[str
            "tenants": [{"name": "bench", "api_key_hashes": [hash_key(KEY)], "models": ["glm-5.2"]}],
            "routing": {"policy": policy, "redis_url": redis_url, "redis_prefix": prefix,
                        "ttft_sla_ms": a.sla * 1000 / ts, "stickiness_penalty_ms": 1000 / ts,
-                       "ttft_quantile_z": a.ttft_quantile_z},
+                       **({} if a.ttft_quantile_z is None else {"ttft_quantile_z": a.ttft_quantile_z})},
            "observability": {"log_requests": False}, "timeouts": {"first_byte": 600, "total": 3000, "idle": 120}}
     path = work / f"gw-{policy}.yaml"
     path.write_text(yaml.safe_dump(cfg))
@@ -111,6 +111,20 @@ def sglang_router_targets(a: argparse.Namespace, work: Path, mi: list[str], n: i
                           log=work / f"sglang-router-{i}.log"))
         urls.append(f"http://127.0.0.1:{port}/v1")
     return procs, urls
+
+
+def vllm_router_target(a: argparse.Namespace, work: Path, mi: list[str]) -> tuple[list[Proc], list[str]]:
+    """vllm-router cache_aware: before each request it POSTs render/tokenize calls to every worker; the simulator
+    answers those with a fast 404, which it tolerates (shared/reference/peers.md 2.2), routing on its text tree."""
+    bin_ = ensure("vllm-router")
+    if bin_ is None:
+        return [], []
+    port = a.port + 30
+    p = Proc("vllm-router", [str(bin_ / "vllm-router"), "--worker-urls", *mi, "--policy", "cache_aware", "--host",
+                             "127.0.0.1", "--port", str(port), "--prometheus-host", "127.0.0.1", "--prometheus-port",
+                             str(port + 1), "--log-level", "warning"], f"http://127.0.0.1:{port}/v1/models",
+             log=work / "vllm-router.log")
+    return [p], [f"http://127.0.0.1:{port}/v1"]
 
 
 def litellm_target(a: argparse.Namespace, work: Path, mi: list[str]) -> tuple[list[Proc], list[str]]:
@@ -145,6 +159,20 @@ def fleet_cost(a: argparse.Namespace, res: list[Any]) -> dict[str, float]:
             "all_b200_usd_per_mtok": all_b200 / out * 1e6 if out else float("nan")}
 
 
+async def engine_tokens(c: httpx.AsyncClient, urls: list[str]) -> tuple[float, float]:
+    """(prompt, cached) token counters summed over every replica's /metrics: the engines' own count of cache hits,
+    for every target alike (LiteLLM's relayed usage lacks cached_tokens)."""
+    prompt = cached = 0.0
+    for u in urls:
+        text = (await c.get(u + "/metrics")).text
+        for line in text.splitlines():
+            if line.startswith("sglang:prompt_tokens_total"):
+                prompt += float(line.rsplit(" ", 1)[1])
+            elif line.startswith("sglang:cached_tokens_total"):
+                cached += float(line.rsplit(" ", 1)[1])
+    return prompt, cached
+
+
 async def run_target(a: argparse.Namespace, work: Path, name: str, redis_url: str) -> list[dict[str, Any]]:
     sims, mi, b200 = start_sims(a, work, re.sub(r"[^A-Za-z0-9]+", "_", name))
     procs: list[Proc] = []
@@ -156,6 +184,8 @@ async def run_target(a: argparse.Namespace, work: Path, name: str, redis_url: st
                                           f"{policy}{id(work)}:")
         elif name.startswith("SGLang router"):
             procs, urls = sglang_router_targets(a, work, mi, 2 if name.endswith("x2") else 1)
+        elif name.startswith("vllm-router"):
+            procs, urls = vllm_router_target(a, work, mi)
         else:
             procs, urls = litellm_target(a, work, mi)
         if not procs:
@@ -169,10 +199,27 @@ async def run_target(a: argparse.Namespace, work: Path, name: str, redis_url: st
         async with httpx.AsyncClient(timeout=3000, trust_env=False) as c:
             await warm_up(c, urls, wl, headers, per_group=1)
         rows = []
-        for m in a.rates:
+        ours = name == "this router"
+        engines = mi + b200
+        for m in (a.rates if ours else a.peer_rates or a.rates):
             rate = m * 2.4 * a.nodes
-            res = await run_rate(urls, rate, a.duration, wl, api_key=KEY, time_scale=a.time_scale, seed=a.seed, progress=False)
+            async with httpx.AsyncClient(timeout=30, trust_env=False) as c:
+                async def at_window() -> tuple[float, float]:
+                    await asyncio.sleep(a.preroll / a.time_scale)
+                    return await engine_tokens(c, engines)
+
+                before = asyncio.create_task(at_window())
+                res = await run_rate(urls, rate, a.preroll + a.duration, wl, api_key=KEY, time_scale=a.time_scale,
+                                     seed=a.seed, progress=False)
+                after = await engine_tokens(c, engines)
+            # steady state: requests sent during the pre-roll run (same arrivals, same fleet) but are not measured
+            res = [r for r in res if r.sent >= a.preroll]
+            for r in res:
+                r.sent -= a.preroll
+                r.end = None if r.end is None else r.end - a.preroll
             s = summarize(res, rate)
+            b = await before
+            s["engine_hit"] = (after[1] - b[1]) / max(after[0] - b[0], 1.0)
             s["multiple"] = m
             s["spill"] = sum(r.headers.get("x-gateway-pool") == "b200" for r in res) / max(len(res), 1)
             s["sla_met"] = sum(1 for r in res if r.ok and r.ttft is not None and r.ttft <= a.sla) / max(len(res), 1)
@@ -195,38 +242,58 @@ async def main_async(a: argparse.Namespace) -> None:
     results: dict[str, list[dict[str, Any]]] = {}
     try:
         for name in a.targets.split(","):
-            results[name.strip()] = await run_target(a, work, name.strip(), redis_url)
+            try:
+                results[name.strip()] = await run_target(a, work, name.strip(), redis_url)
+            except RuntimeError as e:  # a peer that does not start here is reported, not the end of the run
+                print(f"  {name.strip()}: {e} (logs in {work})", file=sys.stderr, flush=True)
+                results[name.strip()] = []
             save_json("fleet_http", {"args": vars(a), "results": results})  # a later crash loses nothing
     finally:
         redis.stop()
-    rows = [[name, f"{s['multiple']:.2f}", f"{s['rate']:.1f}", f"{s['cache_hit'] * 100:.1f}%", f"{s['ttft_p50']:.2f}",
+    rows = [[name, f"{s['multiple']:.2f}", f"{s['rate']:.1f}", f"{s['cache_hit'] * 100:.1f}%",
+             f"{s['engine_hit'] * 100:.1f}%", f"{s['ttft_p50']:.2f}",
              f"{s['ttft_p95']:.2f}", f"{s['success'] * 100:.1f}%", f"{s['sla_met'] * 100:.1f}%", f"{s['spill'] * 100:.1f}%",
              f"{s['tok_s']:.0f}", f"{s['usd_per_mtok']:.2f}", f"{s['all_b200_usd_per_mtok']:.2f}"]
             for name, rs in results.items() for s in rs]
     print(f"\nFleet over HTTP: {a.nodes} MI355X nodes ({2 * a.nodes} replicas) + {a.b200_replicas} B200 replicas, "
-          f"{a.gateways} gateway instances on one Redis, Wafer workload, {a.duration:.0f} simulated s per rate, "
-          f"time scale {a.time_scale}")
-    print(table(["target", "x 2.4/node", "req/s", "hit rate", "TTFT p50", "TTFT p95", "success", f"TTFT<={a.sla}s",
+          f"{a.gateways} gateway instances on one Redis, Wafer workload, {a.duration:.0f} simulated s measured per rate "
+          f"after a {a.preroll:.0f} s pre-roll, time scale {a.time_scale}")
+    print(table(["target", "x 2.4/node", "req/s", "hit (usage)", "hit (engines)", "TTFT p50", "TTFT p95", "success", f"TTFT<={a.sla}s",
                  "spill", "tok/s", "$/Mtok out", "all-B200 $/Mtok"], rows))
-    save_json("fleet_http", {"args": vars(a), "results": results})
-    plot_ramp("fleet_http", {k: v for k, v in results.items() if v}, f"{a.nodes}-node fleet over HTTP")
+    sustained = {name: sustained_rate(rs, a.sla) for name, rs in results.items() if rs}
+    peers = {k: v for k, v in sustained.items() if k != "this router"}
+    print(f"\nSustained rate (every step up to it: TTFT p95 <= {a.sla} s and 100% success), req/s:")
+    for k, v in sustained.items():
+        print(f"  {k}: {v:.1f}")
+    if "this router" in sustained and peers:
+        best = max(peers, key=lambda k: peers[k])
+        print(f"  this router / best other ({best}): {sustained['this router'] / peers[best]:.2f}x"
+              if peers[best] else f"  no other target sustained its lowest measured rate ({best} best)")
+    save_json("fleet_http", {"args": vars(a), "results": results, "sustained": sustained})
+    plot_fleet("fleet_http", {k: v for k, v in results.items() if v},
+               f"{a.nodes} MI355X nodes + {a.b200_replicas} B200 replicas over HTTP, Wafer workload", a.sla)
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--nodes", type=int, default=4)
-    p.add_argument("--b200-replicas", type=int, default=4)
+    p.add_argument("--b200-replicas", type=int, default=12)
     p.add_argument("--gateways", type=int, default=2)
-    p.add_argument("--rates", type=lambda s: [float(x) for x in s.split(",")], default=[0.5, 0.8, 0.95, 1.2, 1.5])
-    p.add_argument("--duration", type=float, default=120.0)
-    p.add_argument("--time-scale", type=float, default=0.5)
+    rates = lambda s: [float(x) for x in s.split(",")]  # noqa: E731
+    p.add_argument("--rates", type=rates, default=[0.5, 0.7, 0.95, 1.2, 1.5], help="this router's ramp")
+    p.add_argument("--peer-rates", type=rates, default=None, help="the other targets' ramp (default: --rates)")
+    p.add_argument("--duration", type=float, default=60.0, help="measured simulated seconds per rate")
+    p.add_argument("--preroll", type=float, default=60.0, help="simulated seconds per rate sent before measuring")
+    p.add_argument("--time-scale", type=float, default=1.0)
     p.add_argument("--stream-interval", type=int, default=16)
     p.add_argument("--groups-per-node", type=int, default=16)
     p.add_argument("--sla", type=float, default=2.22)
-    p.add_argument("--ttft-quantile-z", type=float, default=0.0, help="routing.ttft_quantile_z for this router")
+    p.add_argument("--ttft-quantile-z", type=float, default=None, help="routing.ttft_quantile_z for this router "
+                   "(default: the gateway's)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--targets", default="this router,this router / round_robin,this router / least_loaded,"
-                                        "SGLang router cache_aware x1,SGLang router cache_aware x2,LiteLLM least-busy")
+                                        "SGLang router cache_aware x1,SGLang router cache_aware x2,vllm-router cache_aware,"
+                                        "LiteLLM least-busy")
     p.add_argument("--port", type=int, default=19000)
     p.add_argument("--sim-port", type=int, default=19100)
     p.add_argument("--redis-port", type=int, default=19390)

@@ -54,3 +54,44 @@ def plot_ramp(name: str, series: dict[str, list[dict[str, Any]]], title: str, re
     fig.savefig(p, dpi=110)
     plt.close(fig)
     return p
+
+
+def plot_fleet(name: str, series: dict[str, list[dict[str, Any]]], title: str, sla: float) -> Path:
+    """The fleet ramp: TTFT p95 (log), share within the SLA and realized hit rate, each against offered req/s."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
+    for label, rows in series.items():
+        rates = [r["rate"] for r in rows]
+        axes[0].plot(rates, [r["ttft_p95"] for r in rows], marker="o", label=label)
+        axes[1].plot(rates, [r["sla_met"] * 100 for r in rows], marker="o", label=label)
+        axes[2].plot(rates, [r.get("engine_hit", r["cache_hit"]) * 100 for r in rows], marker="o", label=label)
+    axes[0].axhline(sla, color="gray", linestyle="--", label=f"SLA {sla} s")
+    axes[0].set_yscale("log")
+    for ax, yl in zip(axes, ("TTFT p95 (s, simulated)", f"requests with TTFT <= {sla} s (%)",
+                             "cache-hit rate, engine counters (%)")):
+        ax.set_xlabel("offered req/s")
+        ax.set_ylabel(yl)
+    axes[1].axhline(99, color="gray", linestyle="--")
+    axes[2].axhline(57, color="gray", linestyle="--")
+    axes[0].legend(fontsize=7)
+    fig.suptitle(title)
+    fig.tight_layout()
+    OUT.mkdir(exist_ok=True)
+    p = OUT / f"{name}.png"
+    fig.savefig(p, dpi=110)
+    plt.close(fig)
+    return p
+
+
+def sustained_rate(rows: list[dict[str, Any]], sla: float) -> float:
+    """The highest offered rate up to which every measured step kept TTFT p95 <= sla with 100% success (0 if none)."""
+    best = 0.0
+    for r in sorted(rows, key=lambda r: r["rate"]):
+        if r["success"] < 1.0 or not r["ttft_p95"] <= sla:
+            break
+        best = r["rate"]
+    return best
