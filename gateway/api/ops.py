@@ -15,14 +15,17 @@ async def healthz() -> Response:
 
 @router.get("/readyz")
 async def readyz(request: Request) -> Response:
-    """Ready when not draining and every model has at least one routable target."""
+    """503 only while this instance drains (SIGTERM). A model without a routable target is reported ("degraded")
+    but keeps the instance ready: every instance sees the same upstreams, so failing readiness would empty the
+    Service and turn the gateway's clear 503 + Retry-After into connection errors — for every model, not just
+    the one that lost its replicas (e.g. when on-call drains a pool)."""
     st = request.app.state.gateway
     if st.draining:
         return JSONResponse({"status": "draining"}, status_code=503)
     missing = [m.name for m in st.config.models
                if not any(t.routable() for p in m.pools for t in st.registry.by_pool.get(p, []))]
     if missing:
-        return JSONResponse({"status": "degraded", "models_without_replicas": missing}, status_code=503)
+        return JSONResponse({"status": "degraded", "models_without_replicas": missing})
     return JSONResponse({"status": "ready"})
 
 

@@ -82,6 +82,28 @@ def test_drain_on_one_instance_stops_traffic_from_the_other_within_a_second(flee
         b.stop()
 
 
+def test_draining_every_replica_reports_degraded_but_keeps_the_instance_ready(fleet, redis_server):
+    """Readiness must not follow upstreams: with every replica drained the instance stays in its Service and answers
+    an OpenAI-shaped 503, rather than every instance dropping out and clients getting connection errors."""
+    sims, _ = fleet
+    gw = start_gateway(cfg_for([sglang_pool("p", sims.urls[:2])], redis_url=redis_server.url))
+    try:
+        assert httpx.get(gw.urls[0] + "/readyz").json() == {"status": "ready"}
+        for r in ("p-0", "p-1"):
+            assert admin(gw, "POST", f"/admin/replicas/{r}/drain").status_code == 200
+        ready = httpx.get(gw.urls[0] + "/readyz")
+        assert ready.status_code == 200 and ready.json() == {"status": "degraded", "models_without_replicas": ["glm-5.2"]}
+        with pytest.raises(openai.APIStatusError) as e:
+            chat(gw, "a")
+        assert e.value.status_code == 503 and e.value.body["type"] in ("service_unavailable_error", "server_error")
+        for r in ("p-0", "p-1"):
+            admin(gw, "POST", f"/admin/replicas/{r}/undrain")
+        assert httpx.get(gw.urls[0] + "/readyz").json() == {"status": "ready"}
+        assert chat(gw, "a").status_code == 200
+    finally:
+        gw.stop()
+
+
 def test_a_tenant_cannot_reach_or_learn_another_tenants_models_and_pools(fleet):
     sims, _ = fleet
     pools = [sglang_pool("shared-p", sims.urls[:1]), sglang_pool("team-b-private", sims.urls[1:2])]
