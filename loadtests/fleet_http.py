@@ -1,14 +1,15 @@
 """The fleet over real HTTP: simulated MI355X nodes (+ a simulated B200 pool), gateways sharing one Redis, and peer
 routers, side by side in one run, on the Wafer workload.
 
-    .venv/bin/python -m loadtests.fleet_http --nodes 4 --rates 0.5,0.8,0.95,1.2,1.5 --duration 120 --time-scale 0.5
+    .venv/bin/python -m loadtests.fleet_http --rates 0.5,0.7,0.95,1.2,1.5 --peer-rates 0.5,0.7,0.95
 
-Rates are multiples of 2.4 req/s per node. Targets (each with its own fresh simulators, so caches start equal):
-this router on 2 instances sharing Redis (clients alternate), the same gateways with round_robin and least_loaded,
-the SGLang router cache_aware with 1 and 2 router processes (clients alternate), and the LiteLLM proxy least-busy.
+Rates are multiples of 2.4 req/s per node; each runs a pre-roll of the same arrivals before its measured window.
+Targets (each with its own fresh simulators, so caches start equal): this router on 2 instances sharing Redis
+(clients alternate), the same gateways with round_robin and least_loaded, the SGLang router cache_aware with 1 and 2
+router processes (clients alternate), vllm-router cache_aware, and the LiteLLM proxy least-busy.
 Peers get the MI355X replicas only (they have no notion of a per-token overflow pool); this router also has the
-B200 pool for spill. The simulators run at `time-scale` (below 1 = slower than real time, so 2 cores keep up);
-all figures are simulated seconds. Prints a table, writes loadtests/out/fleet_http.{json,png}.
+B200 pool for spill. A peer target named "... +B200" gets the B200 replicas as ordinary workers too. The simulators
+run at `time-scale` (below 1 = slower than real time); all figures are simulated seconds. Prints a table, writes loadtests/out/fleet_http.{json,png}.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import yaml
 
 from gateway.config import PerTokenPricing, hash_key
 from gateway.prediction.pricing import request_cost
+from gateway.sim.stats import window_throughput
 from loadtests.peers import ensure
 from loadtests.procs import Proc
 from loadtests.report import plot_fleet, save_json, sustained_rate, table
@@ -144,33 +146,39 @@ def litellm_target(a: argparse.Namespace, work: Path, mi: list[str]) -> tuple[li
     return [p], [f"http://127.0.0.1:{port}/v1"]
 
 
-def fleet_cost(a: argparse.Namespace, res: list[Any]) -> dict[str, float]:
+def fleet_cost(a: argparse.Namespace, res: list[Any], b200_engine: tuple[float, float, float] | None = None) -> dict[str, float]:
     """$ per million output tokens: the MI355X fleet is paid by the GPU-hour whether busy or not (nodes x 8 GPUs for
-    the rate's simulated duration) plus per-token charges for what spilled to the B200 pool; next to the same
-    requests bought entirely per token from a B200 endpoint (at the cache hits this run realized)."""
+    the rate's simulated duration) plus per-token charges for what went to the B200 pool; next to the same
+    requests bought entirely per token from a B200 endpoint (at the cache hits this run realized). What went to B200
+    is known per request from this gateway's x-gateway-pool header, or for a peer given B200 workers from the B200
+    engines' own (prompt, cached, generated) token counters over the window (`b200_engine`)."""
     b200 = PerTokenPricing.model_validate(B200_PRICE)
     ok = [r for r in res if r.ok]
     out = sum(r.completion_tokens for r in ok)
-    spill = sum(request_cost(b200, r.prompt_tokens, r.cached_tokens, r.completion_tokens) for r in ok
-                if r.headers.get("x-gateway-pool") == "b200")
+    if b200_engine is not None:
+        spill = request_cost(b200, int(b200_engine[0]), int(b200_engine[1]), int(b200_engine[2]))
+    else:
+        spill = sum(request_cost(b200, r.prompt_tokens, r.cached_tokens, r.completion_tokens) for r in ok
+                    if r.headers.get("x-gateway-pool") == "b200")
     fleet = a.nodes * 8 * MI355X_PRICE["usd_per_gpu_hour"] * a.duration / 3600
     all_b200 = sum(request_cost(b200, r.prompt_tokens, r.cached_tokens, r.completion_tokens) for r in ok)
     return {"usd_per_mtok": (fleet + spill) / out * 1e6 if out else float("nan"),
             "all_b200_usd_per_mtok": all_b200 / out * 1e6 if out else float("nan")}
 
 
-async def engine_tokens(c: httpx.AsyncClient, urls: list[str]) -> tuple[float, float]:
-    """(prompt, cached) token counters summed over every replica's /metrics: the engines' own count of cache hits,
-    for every target alike (LiteLLM's relayed usage lacks cached_tokens)."""
-    prompt = cached = 0.0
+COUNTERS = ("sglang:prompt_tokens_total", "sglang:cached_tokens_total", "sglang:generation_tokens_total")
+
+
+async def engine_tokens(c: httpx.AsyncClient, urls: list[str]) -> tuple[float, float, float]:
+    """(prompt, cached, generated) token counters summed over the replicas' /metrics: the engines' own count, for
+    every target alike (LiteLLM's relayed usage lacks cached_tokens)."""
+    tot = [0.0, 0.0, 0.0]
     for u in urls:
-        text = (await c.get(u + "/metrics")).text
-        for line in text.splitlines():
-            if line.startswith("sglang:prompt_tokens_total"):
-                prompt += float(line.rsplit(" ", 1)[1])
-            elif line.startswith("sglang:cached_tokens_total"):
-                cached += float(line.rsplit(" ", 1)[1])
-    return prompt, cached
+        for line in (await c.get(u + "/metrics")).text.splitlines():
+            for i, name in enumerate(COUNTERS):
+                if line.startswith(name):
+                    tot[i] += float(line.rsplit(" ", 1)[1])
+    return tot[0], tot[1], tot[2]
 
 
 async def run_target(a: argparse.Namespace, work: Path, name: str, redis_url: str) -> list[dict[str, Any]]:
@@ -182,12 +190,15 @@ async def run_target(a: argparse.Namespace, work: Path, name: str, redis_url: st
                       "this router / least_loaded": "least_loaded"}[name]
             procs, urls = gateway_targets(a, work, policy, mi, b200 if policy == "prefix_sla_cost" else [], redis_url,
                                           f"{policy}{id(work)}:")
-        elif name.startswith("SGLang router"):
-            procs, urls = sglang_router_targets(a, work, mi, 2 if name.endswith("x2") else 1)
-        elif name.startswith("vllm-router"):
-            procs, urls = vllm_router_target(a, work, mi)
         else:
-            procs, urls = litellm_target(a, work, mi)
+            # "<peer> +B200": the peer also gets the B200 replicas as ordinary workers (it has no notion of cost)
+            workers = mi + b200 if name.endswith("+B200") else mi
+            if name.startswith("SGLang router"):
+                procs, urls = sglang_router_targets(a, work, workers, 2 if "x2" in name else 1)
+            elif name.startswith("vllm-router"):
+                procs, urls = vllm_router_target(a, work, workers)
+            else:
+                procs, urls = litellm_target(a, work, workers)
         if not procs:
             print(f"  {name}: not available here", file=sys.stderr)
             return []
@@ -204,26 +215,37 @@ async def run_target(a: argparse.Namespace, work: Path, name: str, redis_url: st
         for m in (a.rates if ours else a.peer_rates or a.rates):
             rate = m * 2.4 * a.nodes
             async with httpx.AsyncClient(timeout=30, trust_env=False) as c:
-                async def at_window() -> tuple[float, float]:
+                async def counters() -> tuple[tuple[float, float, float], tuple[float, float, float]]:
+                    return await engine_tokens(c, engines), await engine_tokens(c, b200)
+
+                async def at_window() -> tuple[tuple[float, float, float], tuple[float, float, float]]:
                     await asyncio.sleep(a.preroll / a.time_scale)
-                    return await engine_tokens(c, engines)
+                    return await counters()
 
                 before = asyncio.create_task(at_window())
                 res = await run_rate(urls, rate, a.preroll + a.duration, wl, api_key=KEY, time_scale=a.time_scale,
                                      seed=a.seed, progress=False)
-                after = await engine_tokens(c, engines)
-            # steady state: requests sent during the pre-roll run (same arrivals, same fleet) but are not measured
+                after = await counters()
+            # steady state: requests sent during the pre-roll run (same arrivals, same fleet) but are not measured;
+            # output tok/s still counts their tokens finishing inside the window (all output the fleet produced then)
+            finishes = [(r.end - a.preroll, r.completion_tokens) for r in res if r.ok and r.end is not None]
             res = [r for r in res if r.sent >= a.preroll]
             for r in res:
                 r.sent -= a.preroll
                 r.end = None if r.end is None else r.end - a.preroll
             s = summarize(res, rate)
-            b = await before
-            s["engine_hit"] = (after[1] - b[1]) / max(after[0] - b[0], 1.0)
+            s["tok_s"] = window_throughput((r.sent for r in res), finishes)
+            (b_all, b_b200), (a_all, a_b200) = await before, after
+            s["engine_hit"] = (a_all[1] - b_all[1]) / max(a_all[0] - b_all[0], 1.0)
             s["multiple"] = m
-            s["spill"] = sum(r.headers.get("x-gateway-pool") == "b200" for r in res) / max(len(res), 1)
             s["sla_met"] = sum(1 for r in res if r.ok and r.ttft is not None and r.ttft <= a.sla) / max(len(res), 1)
-            s.update(fleet_cost(a, res))
+            if name.endswith("+B200"):
+                d_b200 = (a_b200[0] - b_b200[0], a_b200[1] - b_b200[1], a_b200[2] - b_b200[2])
+                s["spill"] = d_b200[0] / max(a_all[0] - b_all[0], 1.0)  # share of prompt tokens the B200 engines took
+                s.update(fleet_cost(a, res, d_b200))
+            else:
+                s["spill"] = sum(r.headers.get("x-gateway-pool") == "b200" for r in res) / max(len(res), 1)
+                s.update(fleet_cost(a, res))
             rows.append(s)
             print(f"  {name} @ {rate:.1f} req/s: hit {s['cache_hit']:.3f} p95 {s['ttft_p95']:.2f} s success {s['success']:.3f}",
                   file=sys.stderr, flush=True)
@@ -247,7 +269,7 @@ async def main_async(a: argparse.Namespace) -> None:
             except RuntimeError as e:  # a peer that does not start here is reported, not the end of the run
                 print(f"  {name.strip()}: {e} (logs in {work})", file=sys.stderr, flush=True)
                 results[name.strip()] = []
-            save_json("fleet_http", {"args": vars(a), "results": results})  # a later crash loses nothing
+            save_json(a.out, {"args": vars(a), "results": results})  # a later crash loses nothing
     finally:
         redis.stop()
     rows = [[name, f"{s['multiple']:.2f}", f"{s['rate']:.1f}", f"{s['cache_hit'] * 100:.1f}%",
@@ -262,15 +284,15 @@ async def main_async(a: argparse.Namespace) -> None:
                  "spill", "tok/s", "$/Mtok out", "all-B200 $/Mtok"], rows))
     sustained = {name: sustained_rate(rs, a.sla) for name, rs in results.items() if rs}
     peers = {k: v for k, v in sustained.items() if k != "this router"}
-    print(f"\nSustained rate (every step up to it: TTFT p95 <= {a.sla} s and 100% success), req/s:")
+    print(f"\nSustained rate (highest measured with TTFT p95 <= {a.sla} s and 100% success), req/s:")
     for k, v in sustained.items():
         print(f"  {k}: {v:.1f}")
     if "this router" in sustained and peers:
         best = max(peers, key=lambda k: peers[k])
         print(f"  this router / best other ({best}): {sustained['this router'] / peers[best]:.2f}x"
               if peers[best] else f"  no other target sustained its lowest measured rate ({best} best)")
-    save_json("fleet_http", {"args": vars(a), "results": results, "sustained": sustained})
-    plot_fleet("fleet_http", {k: v for k, v in results.items() if v},
+    save_json(a.out, {"args": vars(a), "results": results, "sustained": sustained})
+    plot_fleet(a.out, {k: v for k, v in results.items() if v},
                f"{a.nodes} MI355X nodes + {a.b200_replicas} B200 replicas over HTTP, Wafer workload", a.sla)
 
 
@@ -294,6 +316,7 @@ def main() -> None:
     p.add_argument("--targets", default="this router,this router / round_robin,this router / least_loaded,"
                                         "SGLang router cache_aware x1,SGLang router cache_aware x2,vllm-router cache_aware,"
                                         "LiteLLM least-busy")
+    p.add_argument("--out", default="fleet_http", help="results: loadtests/out/<out>.{json,png}")
     p.add_argument("--port", type=int, default=19000)
     p.add_argument("--sim-port", type=int, default=19100)
     p.add_argument("--redis-port", type=int, default=19390)
