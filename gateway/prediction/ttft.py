@@ -6,8 +6,8 @@
 - Slot wait: past `max_running` in-flight requests, a new one waits for running requests to finish; at a full
   batch one frees every (expected output / tokens per step) x decode step / max_running seconds on average — the
   knee that sets the node's ceiling (spec 6.3, step 3).
-- The correction is an EWMA of observed / predicted, per pool and load regime, clamped, so a pool that runs slower or faster
-  than configured is learned from its own traffic. With `z` > 0 it is the EWMA mean plus z EWMA standard
+- The correction is an EWMA of observed / predicted, per pool and load regime, clamped, so a pool that runs slower
+  or faster than configured is learned from its own traffic. With `z` > 0 it is the EWMA mean plus z EWMA standard
   deviations of that ratio: a request is then planned against an upper quantile of its TTFT (z 1.65 ≈ its p95,
   what a p95 SLA promises) rather than its mean — near the knee, where TTFT spreads, spill starts earlier.
 - Regimes: with a free running slot the model is close (FCFS prefill is exactly the queued tokens); once the batch
@@ -58,7 +58,7 @@ class TtftCorrector:
     def __init__(self, alpha: float = 0.05, lo: float = 0.5, hi: float = 3.0, z: float = 0.0,
                  split_regimes: bool = True) -> None:
         self.alpha = alpha
-        self.split_regimes = split_regimes  # False: one correction per pool (the ablation in tests and fleet_des)
+        self.split_regimes = split_regimes  # False: one correction per pool (the ablation in tests)
         self.lo = lo
         self.hi = hi
         self.z = z

@@ -49,7 +49,7 @@ class Candidate:
     def explain(self) -> dict[str, Any]:
         return {"replica": self.name, "pool": self.info.pool, "cached_tokens": self.cached_tokens,
                 "queued_prefill_tokens": round(self.load.queued_prefill_tokens), "inflight": round(self.load.inflight, 1),
-                "predicted_ttft_s": round(self.ttft, 3), "cost_usd": round(self.cost, 8)}
+                "regime": self.regime, "predicted_ttft_s": round(self.ttft, 3), "cost_usd": round(self.cost, 8)}
 
 
 def build_candidates(req: RoutingRequest, targets: Sequence[TargetInfo], matches: Mapping[str, int],

@@ -176,7 +176,7 @@ def test_explain_is_a_dry_run_with_inputs(fleet):
         assert r.status_code == 200
         d = r.json()["decision"]
         assert d["branch"] == "prefix_hit" and d["chosen"] == h["x-gateway-replica"]
-        assert len(d["candidates"]) == 4 and all("predicted_ttft_s" in c for c in d["candidates"])
+        assert len(d["candidates"]) == 4 and all("predicted_ttft_s" in c and c["regime"] == "free" for c in d["candidates"])
         assert max(c["cached_tokens"] for c in d["candidates"]) >= 2800
         assert httpx.post(gw.urls[0] + "/admin/explain", json=body).status_code == 401
         assert httpx.post(gw.urls[0] + "/admin/explain", json=body, headers={"authorization": "Bearer nope"}).status_code == 401
