@@ -16,7 +16,7 @@ from typing import Any
 
 from gateway.config import Routing
 from gateway.observability.metrics import GatewayMetrics
-from gateway.prediction.ttft import TtftCorrector
+from gateway.prediction.ttft import FREE, TtftCorrector
 from gateway.prefix.index import PrefixIndex
 from gateway.routing.decision import Decision
 from gateway.routing.load import LoadTracker
@@ -38,7 +38,7 @@ class Attempt:
         self.uncached = cand.uncached_tokens if cand else req.prompt_tokens
         self.ttft_raw = cand.ttft_raw if cand else 0.0
         self.ttft = cand.ttft if cand else 0.0
-        self.regime = cand.regime if cand else "free"
+        self.regime = cand.regime if cand else FREE
         self.prefill_open = False
         self.open = False
 

@@ -83,4 +83,3 @@ class TtftCorrector:
         var = (1 - self.alpha) * (self._var.get(key, 0.0) + self.alpha * d * d)  # EW variance (West's update)
         self._mean[key], self._var[key] = mean, var
         self.factor[key] = min(self.hi, max(self.lo, mean + self.z * math.sqrt(var)))
-

@@ -9,7 +9,7 @@ from typing import Any
 
 from gateway.config import GpuHourPricing, PerTokenPricing, PoolTiming
 from gateway.prediction.pricing import request_cost
-from gateway.prediction.ttft import LoadView, predict_ttft, regime
+from gateway.prediction.ttft import FREE, LoadView, predict_ttft, regime
 from gateway.routing.request import RoutingRequest
 
 
@@ -40,7 +40,7 @@ class Candidate:
     ttft: float
     ttft_raw: float
     cost: float
-    regime: str = "free"  # prediction/ttft.regime at decision time: which correction applied and learns
+    regime: str = FREE  # prediction/ttft.regime at decision time: which correction applied and learns
 
     @property
     def name(self) -> str:

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from gateway.config import GpuHourPricing, PerTokenPricing, PoolTiming
+from gateway.config import GpuHourPricing, PerTokenPricing, PoolTiming, Routing
 from gateway.prediction.pricing import request_cost
 from gateway.prediction.ttft import LoadView, TtftCorrector
 from gateway.prefix.hashing import chain, group_key
@@ -31,6 +31,7 @@ CHUNK = 256
 MI355X_PRICE = GpuHourPricing(gpus_per_replica=4, usd_per_gpu_hour=2.10, prefill_tokens_per_s=16_700, decode_tokens_per_s=3_600)
 B200_PRICE = PerTokenPricing(input_per_mtok=1.00, cached_input_per_mtok=0.20, output_per_mtok=3.20)
 B200_TIMING = PoolTiming(base_s=0.12, prefill_tokens_per_s=20_000, decode_step_s=0.0365)
+DEFAULT_Z = Routing().ttft_quantile_z  # the gateway's default, so the DES runs what a deployment runs
 
 
 @dataclass
@@ -55,8 +56,8 @@ class FleetResult:
 
 
 class _Gateway:
-    def __init__(self, clock: Callable[[], float], index: MemoryPrefixIndex | None = None,
-                 loads: dict[str, list[float]] | None = None, quantile_z: float = 0.5, split_regimes: bool = True) -> None:
+    def __init__(self, clock: Callable[[], float], index: MemoryPrefixIndex | None,
+                 loads: dict[str, list[float]] | None, quantile_z: float, split_regimes: bool) -> None:
         self.index = index or MemoryPrefixIndex(clock=clock, default_capacity=2_400_000 // CHUNK)
         self.loads = loads if loads is not None else {}
         self.corrector = TtftCorrector(z=quantile_z, split_regimes=split_regimes)
@@ -64,7 +65,7 @@ class _Gateway:
 
 def run_fleet(policy: str, nodes: int, rate_per_node: float, duration: float = 120.0, seed: int = 0,
               groups_per_node: int = 16, b200_replicas: int = 0, gateways: int = 1, shared: bool = True,
-              sla_s: float = 2.22, warm: bool = True, quantile_z: float = 0.5,
+              sla_s: float = 2.22, warm: bool = True, quantile_z: float = DEFAULT_Z,
               split_regimes: bool = True) -> FleetResult:
     cfg = profile("mi355x-glm52-tp4")
     loop = EventLoop()

@@ -48,7 +48,7 @@ def abandoned_usage(ex: Exchange, predicted_cached: int) -> dict[str, Any]:
     generated until the cancel. Charge what the gateway knows: its own prompt count, the cache hit it predicted,
     and one token per content chunk relayed (a lower bound: an engine chunk carries >= 1 token)."""
     return {"prompt_tokens": ex.parsed.prompt_tokens, "completion_tokens": max(ex.chunks - 1, 0),  # minus the role chunk
-            "prompt_tokens_details": {"cached_tokens": predicted_cached}, "estimated": True}
+            "prompt_tokens_details": {"cached_tokens": predicted_cached}}
 
 
 def usage_counts(usage: dict[str, Any] | None) -> tuple[int, int | None, int]:
