@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from gateway.config import hash_key, load_config, parse_config
-from gateway.dispatch.dispatcher import adapt_body
+from gateway.dispatch.upstream_body import adapt_body
 from gateway.tenancy.policy_loader import PolicyError, load_policies
 from gateway.tenancy.policy_schema import Tenant
 from gateway.tenancy.schema_cli import schemas

@@ -28,6 +28,7 @@ from gateway.observability.logging import log_request
 from gateway.prediction.pricing import request_cost
 from gateway.routing.decision import Decision
 from gateway.routing.request import RoutingRequest
+from gateway.api.openai.body import read_body
 from gateway.api.openai.validation import ParsedRequest, parse_json, validate
 from gateway.state import AppState
 from gateway.tenancy.budget import Refusal, Reservation, Usage, budget_caps
@@ -116,7 +117,7 @@ class OpenAIProxy:
         started = time.monotonic()
         request_id = request.scope.get("state", {}).get("request_id") or uuid.uuid4().hex
         tenant = st.control.effective(st.policies.index.identify(request.headers.get("authorization")))
-        raw = await self._read_body(request)
+        raw = await read_body(request, st.config.max_body_bytes)
         parsed = validate(parse_json(raw), endpoint)
         route = self._route_for(tenant, parsed.model)
         pin = request.headers.get("x-gateway-pool")
@@ -165,19 +166,6 @@ class OpenAIProxy:
         finally:
             await self._finish(ex, disconnected)
         return resp if not disconnected else Response(status_code=499)
-
-    async def _read_body(self, request: Request) -> bytes:
-        limit = self.state.config.max_body_bytes
-        declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > limit:
-            raise RequestTooLarge(f"The request body is larger than the {limit}-byte limit.")
-        chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise RequestTooLarge(f"The request body is larger than the {limit}-byte limit.")
-            chunks.append(chunk)
-        return b"".join(chunks)
 
     def _routing_request(self, ex: Exchange) -> RoutingRequest:
         r = self.state.config.routing
