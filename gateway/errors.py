@@ -41,6 +41,9 @@ class GatewayError(Exception):
         self.retry_after = retry_after
         self.should_retry = should_retry
         self.extra_headers: dict[str, str] = {}
+        # set by the dispatcher on errors raised after upstream attempts, so accounting can name who answered
+        self.attempts = 0
+        self.target: Any = None
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
