@@ -1,0 +1,605 @@
+"""The chaos suite: two gateway instances on one Redis in front of simulated replicas (each its own process), steady
+traffic through a readiness-following load balancer, and one fault per scenario. Prints one table:
+
+    sent / ok / failed by status / lost (no response: the request never started) / streams truncated without an
+    error event / the scenario's own check
+
+    .venv/bin/python -m loadtests.chaos                 # every scenario, fuzz of 5,000 requests (~6 min on 2 cores)
+    .venv/bin/python -m loadtests.chaos --quick         # shorter faults, fuzz of 600 (the CI test runs a subset)
+    .venv/bin/python -m loadtests.chaos --only poison,fuzz
+
+Scenarios: replica SIGKILLed under load and brought back; a hung replica; a replica answering 503; Redis killed and
+restarted (AOF) with a budgeted tenant spending through the outage; SIGTERM of one instance with streams in flight;
+poison bodies; content-caused upstream failures from one tenant; malformed HTTP edges; a burst against a tenant's
+concurrency cap; a burst against a $-budget and a rate limit across both instances; a fuzz of chat, completions,
+/v1/models and the admin API; then normal traffic on every replica.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import socket
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+from tqdm import tqdm
+
+from loadtests.chaos_stack import ADMIN_TOKEN, TENANTS, LoadBalancer, Stack
+
+POISON = [
+    ("completions", {"model": "glm-5.2", "prompt": "x", "max_tokens": 4, "n": 1000000}),
+    ("completions", {"model": "glm-5.2", "prompt": "x", "max_tokens": 1e308}),
+    ("completions", {"model": "glm-5.2", "prompt": "x", "max_tokens": 4, "logprobs": 1e308}),
+    ("completions", {"model": "glm-5.2", "prompt": [1099511627776], "max_tokens": 3}),
+    ("completions", {"model": "glm-5.2", "prompt": [""], "max_tokens": 3}),
+    ("completions", {"model": "glm-5.2", "prompt": [[], []], "max_tokens": 3}),
+    ("chat/completions", {"model": "glm-5.2", "messages": [{"role": "user", "content": "x"}], "tools": [1],
+                          "tool_choice": "required", "max_tokens": 3}),
+    ("chat/completions", {"model": "glm-5.2", "messages": [{"role": "user", "content": "x"}], "max_tokens": 3,
+                          "n": 128}),
+]
+
+
+@dataclass
+class Tally:
+    sent: int = 0
+    ok: int = 0
+    statuses: Counter[str] = field(default_factory=Counter)
+    lost: int = 0  # no HTTP response at all (connection refused/reset before headers)
+    truncated: int = 0  # a 200 stream that ended without [DONE] and without an error event
+    stream_errors: int = 0  # a 200 stream that ended with an error event (reported, not silent)
+    bad_shape: int = 0  # an error body not in the OpenAI shape
+    client_timeouts: int = 0
+    notes: list[str] = field(default_factory=list)
+    check: bool = True
+
+    def fail(self, note: str) -> None:
+        self.check = False
+        self.notes.append(note)
+
+
+def is_openai_error(raw: bytes) -> bool:
+    try:
+        err = orjson.loads(raw).get("error")
+    except (orjson.JSONDecodeError, AttributeError):
+        return False
+    return isinstance(err, dict) and isinstance(err.get("message"), str) and "type" in err
+
+
+def chat_body(i: int, stream: bool, max_tokens: int = 24) -> dict[str, Any]:
+    group = i % 6
+    return {"model": "glm-5.2", "stream": stream, "max_tokens": max_tokens,
+            "messages": [{"role": "system", "content": f"You are agent {group}. " + "Rules. " * 300},
+                         {"role": "user", "content": f"task {i}"}],
+            **({"stream_options": {"include_usage": True}} if stream else {})}
+
+
+async def send(client: httpx.AsyncClient, base: str, key: str, endpoint: str, body: Any, t: Tally,
+               timeout: float = 30.0, raw: bytes | None = None) -> tuple[int, dict[str, str], bytes]:
+    """One request; the tally learns its outcome. Returns (status or -1, headers, body or collected stream)."""
+    t.sent += 1
+    stream = isinstance(body, dict) and body.get("stream") is True
+    headers = {"content-type": "application/json", **({"authorization": f"Bearer {key}"} if key else {})}
+    content = raw if raw is not None else orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY) \
+        if not _has_nonfinite(body) else json.dumps(body).encode()
+    try:
+        async with asyncio.timeout(timeout):
+            async with client.stream("POST", f"{base}/v1/{endpoint}", content=content, headers=headers) as r:
+                data = b""
+                try:
+                    async for chunk in r.aiter_bytes():
+                        data += chunk
+                except httpx.HTTPError:
+                    if r.status_code == 200 and stream:
+                        t.truncated += 1
+                        t.statuses["200-truncated"] += 1
+                        return r.status_code, dict(r.headers), data
+                    raise
+    except TimeoutError:
+        t.client_timeouts += 1
+        t.statuses["client_timeout"] += 1
+        return -1, {}, b""
+    except httpx.HTTPError as e:
+        t.lost += 1
+        t.statuses[f"lost:{type(e).__name__}"] += 1
+        return -1, {}, b""
+    code = r.status_code
+    if code == 200 and stream:
+        if b"data: [DONE]" in data:
+            t.ok += 1
+            t.statuses["200"] += 1
+        elif b'data: {"error"' in data:
+            t.stream_errors += 1
+            t.statuses["200-stream-error-event"] += 1
+        else:
+            t.truncated += 1
+            t.statuses["200-truncated"] += 1
+    else:
+        t.statuses[str(code)] += 1
+        if code == 200:
+            t.ok += 1
+        elif not is_openai_error(data):
+            t.bad_shape += 1
+    return code, dict(r.headers), data
+
+
+def _has_nonfinite(x: Any) -> bool:
+    if isinstance(x, float):
+        return x != x or x in (float("inf"), float("-inf"))
+    if isinstance(x, dict):
+        return any(_has_nonfinite(v) for v in x.values())
+    if isinstance(x, list):
+        return any(_has_nonfinite(v) for v in x)
+    return False
+
+
+async def steady(lb: LoadBalancer, client: httpx.AsyncClient, seconds: float, rate: float, t: Tally,
+                 tenant: str = "steady", max_tokens: int = 24) -> None:
+    """Open-loop Poisson traffic: chat streams, chat and completions, through the load balancer."""
+    key = TENANTS[tenant][0]
+    rng = random.Random(7)
+    tasks = []
+    end = time.monotonic() + seconds
+    i = 0
+    while time.monotonic() < end:
+        kind = rng.random()
+        if kind < 0.5:
+            tasks.append(asyncio.create_task(send(client, lb.pick(), key, "chat/completions", chat_body(i, True, max_tokens), t)))
+        elif kind < 0.8:
+            tasks.append(asyncio.create_task(send(client, lb.pick(), key, "chat/completions", chat_body(i, False, max_tokens), t)))
+        else:
+            tasks.append(asyncio.create_task(send(client, lb.pick(), key, "completions",
+                                                  {"model": "glm-5.2", "prompt": f"ping {i}", "max_tokens": max_tokens}, t)))
+        i += 1
+        await asyncio.sleep(rng.expovariate(rate))
+    await asyncio.gather(*tasks)
+
+
+def loss_checks(t: Tally) -> None:
+    if t.lost:
+        t.fail(f"{t.lost} requests lost before any response")
+    if t.truncated:
+        t.fail(f"{t.truncated} streams truncated without an error event")
+    if t.bad_shape:
+        t.fail(f"{t.bad_shape} errors not in the OpenAI shape")
+
+
+async def admin(client: httpx.AsyncClient, base: str, method: str, path: str, body: Any = None) -> httpx.Response:
+    return await client.request(method, f"{base}{path}", headers={"authorization": f"Bearer {ADMIN_TOKEN}"},
+                                content=None if body is None else orjson.dumps(body), timeout=10)
+
+
+async def sim_fault(client: httpx.AsyncClient, sim: str, **fault: Any) -> None:
+    r = await client.post(f"{sim}/sim/fault", content=orjson.dumps(fault), timeout=5)
+    r.raise_for_status()
+
+
+async def breaker_open(client: httpx.AsyncClient, stack: Stack) -> float:
+    total = 0.0
+    for u in stack.gw_urls:
+        try:
+            text = (await client.get(f"{u}/metrics", timeout=5)).text
+        except httpx.HTTPError:
+            continue
+        for line in text.splitlines():
+            if line.startswith("gateway_replica_circuit_open{"):
+                total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+async def every_replica_serves(client: httpx.AsyncClient, stack: Stack, t: Tally) -> None:
+    """Each replica answers a normal request directly within 1 s, and the gateways serve normal traffic."""
+    for u in stack.sim_urls:
+        t0 = time.monotonic()
+        code, _, _ = await send(client, u, "", "completions", {"model": "x", "prompt": "hello", "max_tokens": 4}, t,
+                                timeout=5)
+        took = time.monotonic() - t0
+        if code != 200 or took > 1.0:
+            t.fail(f"replica {u} answered {code} in {took:.2f} s")
+    for u in stack.gw_urls:
+        for i in range(6):
+            code, _, _ = await send(client, u, TENANTS["steady"][0], "chat/completions", chat_body(i, i % 2 == 0), t,
+                                    timeout=5)
+            if code != 200:
+                t.fail(f"gateway {u} answered {code} to a normal request")
+
+
+# -- scenarios -----------------------------------------------------------------------------------------------------
+async def sc_replica_kill(stack: Stack, lb: LoadBalancer, client: httpx.AsyncClient, a: argparse.Namespace) -> Tally:
+    t = Tally()
+    load = asyncio.create_task(steady(lb, client, a.fault_s * 3, a.rate, t))
+    await asyncio.sleep(a.fault_s)
+    await asyncio.to_thread(stack.kill_sim, 0)
+    await asyncio.sleep(a.fault_s)
+    await asyncio.to_thread(stack.restart_sim, 0)
+    await load
+    loss_checks(t)
+    return t
+
+
+async def sc_replica_hang(stack: Stack, lb: LoadBalancer, client: httpx.AsyncClient, a: argparse.Namespace) -> Tally:
+    t = Tally()
+    load = asyncio.create_task(steady(lb, client, a.fault_s * 3, a.rate, t))
+    await asyncio.sleep(a.fault_s)
+    await sim_fault(client, stack.sim_urls[1], kind="hang", count=100000)
+    await asyncio.sleep(a.fault_s)
+    await sim_fault(client, stack.sim_urls[1], kind="clear")
+    await load
+    loss_checks(t)
+    slow = t.client_timeouts
+    if slow:
+        t.fail(f"{slow} requests waited past the client's 30 s timeout")
+    return t
+
+
+async def sc_replica_503(stack: Stack, lb: LoadBalancer, client: httpx.AsyncClient, a: argparse.Namespace) -> Tally:
+    t = Tally()
+    load = asyncio.create_task(steady(lb, client, a.fault_s * 2, a.rate, t))
+    await asyncio.sleep(a.fault_s / 2)
+    await sim_fault(client, stack.sim_urls[2], kind="status", status=503, count=1000)
+    await asyncio.sleep(a.fault_s)
+    await sim_fault(client, stack.sim_urls[2], kind="clear")
+    await load
+    loss_checks(t)
+    if t.ok < t.sent:
+        t.fail(f"{t.sent - t.ok} requests failed although two replicas were healthy")
+    return t
+
+
+async def usage_usd(client: httpx.AsyncClient, base: str, tenant: str) -> float:
+    r = await admin(client, base, "GET", f"/admin/usage?tenant={tenant}")
+    day = r.json()["tenants"][tenant].get("day") or {}
+    return float(day.get("spent_usd", 0.0))
+
+
+async def sc_redis_down(stack: Stack, lb: LoadBalancer, client: httpx.AsyncClient, a: argparse.Namespace) -> Tally:
+    """Redis killed for `redis_down_s` and restarted from its AOF; a tenant without caps ("other") spends through the
+    outage with non-streamed requests whose cost the gateway reports per response. Afterwards the ledger must equal
+    what was served."""
+    t = Tally()
+    before = await usage_usd(client, stack.gw_urls[0], "other")
+    served = 0.0
+
+    async def spender() -> None:
+        nonlocal served
+        end = time.monotonic() + a.redis_down_s + 2 * a.fault_s
+        i = 0
+        while time.monotonic() < end:
+            code, h, _ = await send(client, lb.pick(), TENANTS["other"][0], "chat/completions", chat_body(i, False), t)
+            if code == 200:
+                served += float(h.get("x-gateway-cost-usd", 0))
+            i += 1
+            await asyncio.sleep(0.05)
+
+    load = asyncio.create_task(steady(lb, client, a.redis_down_s + 2 * a.fault_s, a.rate, t))
+    spend = asyncio.create_task(spender())
+    await asyncio.sleep(a.fault_s)
+    stack.redis.kill()
+    await asyncio.sleep(a.redis_down_s)
+    await asyncio.to_thread(stack.redis.start)
+    await asyncio.gather(load, spend)
+    loss_checks(t)
+    deadline = time.monotonic() + 15
+    ledger = 0.0
+    while time.monotonic() < deadline:
+        try:
+            ledger = await usage_usd(client, stack.gw_urls[0], "other") - before
+        except (httpx.HTTPError, KeyError, ValueError):
+            ledger = -1.0
+        if abs(ledger - served) <= 1e-9 + 1e-6 * served:
+            break
+        await asyncio.sleep(0.5)
+    t.notes.append(f"served ${served:.6f}, ledger ${ledger:.6f}")
+    if abs(ledger - served) > 1e-9 + 1e-6 * served:
+        t.fail("the ledger does not equal the spend served during the outage")
+    return t
+
+
+async def sc_sigterm(stack: Stack, lb: LoadBalancer, client: httpx.AsyncClient, a: argparse.Namespace) -> Tally:
+    """SIGTERM instance 1 while it carries streams; the load balancer follows /readyz. Readiness must turn 503 before
+    the listener closes, and no in-flight stream may be dropped."""
+    t = Tally()
+    load = asyncio.create_task(steady(lb, client, a.fault_s * 3, a.rate, t, max_tokens=200))
+    await asyncio.sleep(a.fault_s)
+    term_at = time.monotonic()
+    stack.sigterm_gateway(1)
+    await load
+    code = await asyncio.to_thread(stack.wait_gateway_exit, 1, 90)
+    log = [(at - term_at, s) for at, i, s in lb.readiness_log if i == 1 and at >= term_at]
+    first_503 = next((at for at, s in log if s == 503), None)
+    first_refused = next((at for at, s in log if s == -1), None)
+    t.notes.append(f"readyz 503 after {first_503 if first_503 is None else round(first_503, 2)} s, "
+                   f"refused after {first_refused if first_refused is None else round(first_refused, 2)} s, exit {code}")
+    if first_503 is None or (first_refused is not None and first_refused < first_503):
+        t.fail("readiness did not fail before the listener closed")
+    loss_checks(t)
+    await asyncio.to_thread(stack.restart_gateway, 1)
+    return t
+
+
+async def sc_poison(stack: Stack, lb: LoadBalancer, client: httpx.AsyncClient, a: argparse.Namespace) -> Tally:
+    t = Tally()
+    steady_t = Tally()
+    load = asyncio.create_task(steady(lb, client, a.fault_s * 2, a.rate, steady_t))
+    for rounds in range(3):
+        for endpoint, body in POISON:
+            code, _, _ = await send(client, lb.pick(), TENANTS["poison"][0], endpoint, body, t, timeout=20)
+            if code >= 500 or code == -1:
+                t.fail(f"poison {json.dumps(body)[:60]} -> {code}")
+    await load
+    t.notes.append(f"steady traffic meanwhile: {steady_t.ok}/{steady_t.sent} ok")
+    if steady_t.ok < steady_t.sent:
+        t.fail(f"{steady_t.sent - steady_t.ok} steady requests failed during the poison")
+    await every_replica_serves(client, stack, t)
+    loss_checks(t)
+    return t
+
+
+async def sc_content_failures(stack: Stack, lb: LoadBalancer, client: httpx.AsyncClient, a: argparse.Namespace) -> Tally:
+    """Tenant 'poison' sends requests every replica rejects with a 5xx because of their content (the simulator's
+    X-Sim-Fault is not used: this is what the engine does with a bad body); tenant 'steady' must keep succeeding on
+    the same instance and no breaker may open."""
+    t = Tally()
+    base = stack.gw_urls[0]
+    bad = {"model": "glm-5.2", "messages": [{"role": "user", "content": "x"}], "tools": [1], "tool_choice": "required",
+           "max_tokens": 3}
+    for i in range(6):
+        code, _, _ = await send(client, base, TENANTS["poison"][0], "chat/completions", bad, t, timeout=20)
+        if not 400 <= code < 500:
+            t.fail(f"content-caused failure #{i} answered {code}, not a 4xx")
+        ok_code, _, _ = await send(client, base, TENANTS["steady"][0], "chat/completions", chat_body(i, False), t)
+        if ok_code != 200:
+            t.fail(f"tenant steady got {ok_code} after tenant poison's bad request #{i}")
+    if await breaker_open(client, stack):
+        t.fail("a circuit breaker opened")
+    loss_checks(t)
+    return t
+
+
+def raw_http(port: int, data: bytes, timeout: float = 10.0) -> tuple[float, bytes]:
+    t0 = time.monotonic()
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        s.sendall(data)
+        out = b""
+        try:
+            while True:
+                chunk = s.recv(65536)
+                if not chunk:
+                    break
+                out += chunk
+                if b"\r\n\r\n" in out:
+                    head, _, rest = out.partition(b"\r\n\r\n")
+                    m = [ln for ln in head.split(b"\r\n") if ln.lower().startswith(b"content-length:")]
+                    if m and len(rest) >= int(m[0].split(b":")[1]):
+                        break
+        except TimeoutError:
+            pass
+    return time.monotonic() - t0, out
+
+
+async def sc_edges(stack: Stack, lb: LoadBalancer, client: httpx.AsyncClient, a: argparse.Namespace) -> Tally:
+    t = Tally()
+    key = TENANTS["steady"][0]
+    base = stack.gw_urls[0]
+    deep: Any = "x"
+    for _ in range(300):
+        deep = [deep]
+    cases = [("deep JSON", "chat/completions", {"model": "glm-5.2", "messages": [{"role": "user", "content": "x"}],
+                                                 "metadata": deep, "max_tokens": 3}),
+             ("deep JSON stream", "chat/completions", {"model": "glm-5.2", "messages": [{"role": "user", "content": "x"}],
+                                                        "metadata": deep, "max_tokens": 3, "stream": True}),
+             ("negative usage", "completions", {"model": "glm-5.2", "prompt": [""], "max_tokens": 3}),
+             ("empty prompt lists", "completions", {"model": "glm-5.2", "prompt": [[], []], "max_tokens": 3})]
+    for name, endpoint, body in cases:
+        content = json.dumps(body).encode()
+        code, _, data = await send(client, base, key, endpoint, None, t, raw=content)
+        if code >= 500 or code == -1:
+            t.fail(f"{name}: {code}")
+    port = stack.gw_ports[0]
+    auth = f"authorization: Bearer {key}\r\ncontent-type: application/json\r\n".encode()
+    body = b'{"model":"glm-5.2","prompt":"hi","max_tokens":2}'
+    raws = {
+        "negative Content-Length": b"POST /v1/completions HTTP/1.1\r\nhost: x\r\n" + auth + b"content-length: -5\r\n\r\n" + body,
+        "duplicate Content-Length": b"POST /v1/completions HTTP/1.1\r\nhost: x\r\n" + auth +
+                                    b"content-length: 10\r\ncontent-length: 49\r\n\r\n" + body,
+        "Content-Length beyond the body": b"POST /v1/completions HTTP/1.1\r\nhost: x\r\n" + auth +
+                                          b"content-length: 4000\r\n\r\n" + body,
+    }
+    for name, data in raws.items():
+        t.sent += 1
+        took, out = await asyncio.to_thread(raw_http, port, data)
+        status = out.split(b" ", 2)[1].decode() if out.startswith(b"HTTP/1.1 ") else "none"
+        t.statuses[status] += 1
+        body_part = out.partition(b"\r\n\r\n")[2]
+        if not status.startswith("4") or not is_openai_error(body_part):
+            t.fail(f"{name}: {status} {body_part[:60]!r}")
+        if took > 5.0:
+            t.fail(f"{name}: held the connection {took:.1f} s")
+    return t
+
+
+async def sc_burst_concurrency(stack: Stack, lb: LoadBalancer, client: httpx.AsyncClient, a: argparse.Namespace) -> Tally:
+    t = Tally()
+    base = stack.gw_urls[0]
+    results = await asyncio.gather(*(send(client, base, TENANTS["capped"][0], "chat/completions",
+                                          chat_body(i, False, max_tokens=300), t, timeout=60) for i in range(100)))
+    admitted = sum(1 for code, _, _ in results if code == 200)
+    refused = [h for code, h, _ in results if code == 429]
+    t.notes.append(f"{admitted} admitted, {len(refused)} refused (cap 5 per instance)")
+    if admitted > 5:
+        t.fail(f"{admitted} admitted with max_concurrent 5")
+    if any("retry-after" not in h for h in refused):
+        t.fail("a 429 without Retry-After")
+    return t
+
+
+async def sc_budget_burst(stack: Stack, lb: LoadBalancer, client: httpx.AsyncClient, a: argparse.Namespace) -> Tally:
+    """Concurrent requests split across both instances against a $0.001/day budget and a 50/min rate limit."""
+    t = Tally()
+    key_b, key_r = TENANTS["budget"][0], TENANTS["rate"][0]
+    before = await usage_usd(client, stack.gw_urls[0], "budget")
+    res_b = await asyncio.gather(*(send(client, stack.gw_urls[i % 2], key_b, "chat/completions", chat_body(i, False), t)
+                                   for i in range(a.burst)))
+    res_r = await asyncio.gather(*(send(client, stack.gw_urls[i % 2], key_r, "completions",
+                                        {"model": "glm-5.2", "prompt": f"r{i}", "max_tokens": 4}, t) for i in range(a.burst)))
+    served = sum(float(h.get("x-gateway-cost-usd", 0)) for code, h, _ in res_b if code == 200)
+    rate_ok = sum(1 for code, _, _ in res_r if code == 200)
+    await asyncio.sleep(1.0)
+    ledger = await usage_usd(client, stack.gw_urls[1], "budget") - before
+    t.notes.append(f"budget: {sum(1 for c, _, _ in res_b if c == 200)} admitted, served ${served:.6f}, "
+                   f"ledger ${ledger:.6f}; rate: {rate_ok} of {a.burst} admitted at 50/min")
+    worst = max((float(h.get("x-gateway-cost-usd", 0)) for code, h, _ in res_b if code == 200), default=0.0)
+    if served > 0.001 + 2 * worst * 4:  # cap plus at most one in-flight worst case per instance (priced generously)
+        t.fail("admitted spend above the cap")
+    if abs(ledger - served) > 1e-9 + 1e-6 * served:
+        t.fail("ledger differs from the spend served")
+    if rate_ok > 50:
+        t.fail("rate limit exceeded")
+    return t
+
+
+async def sc_fuzz(stack: Stack, lb: LoadBalancer, client: httpx.AsyncClient, a: argparse.Namespace) -> Tally:
+    from loadtests.chaos_fuzz import ADMIN, CHAT, COMPLETION, draw
+
+    t = Tally()
+    n = a.fuzz
+    chats, comps, admins = draw(CHAT, int(n * 0.45)), draw(COMPLETION, int(n * 0.45), seed=1), draw(ADMIN, int(n * 0.08))
+    key = TENANTS["fuzz"][0]
+    sem = asyncio.Semaphore(16)
+    five = Counter()
+
+    async def one(endpoint: str, body: Any) -> None:
+        async with sem:
+            raw = json.dumps(body, allow_nan=True).encode()
+            code, _, data = await send(client, lb.pick(), key, endpoint, body, t, timeout=30, raw=raw)
+            if code >= 500:
+                five[data[:80]] += 1
+
+    async def admin_one(item: tuple[str, str, Any, bool]) -> None:
+        route, name, body, with_token = item
+        method, path = route.split(" ")
+        async with sem:
+            t.sent += 1
+            headers = {"authorization": f"Bearer {ADMIN_TOKEN}"} if with_token else {}
+            try:
+                r = await client.request(method, f"{lb.pick()}{path.format(name)}", headers=headers,
+                                         content=json.dumps(body, allow_nan=True).encode(), timeout=10)
+            except httpx.HTTPError:
+                t.lost += 1
+                return
+            t.statuses[str(r.status_code)] += 1
+            if r.status_code == 200:
+                t.ok += 1
+            elif not is_openai_error(r.content):
+                t.bad_shape += 1
+            if r.status_code >= 500:
+                five[r.content[:80]] += 1
+
+    async def models() -> None:
+        for _ in range(max(1, n // 50)):
+            t.sent += 1
+            r = await client.get(f"{lb.pick()}/v1/models", headers={"authorization": f"Bearer {key}"}, timeout=10)
+            t.statuses[str(r.status_code)] += 1
+            t.ok += r.status_code == 200
+
+    jobs = [one("chat/completions", b) for b in chats] + [one("completions", b) for b in comps] + \
+           [admin_one(x) for x in admins] + [models()]
+    random.Random(3).shuffle(jobs)
+    with tqdm(total=len(jobs), desc="fuzz", unit="req", leave=False) as bar:
+        for fut in asyncio.as_completed([asyncio.ensure_future(j) for j in jobs]):
+            await fut
+            bar.update(1)
+    if sum(five.values()):
+        t.fail(f"{sum(five.values())} 5xx, e.g. {five.most_common(1)[0][0]!r}")
+    if t.bad_shape:
+        t.fail(f"{t.bad_shape} errors not OpenAI-shaped")
+    # the fuzz may have set pool weights or tenant overrides through the admin API: put the fleet back, then check
+    for u in stack.gw_urls[:1]:
+        await admin(client, u, "DELETE", "/admin/pools/mi355x")
+    after = Tally()
+    await every_replica_serves(client, stack, after)
+    if not after.check:
+        t.fail("after the fuzz: " + "; ".join(after.notes))
+    return t
+
+
+SCENARIOS = {
+    "replica_kill": sc_replica_kill, "replica_hang": sc_replica_hang, "replica_503": sc_replica_503,
+    "redis_down": sc_redis_down, "instance_sigterm": sc_sigterm, "poison": sc_poison,
+    "content_failures": sc_content_failures, "edges": sc_edges, "burst_concurrency": sc_burst_concurrency,
+    "budget_burst": sc_budget_burst, "fuzz": sc_fuzz,
+}
+
+
+def table(results: dict[str, Tally]) -> str:
+    rows = [("scenario", "sent", "ok", "failed by status", "lost", "truncated", "check")]
+    for name, t in results.items():
+        failed = ", ".join(f"{k}:{v}" for k, v in sorted(t.statuses.items()) if k not in ("200",))
+        rows.append((name, str(t.sent), str(t.ok), failed or "-", str(t.lost), str(t.truncated),
+                     ("ok" if t.check else "FAIL") + (f" ({'; '.join(t.notes)})" if t.notes else "")))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    out = []
+    for j, r in enumerate(rows):
+        out.append(" | ".join(c.ljust(w) for c, w in zip(r, widths)) + " | " + r[-1])
+        if j == 0:
+            out.append("-+-".join("-" * w for w in widths) + "-+-------")
+    return "\n".join(out)
+
+
+async def run(a: argparse.Namespace, stack: Stack) -> dict[str, Tally]:
+    results: dict[str, Tally] = {}
+    limits = httpx.Limits(max_connections=1000, max_keepalive_connections=200)
+    async with httpx.AsyncClient(limits=limits, trust_env=False) as client:
+        lb = LoadBalancer(stack.gw_urls, client)
+        lb.start()
+        try:
+            for name in tqdm(a.only, desc="chaos", unit="scenario"):
+                results[name] = await SCENARIOS[name](stack, lb, client, a)
+                tqdm.write(f"{name}: {'ok' if results[name].check else 'FAIL'} {results[name].notes}")
+        finally:
+            await lb.stop()
+    return results
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="shorter faults and a 600-request fuzz")
+    p.add_argument("--only", default=",".join(SCENARIOS), help="comma-separated scenarios")
+    p.add_argument("--fuzz", type=int, default=None, help="fuzz requests (default 5000, quick 600)")
+    p.add_argument("--rate", type=float, default=8.0, help="steady requests/s")
+    p.add_argument("--json", type=Path, default=None)
+    a = p.parse_args(argv)
+    a.only = [s for s in a.only.split(",") if s]
+    unknown = [s for s in a.only if s not in SCENARIOS]
+    if unknown:
+        p.error(f"unknown scenarios {unknown}; known: {', '.join(SCENARIOS)}")
+    a.fault_s = 3.0 if a.quick else 8.0
+    a.redis_down_s = 5.0 if a.quick else 30.0
+    a.burst = 200
+    a.fuzz = a.fuzz if a.fuzz is not None else (600 if a.quick else 5000)
+    return a
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
+    stack = Stack()
+    try:
+        results = asyncio.run(run(a, stack))
+    finally:
+        stack.stop()
+    print(table(results))
+    if a.json:
+        a.json.write_text(json.dumps({k: {**v.__dict__, "statuses": dict(v.statuses)} for k, v in results.items()}, indent=1))
+    return 0 if all(t.check for t in results.values()) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

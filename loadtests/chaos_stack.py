@@ -1,0 +1,212 @@
+"""The chaos suite's fleet as separate processes on loopback: a private Redis (AOF on, its own directory), simulated
+SGLang replicas one process each (so one can be SIGKILLed), and two `gateway serve` instances sharing that Redis, with
+a small load balancer in front that sends only to instances whose `/readyz` answers 200 (as Kubernetes does)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from gateway.config import hash_key
+from loadtests.procs import Proc
+
+ADMIN_TOKEN = "chaos-admin-token"
+# tenant -> (key, policy fields). "steady" is the well-behaved traffic every scenario measures.
+TENANTS: dict[str, tuple[str, dict[str, Any]]] = {
+    "steady": ("sk-chaos-steady", {}),
+    "other": ("sk-chaos-other", {}),
+    "poison": ("sk-chaos-poison", {}),
+    "capped": ("sk-chaos-capped", {"max_concurrent": 5}),
+    "budget": ("sk-chaos-budget", {"budget": {"usd_per_day": 0.001}}),
+    "rate": ("sk-chaos-rate", {"rate_limits": {"requests_per_minute": 50}}),
+    "fuzz": ("sk-chaos-fuzz", {}),
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class RedisProc:
+    """redis-server with AOF in its own directory: kill() and start() again keep what it had written."""
+
+    def __init__(self, work: Path) -> None:
+        self.port = free_port()
+        self.dir = work / "redis"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.start()
+
+    def start(self) -> None:
+        exe = shutil.which("redis-server") or "/usr/bin/redis-server"
+        self.proc = subprocess.Popen([exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+                                      "--appendonly", "yes", "--appendfsync", "everysec", "--dir", str(self.dir)],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        deadline = time.time() + 10
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+                    return
+            except OSError:
+                if time.time() > deadline:
+                    raise RuntimeError("redis-server did not start") from None
+                time.sleep(0.05)
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+
+class Stack:
+    def __init__(self, replicas: int = 3, time_scale: float = 20.0, log_dir: Path | None = None) -> None:
+        self.work = Path(tempfile.mkdtemp(prefix="gw-chaos-"))
+        self.logs = log_dir or self.work
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.time_scale = time_scale
+        self.redis = RedisProc(self.work)
+        self.sim_ports = [free_port() for _ in range(replicas)]
+        self.sims: list[Proc] = [self._sim(i) for i in range(replicas)]
+        for s in self.sims:
+            s.wait_ready(30)
+        self.gw_ports = [free_port(), free_port()]
+        self.config_path = self.work / "gateway.yaml"
+        self.config_path.write_text(yaml.safe_dump(self.config()))
+        self.gateways: list[Proc | None] = [self._gateway(i) for i in range(2)]
+        for g in self.gateways:
+            assert g is not None
+            g.wait_ready(60)
+
+    # -- processes ------------------------------------------------------------------------------------------------
+    def _sim(self, i: int) -> Proc:
+        port = self.sim_ports[i]
+        cmd = [sys.executable, "-m", "gateway.cli", "sim", "--enable-cache-report", "--replicas", "1", "--port", str(port), "--seed", str(i),
+               "--time-scale", str(self.time_scale), "--set", "enable_cache_report=true"]
+        return Proc(f"sim-{i}", cmd, f"http://127.0.0.1:{port}/ping", log=self.logs / f"sim-{i}.log")
+
+    def _gateway(self, i: int) -> Proc:
+        port = self.gw_ports[i]
+        cmd = [sys.executable, "-m", "gateway.cli", "serve", "--config", str(self.config_path), "--port", str(port),
+               "--drain-timeout", "30"]
+        return Proc(f"gateway-{i}", cmd, f"http://127.0.0.1:{port}/readyz", log=self.logs / f"gateway-{i}.log")
+
+    def config(self) -> dict[str, Any]:
+        tenants = [{"name": n, "api_key_hashes": [hash_key(k)], "models": ["glm-5.2"], **extra}
+                   for n, (k, extra) in TENANTS.items()]
+        ts = self.time_scale
+        return {
+            "models": [{"name": "glm-5.2", "pools": ["mi355x"]}],
+            "pools": [{"name": "mi355x", "kind": "sglang", "model": "zai-org/GLM-5.2",
+                       "replicas": [{"name": f"sim-{i}", "url": f"http://127.0.0.1:{p}"} for i, p in enumerate(self.sim_ports)],
+                       "pricing": {"type": "per_token", "input_per_mtok": 1.0, "cached_input_per_mtok": 0.2,
+                                   "output_per_mtok": 3.2},
+                       # the simulator runs `ts` times faster than real time: the timing model in wall time
+                       "timing": {"base_s": 0.14 / ts, "prefill_tokens_per_s": 16700 * ts, "decode_step_s": 0.0467 / ts}}],
+            "tenants": tenants,
+            "timeouts": {"connect": 1.0, "first_byte": 10.0, "idle": 10.0, "total": 60.0},
+            "health": {"interval_s": 1.0, "timeout_s": 2.0},
+            "routing": {"redis_url": self.redis.url, "ttft_sla_ms": 2220 / ts, "redis_timeout_s": 0.25},
+            "admin": {"token_hashes": [hash_key(ADMIN_TOKEN)]},
+        }
+
+    def kill_sim(self, i: int) -> None:
+        os.killpg(self.sims[i].pid, signal.SIGKILL)
+        self.sims[i].proc.wait(10)
+
+    def restart_sim(self, i: int) -> None:
+        self.sims[i] = self._sim(i)
+        self.sims[i].wait_ready(30)
+
+    def sigterm_gateway(self, i: int) -> None:
+        g = self.gateways[i]
+        assert g is not None
+        os.killpg(g.pid, signal.SIGTERM)
+
+    def wait_gateway_exit(self, i: int, timeout: float = 60.0) -> int | None:
+        g = self.gateways[i]
+        assert g is not None
+        try:
+            return g.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def restart_gateway(self, i: int) -> None:
+        self.gateways[i] = self._gateway(i)
+        self.gateways[i].wait_ready(60)  # type: ignore[union-attr]
+
+    def stop(self) -> None:
+        for g in self.gateways:
+            if g is not None:
+                g.stop()
+        for s in self.sims:
+            s.stop()
+        self.redis.kill()
+        shutil.rmtree(self.work, ignore_errors=True)
+
+    # -- addresses ------------------------------------------------------------------------------------------------
+    @property
+    def gw_urls(self) -> list[str]:
+        return [f"http://127.0.0.1:{p}" for p in self.gw_ports]
+
+    @property
+    def sim_urls(self) -> list[str]:
+        return [f"http://127.0.0.1:{p}" for p in self.sim_ports]
+
+
+class LoadBalancer:
+    """Round-robin over the instances whose /readyz answered 200 at the last poll (every 100 ms), like a Service
+    whose endpoints follow readiness. It never retries: a request it sent to a closed listener is lost."""
+
+    def __init__(self, urls: list[str], client: httpx.AsyncClient) -> None:
+        self.urls = urls
+        self.client = client
+        self.ready = [True] * len(urls)
+        self.readiness_log: list[tuple[float, int, int]] = []  # (time, instance, status or -1 for refused)
+        self._i = 0
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._poll())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+
+    async def _poll(self) -> None:
+        while True:
+            for i, u in enumerate(self.urls):
+                try:
+                    r = await self.client.get(f"{u}/readyz", timeout=0.5)
+                    code = r.status_code
+                except httpx.HTTPError:
+                    code = -1
+                self.ready[i] = code == 200
+                self.readiness_log.append((time.monotonic(), i, code))
+            await asyncio.sleep(0.1)
+
+    def pick(self) -> str:
+        n = len(self.urls)
+        for _ in range(n):
+            self._i = (self._i + 1) % n
+            if self.ready[self._i]:
+                return self.urls[self._i]
+        return self.urls[self._i]  # none ready: send anyway (and count what happens)
