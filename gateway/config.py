@@ -76,6 +76,10 @@ class _PoolBase(_Strict):
     pricing: Pricing | None = None
     weight: float = Field(default=1.0, ge=0)
     timing: PoolTiming = PoolTiming()
+    max_n: int | None = Field(default=None, ge=1, le=128, description="largest `n` a request may ask of this pool; "
+                              "default 8 for sglang (each sequence holds KV cache), 128 (OpenAI's bound) otherwise")
+    context_tokens: int | None = Field(default=None, ge=1, description="the model's context length here: larger "
+                                       "max_tokens are refused at the edge (unset: only the API's bounds apply)")
 
 
 class SGLangPool(_PoolBase):
@@ -122,6 +126,8 @@ class Timeouts(_Strict):
     first_byte: float = Field(default=120.0, gt=0, description="request sent -> first token (streams) or response")
     idle: float = Field(default=30.0, gt=0, description="max gap between stream chunks")
     total: float = Field(default=540.0, gt=0, description="whole request, below the SDK's 600 s")
+    body_read: float = Field(default=5.0, gt=0, description="reading the client's request body (a client that "
+                             "declares more bytes than it sends gets a 408, not a held connection)")
 
 
 class RetryPolicy(_Strict):
@@ -166,6 +172,14 @@ class Routing(_Strict):
     load_poll_s: float = Field(default=1.0, gt=0, description="engine /v1/loads reconciliation period")
 
 
+class Shutdown(_Strict):
+    """SIGTERM in the order load balancers expect: readiness fails while still serving, then stop accepting, then
+    in-flight requests finish (`gateway serve --drain-timeout`)."""
+
+    readiness_drain_s: float = Field(default=5.0, ge=0, le=600, description="seconds /readyz answers 503 while "
+                                     "new requests are still served, so the balancer stops sending first")
+
+
 class Observability(_Strict):
     tracing_exporter: Literal["none", "console", "otlp"] = "none"
     service_name: str = "inference-gateway"
@@ -206,7 +220,10 @@ class GatewayConfig(_Strict):
     observability: Observability = Observability()
     routing: Routing = Routing()
     admin: Admin = Admin()
+    shutdown: Shutdown = Shutdown()
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
+    max_json_depth: int = Field(default=64, ge=8, le=200, description="deeper request bodies get a 400 (orjson "
+                                "re-serialises at most 254 levels)")
 
     @model_validator(mode="after")
     def _references(self) -> GatewayConfig:

@@ -1,18 +1,60 @@
-"""Request parsing and the checks the gateway itself makes (the upstream validates the rest).
+"""Request parsing and the checks the gateway itself makes at the edge.
 
-Unknown fields pass through untouched; only fields the gateway reads are type-checked, so a bad value becomes a
-400 with `param` set instead of an upstream surprise.
+Ranges follow the OpenAI API reference (chat/completions and completions request schemas) plus what an engine
+behind us can bear: one request like `{"n": 1000000}` or `{"max_tokens": 1e308}` must be refused here with a 400
+naming the field, not forwarded to freeze a replica (issue 10). Unknown fields pass through untouched; only fields
+the gateway knows are checked, and only impossible values are refused.
+
+Limits that depend on where the request may go (a pool's cap on `n`, the model's context length) arrive as
+`RequestLimits`; without them the API-wide bounds apply.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
+from gateway.config import GatewayConfig
 from gateway.errors import InvalidRequest
 from gateway.tokenizer import count_tokens, prompt_text, render_chat
+
+# Nesting deeper than this is refused at parse time: orjson re-serialises at most 254 levels (and Python's own
+# recursion is finite), so a bound well below that means nothing downstream can fail on a body we accepted.
+MAX_JSON_DEPTH = 64
+MAX_N = 128                        # OpenAI's documented maximum for `n`
+DEFAULT_MAX_N_SELF_HOSTED = 8      # a pool of our own engines: n parallel sequences each hold KV cache
+MAX_OUTPUT_TOKENS = 2**31 - 1      # without a known context: the engines' int32 bound
+MAX_TOKEN_ID = 2**31 - 1           # token ids are int32 in every engine we front
+MAX_LOGIT_BIAS_ENTRIES = 1024
+MAX_STOP = 4
+INT64 = (-(2**63), 2**63 - 1)
+ROLES = frozenset({"system", "user", "assistant", "tool", "developer", "function"})
+# OpenAI's chat content parts, plus SGLang's video_url/audio_url (the engines we front accept them)
+PART_TYPES = frozenset({"text", "image_url", "input_audio", "file", "refusal", "video_url", "audio_url"})
+TOOL_CHOICES = frozenset({"none", "auto", "required"})
+
+
+@dataclass(frozen=True)
+class RequestLimits:
+    """What the pools a request may be sent to can bear; `None` fields mean "no narrower than the API's bound"."""
+
+    max_n: int = MAX_N
+    context_tokens: int | None = None
+
+
+def limits_for(config: GatewayConfig, pools: Iterable[str]) -> RequestLimits:
+    """The narrowest limits of the pools a request may be dispatched to (any of them may end up serving it)."""
+    caps, contexts = [MAX_N], []
+    for name in pools:
+        p = config.pool(name)
+        caps.append(p.max_n if p.max_n is not None else DEFAULT_MAX_N_SELF_HOSTED if p.kind == "sglang" else MAX_N)
+        if p.context_tokens is not None:
+            contexts.append(p.context_tokens)
+    return RequestLimits(max_n=min(caps), context_tokens=min(contexts) if contexts else None)
 
 
 @dataclass(frozen=True)
@@ -25,28 +67,193 @@ class ParsedRequest:
     max_output_tokens: int | None
 
 
-def parse_json(raw: bytes) -> dict[str, Any]:
+def parse_json(raw: bytes, max_depth: int = MAX_JSON_DEPTH) -> dict[str, Any]:
     if not raw:
         raise InvalidRequest("The request body is empty; expected a JSON object.")
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as e:
+        if "depth" in str(e):
+            raise _too_deep(max_depth) from None
         raise InvalidRequest(f"The request body is not valid JSON: {e}.") from None
     if not isinstance(body, dict):
         raise InvalidRequest("The request body must be a JSON object.")
+    if _deeper_than(body, max_depth):
+        raise _too_deep(max_depth)
     return body
 
 
-def _opt_int(body: dict[str, Any], name: str, minimum: int) -> int | None:
+def _too_deep(limit: int) -> InvalidRequest:
+    return InvalidRequest(f"The request body nests JSON deeper than the gateway's limit of {limit} levels.",
+                          code="json_too_deep")
+
+
+def _deeper_than(obj: Any, limit: int) -> bool:
+    """Whether any container in `obj` sits more than `limit` levels deep (the top object is level 1). Iterative,
+    so the check itself cannot hit a recursion limit; it visits containers only, never string contents."""
+    stack: list[tuple[Iterable[Any], int]] = [(obj.values() if isinstance(obj, dict) else obj, 1)]
+    while stack:
+        items, depth = stack.pop()
+        for v in items:
+            if isinstance(v, dict | list):
+                if depth + 1 > limit:
+                    return True
+                stack.append((v.values() if isinstance(v, dict) else v, depth + 1))
+    return False
+
+
+# -- field checks ---------------------------------------------------------------------------------------------------
+def _int(body: dict[str, Any], name: str, lo: int, hi: int, why: str = "") -> int | None:
     v = body.get(name)
     if v is None:
         return None
-    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
-        raise InvalidRequest(f"'{name}' must be an integer >= {minimum}.", param=name)
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise InvalidRequest(f"'{name}' must be an integer between {lo} and {hi}{why}.", param=name)
+    if not lo <= v <= hi:
+        raise InvalidRequest(f"'{name}' must be an integer between {lo} and {hi}{why}; got {v}.", param=name)
     return v
 
 
-def validate(body: dict[str, Any], endpoint: str) -> ParsedRequest:
+def _num(body: dict[str, Any], name: str, lo: float, hi: float) -> None:
+    v = body.get(name)
+    if v is None:
+        return
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or not lo <= v <= hi:
+        raise InvalidRequest(f"'{name}' must be a number between {lo:g} and {hi:g}.", param=name)
+
+
+def _is_token_id(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_TOKEN_ID
+
+
+def _check_size(body: dict[str, Any], endpoint: str, limits: RequestLimits) -> int | None:
+    """`n` and the output cap, the fields whose bound depends on the route; returns the output cap, if any."""
+    cap_n = min(limits.max_n, MAX_N)
+    _int(body, "n", 1, cap_n, "" if cap_n == MAX_N else " for this model (the serving pool's cap)")
+    out_cap = limits.context_tokens or MAX_OUTPUT_TOKENS
+    why = " (the model's context length)" if limits.context_tokens else ""
+    max_out = _int(body, "max_completion_tokens", 1, out_cap, why) if endpoint == "chat/completions" else None
+    if max_out is None:
+        max_out = _int(body, "max_tokens", 1, out_cap, why)
+    return max_out
+
+
+def _check_sampling(body: dict[str, Any], endpoint: str) -> None:
+    _num(body, "temperature", 0, 2)
+    _num(body, "top_p", 0, 1)
+    _num(body, "presence_penalty", -2, 2)
+    _num(body, "frequency_penalty", -2, 2)
+    _int(body, "seed", *INT64)
+    if endpoint == "chat/completions":
+        lp = body.get("logprobs")
+        if lp is not None and not isinstance(lp, bool):
+            raise InvalidRequest("'logprobs' must be a boolean on chat completions.", param="logprobs")
+        _int(body, "top_logprobs", 0, 20)
+    else:
+        _int(body, "logprobs", 0, 5)
+        _int(body, "best_of", 0, 20)
+    _check_logit_bias(body.get("logit_bias"))
+    _check_stop(body.get("stop"))
+
+
+def _check_logit_bias(lb: Any) -> None:
+    if lb is None:
+        return
+    if not isinstance(lb, dict):
+        raise InvalidRequest("'logit_bias' must be an object mapping token ids to a bias.", param="logit_bias")
+    if len(lb) > MAX_LOGIT_BIAS_ENTRIES:
+        raise InvalidRequest(f"'logit_bias' may hold at most {MAX_LOGIT_BIAS_ENTRIES} entries.", param="logit_bias")
+    for k, v in lb.items():
+        if not (k.isascii() and k.isdigit() and len(k) <= 10 and int(k) <= MAX_TOKEN_ID):
+            raise InvalidRequest(f"'logit_bias' keys must be token ids (0 to {MAX_TOKEN_ID}); got {k[:32]!r}.",
+                                 param="logit_bias")
+        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or not -100 <= v <= 100:
+            raise InvalidRequest(f"'logit_bias' values must be numbers between -100 and 100 (token {k}).",
+                                 param="logit_bias")
+
+
+def _check_stop(stop: Any) -> None:
+    if stop is None or isinstance(stop, str):
+        return
+    if not isinstance(stop, list) or len(stop) > MAX_STOP or not all(isinstance(s, str) for s in stop):
+        raise InvalidRequest(f"'stop' must be a string or an array of at most {MAX_STOP} strings.", param="stop")
+
+
+def _check_messages(msgs: Any) -> list[dict[str, Any]]:
+    if not isinstance(msgs, list) or not msgs:
+        raise InvalidRequest("'messages' must be a non-empty array.", param="messages")
+    for i, m in enumerate(msgs):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise InvalidRequest(f"messages[{i}] must be an object with a string 'role'.", param=f"messages[{i}].role")
+        if m["role"] not in ROLES:
+            raise InvalidRequest(f"messages[{i}].role must be one of {', '.join(sorted(ROLES))}; got {m['role'][:32]!r}.",
+                                 param=f"messages[{i}].role")
+        c = m.get("content")
+        if c is None or isinstance(c, str):
+            continue
+        if not isinstance(c, list):
+            raise InvalidRequest(f"messages[{i}].content must be a string or an array of parts.",
+                                 param=f"messages[{i}].content")
+        for j, part in enumerate(c):
+            where = f"messages[{i}].content[{j}]"
+            if not isinstance(part, dict) or part.get("type") not in PART_TYPES:
+                raise InvalidRequest(f"{where} must be an object whose 'type' is one of {', '.join(sorted(PART_TYPES))}.",
+                                     param=f"{where}.type")
+            if part["type"] == "text" and not isinstance(part.get("text"), str):
+                raise InvalidRequest(f"{where}.text must be a string.", param=f"{where}.text")
+    return msgs
+
+
+def _check_tools(body: dict[str, Any]) -> list[Any] | None:
+    tools = body.get("tools")
+    if tools is not None:
+        if not isinstance(tools, list):
+            raise InvalidRequest("'tools' must be an array.", param="tools")
+        for i, t in enumerate(tools):
+            if not isinstance(t, dict) or not isinstance(t.get("type"), str):
+                raise InvalidRequest(f"tools[{i}] must be an object with a string 'type'.", param=f"tools[{i}]")
+            if t["type"] == "function":
+                fn = t.get("function")
+                if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
+                    raise InvalidRequest(f"tools[{i}].function must be an object with a non-empty 'name'.",
+                                         param=f"tools[{i}].function")
+                if fn.get("parameters") is not None and not isinstance(fn["parameters"], dict):
+                    raise InvalidRequest(f"tools[{i}].function.parameters must be a JSON Schema object.",
+                                         param=f"tools[{i}].function.parameters")
+    choice = body.get("tool_choice")
+    if choice is not None and not (isinstance(choice, dict) or isinstance(choice, str) and choice in TOOL_CHOICES):
+        raise InvalidRequest("'tool_choice' must be 'none', 'auto', 'required' or an object naming a tool.",
+                             param="tool_choice")
+    return tools
+
+
+def _prompt_tokens(prompt: Any) -> int:
+    """Token count of a completions prompt: a string, strings, token ids, or arrays of token ids (none empty)."""
+    if prompt is None or prompt == "" or prompt == []:
+        raise InvalidRequest("'prompt' is required and must not be empty.", param="prompt")
+    if isinstance(prompt, list):
+        for i, p in enumerate(prompt):
+            if p == "" or p == []:
+                raise InvalidRequest(f"prompt[{i}] must not be empty.", param="prompt")
+    text = prompt_text(prompt)
+    if text is not None:
+        return count_tokens(text)
+    if isinstance(prompt, list) and all(_is_token_id(t) for t in prompt):
+        return len(prompt)
+    if isinstance(prompt, list) and all(isinstance(p, list) and all(_is_token_id(t) for t in p) for p in prompt):
+        return sum(len(p) for p in prompt)
+    raise InvalidRequest(f"'prompt' must be a string, an array of strings, or token ids (integers 0 to {MAX_TOKEN_ID}, "
+                         "or non-empty arrays of them).", param="prompt")
+
+
+def check_limits(parsed: ParsedRequest, endpoint: str, limits: RequestLimits) -> None:
+    """The route-dependent checks alone, for a caller that learns the pools after `validate` (the proxy resolves
+    the tenant's route from the model name `validate` returned)."""
+    _check_size(parsed.body, endpoint, limits)
+
+
+def validate(body: dict[str, Any], endpoint: str, limits: RequestLimits | None = None) -> ParsedRequest:
+    limits = limits or RequestLimits()
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise InvalidRequest("'model' is required and must be a non-empty string.", param="model")
@@ -61,39 +268,11 @@ def validate(body: dict[str, Any], endpoint: str) -> ParsedRequest:
     if so is not None and not stream:
         raise InvalidRequest("'stream_options' is only allowed when 'stream' is true.", param="stream_options")
     include_usage = bool(so and so.get("include_usage"))
-    _opt_int(body, "n", 1)
-    max_out = _opt_int(body, "max_completion_tokens", 1) if endpoint == "chat/completions" else None
-    if max_out is None:
-        max_out = _opt_int(body, "max_tokens", 1)
-    for name in ("temperature", "top_p", "presence_penalty", "frequency_penalty"):
-        v = body.get(name)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
-            raise InvalidRequest(f"'{name}' must be a number.", param=name)
+    max_out = _check_size(body, endpoint, limits)
+    _check_sampling(body, endpoint)
     if endpoint == "chat/completions":
-        msgs = body.get("messages")
-        if not isinstance(msgs, list) or not msgs:
-            raise InvalidRequest("'messages' must be a non-empty array.", param="messages")
-        for i, m in enumerate(msgs):
-            if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-                raise InvalidRequest(f"messages[{i}] must be an object with a string 'role'.", param=f"messages[{i}].role")
-            c = m.get("content")
-            if c is not None and not isinstance(c, (str, list)):
-                raise InvalidRequest(f"messages[{i}].content must be a string or an array of parts.", param=f"messages[{i}].content")
-        tools = body.get("tools")
-        if tools is not None and not isinstance(tools, list):
-            raise InvalidRequest("'tools' must be an array.", param="tools")
-        prompt_tokens = count_tokens(render_chat(msgs, tools))
+        msgs = _check_messages(body.get("messages"))
+        prompt_tokens = count_tokens(render_chat(msgs, _check_tools(body)))
     else:
-        prompt = body.get("prompt")
-        if prompt is None or prompt == "" or prompt == []:
-            raise InvalidRequest("'prompt' is required and must not be empty.", param="prompt")
-        text = prompt_text(prompt)
-        if text is not None:
-            prompt_tokens = count_tokens(text)
-        elif isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-            prompt_tokens = len(prompt)
-        elif isinstance(prompt, list) and all(isinstance(p, list) for p in prompt):
-            prompt_tokens = sum(len(p) for p in prompt)
-        else:
-            raise InvalidRequest("'prompt' must be a string, an array of strings, or token ids.", param="prompt")
+        prompt_tokens = _prompt_tokens(body.get("prompt"))
     return ParsedRequest(body, model, stream, include_usage, prompt_tokens, max_out)
