@@ -74,7 +74,7 @@ def demo(a: argparse.Namespace) -> int:
     from gateway.sim.server import create_sim_app
 
     sim_ports = [a.sim_port + i for i in range(a.replicas)]
-    cfg_sim = profile("mi355x-glm52-tp4", time_scale=a.time_scale)
+    cfg_sim = profile("mi355x-glm52-tp4", time_scale=a.time_scale, enable_cache_report=True)  # as `--enable-cache-report`
     sims = [make_server(create_sim_app(Replica(cfg_sim.with_overrides(seed=i), name=f"mi355x-{i}")), "127.0.0.1", p,
                         timeout_keep_alive=5) for i, p in enumerate(sim_ports)]
     cfg = parse_config(demo_config([f"http://127.0.0.1:{p}" for p in sim_ports], a.api_key), "<demo>")

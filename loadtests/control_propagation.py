@@ -33,7 +33,7 @@ def main() -> None:
     redis_port, sim_port, ports = a.port + 90, a.port + 50, [a.port, a.port + 1]
     procs = [Proc("redis", ["redis-server", "--port", str(redis_port), "--bind", "127.0.0.1", "--save", "",
                             "--appendonly", "no", "--dir", str(work)], "http://127.0.0.1:1/"),
-             Proc("sim", [sys.executable, "-m", "gateway.cli", "sim", "--replicas", "2", "--port", str(sim_port)],
+             Proc("sim", [sys.executable, "-m", "gateway.cli", "sim", "--enable-cache-report", "--replicas", "2", "--port", str(sim_port)],
                   f"http://127.0.0.1:{sim_port}/ping")]
     try:
         procs[1].wait_ready()

@@ -43,13 +43,13 @@ MI355X_PRICE = {"type": "gpu_hour", "gpus_per_replica": 4, "usd_per_gpu_hour": 2
 
 def start_sims(a: argparse.Namespace, work: Path, tag: str) -> tuple[list[Proc], list[str], list[str]]:
     common = ["--time-scale", str(a.time_scale), "--stream-interval", str(a.stream_interval), "--jitter", "0"]
-    mi = Proc(f"sim-mi355x-{tag}", [sys.executable, "-m", "gateway.cli", "sim", "--replicas", str(2 * a.nodes),
+    mi = Proc(f"sim-mi355x-{tag}", [sys.executable, "-m", "gateway.cli", "sim", "--enable-cache-report", "--replicas", str(2 * a.nodes),
                                    "--port", str(a.sim_port), *common], f"http://127.0.0.1:{a.sim_port}/ping",
               log=work / f"sim-mi355x-{tag}.log")
     procs = [mi]
     b_urls: list[str] = []
     if a.b200_replicas:
-        b = Proc(f"sim-b200-{tag}", [sys.executable, "-m", "gateway.cli", "sim", "--profile", "b200-glm52", "--replicas",
+        b = Proc(f"sim-b200-{tag}", [sys.executable, "-m", "gateway.cli", "sim", "--enable-cache-report", "--profile", "b200-glm52", "--replicas",
                                      str(a.b200_replicas), "--port", str(a.sim_port + 100), *common],
                  f"http://127.0.0.1:{a.sim_port + 100}/ping", log=work / f"sim-b200-{tag}.log")
         procs.append(b)

@@ -28,7 +28,7 @@ from loadtests.workload import WaferWorkload, random_text
 
 
 def start_sim(port: int, time_scale: float, stream_interval: int) -> subprocess.Popen[bytes]:
-    cmd = [sys.executable, "-m", "gateway.cli", "sim", "--replicas", "2", "--port", str(port),
+    cmd = [sys.executable, "-m", "gateway.cli", "sim", "--enable-cache-report", "--replicas", "2", "--port", str(port),
            "--time-scale", str(time_scale), "--stream-interval", str(stream_interval), "--jitter", "0"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     for _ in range(200):

@@ -67,7 +67,7 @@ async def main_async(a: argparse.Namespace) -> None:
 def subprocess_start(a: argparse.Namespace):  # type: ignore[no-untyped-def]
     import subprocess
 
-    proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "sim", "--replicas", "2", "--port", str(a.port),
+    proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "sim", "--enable-cache-report", "--replicas", "2", "--port", str(a.port),
                              "--time-scale", str(a.time_scale), "--jitter", "0"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     for _ in range(200):

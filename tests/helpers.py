@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 
 from gateway.servers import make_server
-from gateway.sim.profiles import profile
+from gateway.sim.profiles import for_version, profile
 from gateway.sim.replica import Replica
 from gateway.sim.server import create_sim_app
 
@@ -78,9 +78,14 @@ class ServerThread:
         self.thread.join(15)
 
 
-def start_sims(n: int = 2, prof: str = "mi355x-glm52-tp4", **overrides: Any) -> tuple[ServerThread, list[Replica]]:
+def start_sims(n: int = 2, prof: str = "mi355x-glm52-tp4", sglang_version: str = "0.5.23",
+               **overrides: Any) -> tuple[ServerThread, list[Replica]]:
+    """n simulated servers. Unlike SGLang's defaults, the tests ask for the cache report (the gateway needs it)
+    and for an incarnation id in /server_info (restart tests); pass False to get SGLang's behaviour."""
     overrides.setdefault("time_scale", 20.0)
-    cfg = profile(prof, **overrides)
+    overrides.setdefault("enable_cache_report", True)
+    overrides.setdefault("report_incarnation", True)
+    cfg = for_version(profile(prof), sglang_version).with_overrides(**overrides)
     reps = [Replica(cfg.with_overrides(seed=i), name=f"sim-{i}") for i in range(n)]
     st = ServerThread([create_sim_app(r) for r in reps]).start()
     return st, reps

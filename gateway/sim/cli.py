@@ -7,7 +7,7 @@ import asyncio
 import sys
 
 from gateway.servers import make_server, serve_all
-from gateway.sim.profiles import PROFILES, ReplicaConfig, profile
+from gateway.sim.profiles import PROFILES, SGLANG_VERSIONS, ReplicaConfig, for_version, profile
 from gateway.sim.replica import Replica
 from gateway.sim.server import create_sim_app
 
@@ -30,7 +30,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stream-interval", type=int, default=None)
     p.add_argument("--sse-style", choices=["0.5.9", "0.5.13"], default=None)
     p.add_argument("--api-key", default=None)
-    p.add_argument("--no-cache-report", action="store_true", help="like running without --enable-cache-report")
+    p.add_argument("--sglang-version", choices=sorted(SGLANG_VERSIONS), default="0.5.23",
+                   help="the release whose HTTP surface is served (/v1/loads, /get_load, /server_info, rank pinning)")
+    p.add_argument("--enable-cache-report", action="store_true",
+                   help="usage carries prompt_tokens_details.cached_tokens (off by default, as in SGLang)")
+    p.add_argument("--enable-dp-attention", action="store_true",
+                   help="with --dp-size N: on 0.5.23 /server_info reads dp_size 1, attn_dp_size N")
+    p.add_argument("--enable-priority-scheduling", action="store_true")
+    p.add_argument("--schedule-low-priority-values-first", action="store_true")
+    p.add_argument("--default-priority-value", type=int, default=None, help="priority of requests without one (0.5.13+)")
+    p.add_argument("--priority-scheduling-preemption-threshold", type=int, default=None)
+    p.add_argument("--disable-priority-preemption", action="store_true")
+    p.add_argument("--abort-on-priority-when-disabled", action="store_true")
+    p.add_argument("--report-incarnation", action="store_true",
+                   help="add a (non-SGLang) incarnation id to /server_info that changes on restart")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override any server argument or timing parameter, e.g. --set alpha=64 --set t_api=0")
 
@@ -51,9 +64,17 @@ def config_from_args(a: argparse.Namespace) -> ReplicaConfig:
         "api_key": a.api_key,
         "seed": a.seed,
     }
-    cfg = profile(a.profile, **{k: v for k, v in over.items() if v is not None})
-    if a.no_cache_report:
-        cfg = cfg.with_overrides(enable_cache_report=False)
+    flags = ("enable_cache_report", "enable_dp_attention", "enable_priority_scheduling",
+             "schedule_low_priority_values_first", "disable_priority_preemption", "abort_on_priority_when_disabled",
+             "report_incarnation")
+    over.update({f: True for f in flags if getattr(a, f)})
+    over["priority_scheduling_preemption_threshold"] = a.priority_scheduling_preemption_threshold
+    if a.default_priority_value is not None:
+        if a.sglang_version == "0.5.9":
+            raise SystemExit("--default-priority-value: not in SGLang 0.5.9 (added in 0.5.13)")
+        over["default_priority_value"] = a.default_priority_value
+    cfg = for_version(profile(a.profile), a.sglang_version)
+    cfg = cfg.with_overrides(**{k: v for k, v in over.items() if v is not None})
     extra = {}
     for item in a.set:
         key, sep, raw = item.partition("=")

@@ -5,7 +5,9 @@ long (real time in `realtime.py`, a virtual clock in `des.py`) and calls `comple
 about progress through their `sink` callback, so the same scheduler runs behind HTTP and in a discrete-event
 simulation with no I/O.
 
-Rules: FCFS; prefill strictly before decode (no mixed batches); one prefill forward takes up to
+Rules: FCFS (or, with `enable_priority_scheduling`, by priority then arrival, and a waiting request that beats a
+running one by more than `priority_scheduling_preemption_threshold` retracts it when the batch is full); prefill
+strictly before decode (no mixed batches); one prefill forward takes up to
 `chunked_prefill_size` uncached tokens across waiting requests in order (the last may be split and continues
 first next time); admission stops at `max_running_requests` (running + picked) or when a new request's
 reservation (uncached prompt + output tokens) does not fit in KV even after evicting unlocked cache; a decode
@@ -61,6 +63,8 @@ class SimRequest:
     steps_unsent: int = 0
     path: list[Node] = field(default_factory=list)
     first_token_time: float | None = None
+    priority: int = 0  # resolved by the server (SGLang's default-lowest rule); used only with priority scheduling
+    preempted: int = 0  # times retracted by a higher-priority request
 
     @property
     def uncached(self) -> int:
@@ -111,6 +115,37 @@ class Rank:
     def submit(self, req: SimRequest) -> None:
         self.waiting.append(req)
         self.counters.requests += 1
+        if self.cfg.enable_priority_scheduling:
+            self._sort_waiting()
+
+    def _rank_key(self, req: SimRequest) -> int:
+        """Smaller is served first: SGLang sorts by priority x sign (-1: higher values first) then arrival."""
+        return req.priority * (1 if self.cfg.schedule_low_priority_values_first else -1)
+
+    def _sort_waiting(self) -> None:
+        # a request already part-way through chunked prefill keeps its place (SGLang's chunked_req goes first)
+        self.waiting.sort(key=lambda r: (not r.started, self._rank_key(r), r.arrival))
+
+    def _preempt_for(self, req: SimRequest, now: float) -> bool:
+        """Retract the lowest-priority running request if `req` beats it by more than the threshold
+        (schedule_policy.preempt_to_schedule); it goes back to waiting and re-prefills later."""
+        cfg = self.cfg
+        if not cfg.enable_priority_scheduling or cfg.disable_priority_preemption:
+            return False
+        live = [r for r in self.running if not r.finished]
+        if not live:
+            return False
+        victim = max(live, key=lambda r: (self._rank_key(r), r.arrival))
+        if self._rank_key(victim) - self._rank_key(req) <= cfg.priority_scheduling_preemption_threshold:
+            return False
+        self.running.remove(victim)
+        self._release(victim, now)
+        victim.started = False
+        victim.prefilled = 0
+        victim.cached = 0
+        victim.preempted += 1
+        self.waiting.append(victim)
+        return True
 
     def abort(self, req: SimRequest, now: float) -> None:
         """Client went away or the request was aborted: free its KV, drop it from queues."""
@@ -140,15 +175,22 @@ class Rank:
         budget = min(cfg.chunked_prefill_size, cfg.max_prefill_tokens)
         picks: list[tuple[SimRequest, int]] = []
         chunks: list[tuple[int, float]] = []
-        for req in self.waiting:
-            if budget <= 0 or len(self.running) + len(picks) >= cfg.max_running_requests:
+        preempted = False
+        for req in list(self.waiting):
+            if budget <= 0:
                 break
+            if len(self.running) + len(picks) >= cfg.max_running_requests:
+                if req.started or not self._preempt_for(req, now):
+                    break
+                preempted = True
             if not req.started and not self._admit(req, now):
                 break  # FCFS: the head blocks the rest
             n = min(req.uncached - req.prefilled, budget)
             picks.append((req, n))
             chunks.append((n, req.cached + req.prefilled + n / 2))
             budget -= n
+        if preempted:
+            self._sort_waiting()
         if not picks:
             return None
         model = cfg.timing.prefill_time(chunks)
@@ -218,6 +260,9 @@ class Rank:
             finished_ids = {id(r) for r in done}
             self.waiting = [r for r in self.waiting if id(r) not in finished_ids]
             for req in done:
+                if req.first_token_time is not None:  # a retracted request re-prefilled: it resumes decoding
+                    self.running.append(req)
+                    continue
                 req.done_prefill = True
                 req.first_token_time = now
                 req.generated = 1

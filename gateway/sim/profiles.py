@@ -44,7 +44,7 @@ class ReplicaConfig:
     max_queued_requests: int | None = None
     max_total_num_tokens: int = 2_400_000  # KV capacity per rank, tokens
     schedule_policy: str = "fcfs"
-    enable_cache_report: bool = True
+    enable_cache_report: bool = False  # SGLang's default: usage carries no prompt_tokens_details
     enable_metrics: bool = True
     disable_radix_cache: bool = False
     stream_interval: int = 1
@@ -54,12 +54,28 @@ class ReplicaConfig:
     speculative_eagle_topk: int = 1
     speculative_num_draft_tokens: int = 6
     kv_cache_dtype: str = "fp8_e4m3"
-    sse_style: str = "0.5.13"  # "0.5.9" (pydantic, all nulls) or "0.5.13" (fast path)
-    version: str = "0.5.13.post1"
+    sse_style: str = "0.5.13"  # "0.5.9" (pydantic, all nulls) or "0.5.13" (fast path, also 0.5.23's)
+    version: str = "0.5.23"  # the release whose surface is served: /v1/loads, /get_load, /server_info, pinning
+    enable_dp_attention: bool = False  # 0.5.23 reports dp_size 1 and attn_dp_size N; per-rank caches either way
+    load_balance_method: str = "round_robin"  # SGLang's `auto` outside PD: unpinned requests rotate over the ranks
+    # Priority scheduling (SGLang semantics, scheduler.py _set_or_validate_priority / preempt_to_schedule): without
+    # `priority` a request gets the lowest value unless default_priority_value (0.5.13+) is set; higher values first
+    # unless schedule_low_priority_values_first; a waiting request preempts running ones it beats by > threshold.
+    enable_priority_scheduling: bool = False
+    schedule_low_priority_values_first: bool = False
+    default_priority_value: int | None = None
+    priority_scheduling_preemption_threshold: int = 10
+    disable_priority_preemption: bool = False
+    abort_on_priority_when_disabled: bool = False
+    report_incarnation: bool = False  # real SGLang has no incarnation id in /server_info; tests may ask for one
     default_output_tokens: int = 256  # mean output length when EOS is not ignored
     seed: int = 0
     time_scale: float = 1.0  # k > 1 runs k times faster than real time; reported latencies stay simulated
     timing: TimingModel = field(default_factory=TimingModel)
+
+    def at_least(self, release: str) -> bool:
+        """True when the served SGLang version is `release` or newer ("0.5.13" matches "0.5.13.post1")."""
+        return _release(self.version) >= _release(release)
 
     def with_overrides(self, **kw: Any) -> ReplicaConfig:
         timing_kw = {k: kw.pop(k) for k in list(kw) if k in TimingModel.__dataclass_fields__}
@@ -67,6 +83,25 @@ class ReplicaConfig:
         if timing_kw:
             cfg = replace(cfg, timing=replace(cfg.timing, **timing_kw))
         return cfg
+
+
+# `--sglang-version` choices -> the release string /server_info and /v1/loads report
+SGLANG_VERSIONS = {"0.5.9": "0.5.9", "0.5.13": "0.5.13.post1", "0.5.23": "0.5.23"}
+
+
+def _release(version: str) -> tuple[int, ...]:
+    parts = []
+    for p in version.split(".")[:3]:
+        digits = "".join(ch for ch in p if ch.isdigit())
+        parts.append(int(digits or 0))
+    return tuple(parts)
+
+
+def for_version(cfg: ReplicaConfig, short: str) -> ReplicaConfig:
+    """`cfg` as SGLang `short` (a SGLANG_VERSIONS key) serves it: its version string and SSE byte style."""
+    if short not in SGLANG_VERSIONS:
+        raise ValueError(f"unknown SGLang version {short!r}; choose one of {sorted(SGLANG_VERSIONS)}")
+    return cfg.with_overrides(version=SGLANG_VERSIONS[short], sse_style="0.5.9" if short == "0.5.9" else "0.5.13")
 
 
 PROFILES: dict[str, ReplicaConfig] = {

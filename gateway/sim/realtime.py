@@ -130,4 +130,7 @@ class RealtimeRank:
             prev_real = done_real
             cursor = end
             rank.complete(step, end)
-            self.last_output_time = end
+            # scheduler output reaches the front end after a decode step or a finished prefill; an intermediate
+            # chunk of a long prefill sends nothing (what SGLang's /health waits on)
+            if step.kind == "decode" or any(req.done_prefill for req, _ in step.picks):
+                self.last_output_time = end

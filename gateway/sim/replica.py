@@ -105,7 +105,13 @@ class Replica:
         return None
 
     # -- requests --------------------------------------------------------------------------------------------
+    @property
+    def num_ranks(self) -> int:
+        """Independent schedulers (each its own radix cache): `--dp-size`, with or without DP attention."""
+        return self.cfg.dp_size
+
     def pick_rank(self, dp_rank: int | None) -> RealtimeRank:
+        """A pinned rank, else SGLang's default dispatch outside PD (load_balance_method auto = round robin)."""
         if dp_rank is not None:
             return self.ranks[dp_rank]
         r = self.ranks[self._rr % len(self.ranks)]
@@ -134,6 +140,7 @@ class Replica:
         lengths: list[tuple[int, str]],
         rid: str,
         internal: bool = False,
+        priority: int = 0,
     ) -> Submission:
         """Queue the request(s) on `rank`. `internal` (health probes) are not client requests: not in _inflight."""
         keys = rank.rank.cache.page_keys(tokens, namespace)
@@ -143,7 +150,7 @@ class Replica:
             def sink(ev: Event, i: int = i, q: asyncio.Queue[tuple[int, Event]] = sub.queue) -> None:
                 q.put_nowait((i, ev))
 
-            req = SimRequest(f"{rid}-{i}", keys, len(tokens), out_len, reason, now, sink)
+            req = SimRequest(f"{rid}-{i}", keys, len(tokens), out_len, reason, now, sink, priority=priority)
             sub.requests.append(req)
             rank.rank.submit(req)
         if not internal:

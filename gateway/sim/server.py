@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import sys
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -66,6 +67,45 @@ class SimServer:
         if not isinstance(body, dict):
             raise SimHTTPError(400, "1 validation error for request\n  Input should be a valid dictionary")
         return body
+
+    def _pinned_rank(self, request: Request, body: dict[str, Any]) -> int | None:
+        """The DP rank a client pinned: body `data_parallel_rank` (every version; a deprecated alias of
+        `routed_dp_rank` from 0.5.13), `routed_dp_rank` (0.5.13+), header `X-Data-Parallel-Rank` (0.5.13+, wins)."""
+        cfg = self.replica.cfg
+        dp = body.get("data_parallel_rank")
+        if cfg.at_least("0.5.13"):
+            if body.get("routed_dp_rank") is not None:
+                dp = body.get("routed_dp_rank")
+            hdr = request.headers.get("x-data-parallel-rank")
+            if hdr is not None:
+                try:
+                    dp = int(hdr)
+                except ValueError:
+                    raise SimHTTPError(400, f"Invalid X-Data-Parallel-Rank header: must be an integer, got '{hdr}'",
+                                       "BadRequestError") from None
+        ranks = self.replica.num_ranks
+        if dp is not None and (isinstance(dp, bool) or not isinstance(dp, int) or not 0 <= dp < ranks):
+            raise SimHTTPError(400, f"data_parallel_rank must be in [0, {ranks}), got {dp}.", "BadRequestError")
+        return dp  # type: ignore[no-any-return]
+
+    def _priority(self, body: dict[str, Any]) -> int:
+        """SGLang's rules: with priority scheduling, a request without `priority` gets --default-priority-value
+        (0.5.13+) or else the lowest value; without it, a priority is ignored or (abort flag) refused with 503."""
+        cfg = self.replica.cfg
+        prio = body.get("priority")
+        if prio is not None and (isinstance(prio, bool) or not isinstance(prio, int) or not -(1 << 63) <= prio < (1 << 63)):
+            raise SimHTTPError(400, "priority must be a signed 64-bit integer between -9223372036854775808 and "
+                               "9223372036854775807", "BadRequestError")
+        if not cfg.enable_priority_scheduling:
+            if prio is not None and cfg.abort_on_priority_when_disabled:
+                raise SimHTTPError(503, "Using priority is disabled for this server. Please send a new request without "
+                                   "a priority.", "503")
+            return 0
+        if prio is None and cfg.default_priority_value is not None and cfg.at_least("0.5.13"):
+            prio = cfg.default_priority_value
+        if prio is None:
+            prio = sys.maxsize if cfg.schedule_low_priority_values_first else -sys.maxsize - 1
+        return int(prio)
 
     # -- generation ------------------------------------------------------------------------------------------
     async def chat(self, request: Request) -> Response:
@@ -139,16 +179,8 @@ class SimServer:
             raise SimHTTPError(400, str(e), "BadRequestError") from None
         if fault and fault.kind == "status":
             return _err(fault.status, f"Injected fault: status {fault.status}.", str(fault.status))
-        dp = body.get("data_parallel_rank")
-        hdr = request.headers.get("x-data-parallel-rank")
-        if hdr is not None:
-            try:
-                dp = int(hdr)
-            except ValueError:
-                raise SimHTTPError(400, f"Invalid X-Data-Parallel-Rank header: {hdr!r}", "BadRequestError") from None
-        if dp is not None and (not isinstance(dp, int) or not 0 <= dp < cfg.dp_size):
-            raise SimHTTPError(400, f"data_parallel_rank must be in [0, {cfg.dp_size}), got {dp}.", "BadRequestError")
-        rank = rep.pick_rank(dp)
+        rank = rep.pick_rank(self._pinned_rank(request, body))
+        priority = self._priority(body)
         if rep.queue_full(rank):
             if stream and cfg.sse_style != "0.5.9":
                 return _queue_full_stream()
@@ -165,7 +197,7 @@ class SimServer:
                 raise SimHTTPError(400, f"Input length ({prompt_len} tokens) plus output exceeds the KV pool ({cfg.max_total_num_tokens} tokens).", "BadRequestError")
         namespace = f"{body.get('cache_salt') or ''}\x00{body.get('extra_key') or ''}"
         rid = body.get("rid") if isinstance(body.get("rid"), str) else new_id()
-        sub = rep.submit(rank, tokens, namespace, lengths, rid)
+        sub = rep.submit(rank, tokens, namespace, lengths, rid, priority=priority)
         ctx_ = _Ctx(self, sub, body, chat, prompt_len, lengths, tool, rid, fault)
         if fault and fault.kind == "hang":
             return EventStreamResponse(ctx_.hang, ctx_.never, on_close=ctx_.close) if stream else await ctx_.hang_plain(request)
@@ -198,13 +230,17 @@ class SimServer:
         rep = self.replica
         if rep.status != "ready":
             return Response(status_code=503)
+        # Real SGLang submits a 1-token generation and waits for any scheduler output (a decode step or a finished
+        # prefill, not an intermediate chunk), up to 20 s: behind a long chunked prefill it is slow. /ping and /ready
+        # are the cheap checks.
         if request.url.path == "/health" and getattr(rep, "plain_health", False):
             return Response(status_code=200)
         clock = rep.clock
         assert clock is not None
         start = clock.now()
         rank = rep.ranks[0]
-        probe = rep.submit(rank, np.arange(8, dtype=np.uint32), "\x00health", [(1, "length")], new_id(), internal=True)
+        probe = rep.submit(rank, np.arange(8, dtype=np.uint32), "\x00health", [(1, "length")], new_id(), internal=True,
+                           priority=self._priority({}))
         try:
             waited = 0.0
             while waited < 20.0:
@@ -220,8 +256,14 @@ class SimServer:
 
     async def server_info(self, request: Request) -> Response:
         rep, cfg = self.replica, self.replica.cfg
-        args = {k: v for k, v in cfg.__dict__.items() if k != "timing"}
-        args.pop("api_key", None)
+        args = {k: v for k, v in cfg.__dict__.items() if k not in ("timing", "api_key", "report_incarnation")}
+        if not cfg.at_least("0.5.13"):
+            args.pop("default_priority_value", None)  # the flag arrived in 0.5.13
+        if cfg.at_least("0.5.23"):
+            # 0.5.23 resolves `--dp-size N --enable-dp-attention` to attn_dp_size=N, dp_size=1 (parallel.py)
+            args["attn_dp_size"] = cfg.dp_size if cfg.enable_dp_attention else 1
+            if cfg.enable_dp_attention:
+                args["dp_size"] = 1
         info = {
             **args,
             "load_balance_method": "round_robin",
@@ -236,10 +278,12 @@ class SimServer:
                  "memory_usage": {"weight": 105.2, "kvcache": 131.9, "token_capacity": cfg.max_total_num_tokens, "graph": 3.1}}
                 for r in rep.ranks
             ],
-            "kv_events": None,
-            "incarnation": rep.incarnation,
             "sim_timing": cfg.timing.__dict__,
         }
+        if cfg.at_least("0.5.13"):
+            info["kv_events"] = None  # the KV-event descriptor (events off)
+        if cfg.report_incarnation:
+            info["incarnation"] = rep.incarnation  # not SGLang's: only when asked (--report-incarnation)
         return _json(info)
 
     async def model_info(self, request: Request) -> Response:
@@ -250,7 +294,8 @@ class SimServer:
                       "architectures": ["GlmMoeDsaForCausalLM"], "served_model_name": cfg.served_model_name})
 
     async def v1_loads(self, request: Request) -> Response:
-        include = request.query_params.get("include", "core")
+        cfg = self.replica.cfg
+        include = request.query_params.get("include") or "all"  # SGLang: no include = every section
         valid = {"core", "memory", "spec", "lora", "disagg", "queues", "all"}
         parts = {p.strip() for p in include.split(",") if p.strip()}
         if not parts <= valid:
@@ -271,16 +316,50 @@ class SimServer:
                 x["speculative"] = {"accept_length": self.replica.cfg.timing.alpha, "accept_rate": 0.5}
             if parts & {"memory", "all"}:
                 x["memory"] = {"weight_gb": 105.2, "kv_cache_gb": 131.9, "graph_gb": 3.1, "token_capacity": x["max_total_num_tokens"]}
-        return _json({"timestamp": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime(now)),
-                      "version": self.replica.cfg.version, "loads": loads})
+        out: dict[str, Any] = {"timestamp": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime(now)), "version": cfg.version}
+        if not cfg.at_least("0.5.13"):
+            # 0.5.9: no num_waiting_uncached_tokens; num_total_reqs per rank, a rank count and an aggregate
+            for x in loads:
+                x.pop("num_waiting_uncached_tokens", None)
+                x["num_total_reqs"] = x["num_running_reqs"] + x["num_waiting_reqs"]
+            n = max(len(loads), 1)
+            out.update(dp_rank_count=len(loads), loads=loads, aggregate={
+                "total_running_reqs": sum(x["num_running_reqs"] for x in loads),
+                "total_waiting_reqs": sum(x["num_waiting_reqs"] for x in loads),
+                "total_reqs": sum(x["num_total_reqs"] for x in loads),
+                "avg_token_usage": round(sum(x["token_usage"] for x in loads) / n, 4),
+                "avg_throughput": round(sum(x["gen_throughput"] for x in loads) / n, 2),
+                "avg_utilization": round(sum(x["utilization"] for x in loads) / n, 4)})
+            return _json(out)
+        if cfg.at_least("0.5.23"):
+            out.update(accelerator="AMD Instinct MI355X" if "mi355x" in cfg.profile else "NVIDIA B200",
+                       num_accelerators=cfg.tp_size)
+        out["loads"] = loads
+        return _json(out)
 
     async def get_load(self, request: Request) -> Response:
+        cfg = self.replica.cfg
+        if cfg.at_least("0.5.23"):
+            return _json({"detail": "Not Found"}, 404)  # removed in 0.5.23
         out = []
         for x in self.replica.loads():
-            out.append({"dp_rank": x["dp_rank"], "num_reqs": x["num_running_reqs"] + x["num_waiting_reqs"],
-                        "num_waiting_reqs": x["num_waiting_reqs"], "num_tokens": x["num_used_tokens"] + x["num_waiting_uncached_tokens"],
-                        "num_pending_tokens": x["num_waiting_uncached_tokens"], "ts_tic": time.monotonic()})
+            row = {"dp_rank": x["dp_rank"], "num_reqs": x["num_running_reqs"] + x["num_waiting_reqs"],
+                   "num_waiting_reqs": x["num_waiting_reqs"], "num_tokens": x["num_used_tokens"] + x["num_waiting_uncached_tokens"],
+                   "ts_tic": time.monotonic()}
+            if cfg.at_least("0.5.13"):
+                row["num_pending_tokens"] = x["num_waiting_uncached_tokens"]  # 0.5.9 has no such field
+            out.append(row)
         return _json(out)
+
+    async def ready(self, request: Request) -> Response:
+        if not self.replica.cfg.at_least("0.5.23"):
+            return _json({"detail": "Not Found"}, 404)  # /ready arrived in 0.5.23
+        return Response(status_code=200 if self.replica.status == "ready" else 503)
+
+    async def ping(self, request: Request) -> Response:
+        """A flag check (SageMaker's): never waits for the scheduler. 0.5.23 answers 503 while unhealthy."""
+        ok = self.replica.status == "ready" or not self.replica.cfg.at_least("0.5.23")
+        return Response(status_code=200 if ok else 503)
 
     async def flush_cache(self, request: Request) -> Response:
         if all(r.rank.flush_cache() for r in self.replica.ranks):
@@ -620,8 +699,8 @@ def create_sim_app(replica: Replica) -> Starlette:
         Route("/v1/models/{model_id:path}", s.model, methods=["GET"]),
         Route("/health", s.health, methods=["GET"]),
         Route("/health_generate", s.health, methods=["GET"]),
-        Route("/ready", lambda r: Response(status_code=200 if replica.status == "ready" else 503), methods=["GET"]),
-        Route("/ping", lambda r: Response(status_code=200), methods=["GET"]),
+        Route("/ready", s.ready, methods=["GET"]),
+        Route("/ping", s.ping, methods=["GET"]),
         Route("/server_info", s.server_info, methods=["GET"]),
         Route("/get_server_info", s.server_info, methods=["GET"]),
         Route("/model_info", s.model_info, methods=["GET"]),
