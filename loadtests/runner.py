@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import random
-import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 import orjson
+from tqdm import tqdm
 
 from gateway.sim.stats import nearest_rank, window_throughput
 from loadtests.workload import WaferWorkload
@@ -105,7 +105,7 @@ async def run_rate(urls: list[str], rate: float, duration: float, wl: WaferWorkl
         tasks: list[asyncio.Task[Result]] = []
         t_next = 0.0
         i = 0
-        last_print = 0.0
+        bar = tqdm(total=round(duration), desc=f"rate {rate:g}", unit="sim s", disable=not progress, leave=False)
         while True:
             t_next += rng.expovariate(rate)
             if t_next > duration:
@@ -116,13 +116,13 @@ async def run_rate(urls: list[str], rate: float, duration: float, wl: WaferWorkl
             g = wl.group_of(i)
             tasks.append(asyncio.create_task(one_request(client, urls[i % len(urls)], wl.body(g), headers, t0, time_scale, g)))
             i += 1
-            now = time.perf_counter() - t0
-            if progress and now - last_print > 5:
-                last_print = now
+            if i % 16 == 0:
                 done = sum(t.done() for t in tasks)
-                print(f"  rate {rate:g}: t={now * time_scale:6.0f}s sim  sent {len(tasks)}  done {done}  in flight {len(tasks) - done}",
-                      file=sys.stderr, flush=True)
+                bar.set_postfix(sent=len(tasks), in_flight=len(tasks) - done, refresh=False)
+                bar.update(min(round(t_next), bar.total) - bar.n)
+        bar.set_description(f"rate {rate:g}: draining")
         results = await asyncio.wait_for(asyncio.gather(*tasks), timeout=drain_timeout)
+        bar.close()
     return list(results)
 
 

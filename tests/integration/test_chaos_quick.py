@@ -1,0 +1,29 @@
+"""The chaos suite's fast scenarios, end to end, as separate processes (two gateway instances, a private Redis,
+three simulated replicas): poison bodies, content-caused failures, malformed HTTP, a concurrency burst, a budget and
+rate burst, and a bounded fuzz. The full suite (replica SIGKILL/hang/503, Redis down 30 s, SIGTERM) is
+`python -m loadtests.chaos`; its table is in loadtests/README.md."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from loadtests import chaos
+from loadtests.chaos_stack import Stack
+
+
+@pytest.fixture(scope="module")
+def stack():
+    s = Stack()
+    yield s
+    s.stop()
+
+
+@pytest.mark.parametrize("scenario", ["poison", "content_failures", "edges", "burst_concurrency", "budget_burst", "fuzz"])
+def test_chaos_scenario(stack, scenario):
+    a = chaos.parse_args(["--quick", "--only", scenario, "--fuzz", "400"])
+    results = asyncio.run(chaos.run(a, stack))
+    t = results[scenario]
+    assert t.check, chaos.table(results)
+    assert t.sent > 0
