@@ -29,12 +29,11 @@ from gateway.observability.metrics import GatewayMetrics
 from gateway.observability.tracing import build_tracer
 from gateway.backends.engine_poller import EnginePoller
 from gateway.dispatch.feedback import Feedback
-from gateway.prediction.ttft import TtftCorrector
 from gateway.prefix.memory import MemoryPrefixIndex
 from gateway.prefix.redis import RedisPrefixIndex
 from gateway.routing.load import MemoryLoadTracker, RedisLoadTracker
 from gateway.routing.pipeline import PipelineRouter
-from gateway.routing.registry import build_policy
+from gateway.routing.registry import build_engine
 from gateway.state import AppState
 from gateway.control.plane import ControlPlane
 from gateway.control.store import MemoryControlStore, RedisControlStore
@@ -105,11 +104,10 @@ def create_app(config: GatewayConfig, *, span_exporter: Any = None, transport: h
 
         control = ControlPlane(control_store, registry, config.admin.control_resync_s,
                                actions={"reload": reload_event, "flush": flush_event})
-        corrector = TtftCorrector(z=rc.ttft_quantile_z)
-        policy, params, uses_prefix = build_policy(rc)
-        router = PipelineRouter(registry, index, loads, corrector, policy, params, rc.chunk_tokens, uses_prefix,
-                                on_lookup=metrics.routing_lookup.observe)
-        feedback = Feedback(index, loads, corrector, metrics, rc)
+        engine = build_engine(rc)  # one routing engine: the decision and the feedback rules (routing/engine.py)
+        corrector = engine.corrector
+        router = PipelineRouter(registry, index, loads, engine, on_lookup=metrics.routing_lookup.observe)
+        feedback = Feedback(index, loads, engine, metrics, rc)
         poller = EnginePoller(registry, http, index, rc.chunk_tokens, rc.load_poll_s)
         state = AppState(
             config=config, registry=registry, policies=policies, control=control, limiter=limiter, budget=budget,

@@ -1,6 +1,10 @@
-"""State changes after the outcome is known: the prefix index, the shared load and the TTFT corrector.
+"""State changes after the outcome is known, in the gateway: the routing engine (`routing/engine.py`) says what
+changes — index confirm/correct/withdraw, load release, TTFT learning — and this module applies it to the shared
+prefix index and load (Redis or memory) and counts it in the metrics. The virtual-clock fleet applies the same
+engine's effects to its in-memory state, so there is one set of rules.
 
-- dispatched: a speculative index entry (short TTL) and the request's uncached tokens as queued prefill;
+- dispatched: a speculative index entry (short TTL) and the request's uncached tokens as queued prefill (awaited,
+  so the next decision sees them);
 - first token: the entry is confirmed for the residency TTL; prefill load released; TTFT observed vs predicted;
 - usage: the engine's cached_tokens below the prediction -> the entries beyond the real hit are invalidated
   (stale state after a restart or a silent eviction corrects itself);
@@ -11,44 +15,26 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Sequence
 from typing import Any
 
 from gateway.config import Routing
 from gateway.observability.metrics import GatewayMetrics
-from gateway.prediction.ttft import FREE, TtftCorrector
 from gateway.prefix.index import PrefixIndex
-from gateway.routing.decision import Decision
+from gateway.routing.engine import Attempt, Effect, IndexDrop, IndexWrite, LoadDelta, RoutingEngine
 from gateway.routing.load import LoadTracker
-from gateway.routing.request import RoutingRequest
 
 log = logging.getLogger("gateway.feedback")
 
-
-class Attempt:
-    """One dispatch of a request to one target, with the features it was chosen on."""
-
-    def __init__(self, req: RoutingRequest, target: Any, decision: Decision) -> None:
-        self.req = req
-        self.target = target
-        cand = decision.features.get(target.name)
-        self.key = target.index_key
-        self.predicted_cached = cand.cached_tokens if cand else 0
-        self.matched_chunks = cand.matched_chunks if cand else 0
-        self.uncached = cand.uncached_tokens if cand else req.prompt_tokens
-        self.ttft_raw = cand.ttft_raw if cand else 0.0
-        self.ttft = cand.ttft if cand else 0.0
-        self.regime = cand.regime if cand else FREE
-        self.prefill_open = False
-        self.open = False
+__all__ = ["Attempt", "Feedback"]
 
 
 class Feedback:
-    def __init__(self, index: PrefixIndex, loads: LoadTracker, corrector: TtftCorrector, metrics: GatewayMetrics,
+    def __init__(self, index: PrefixIndex, loads: LoadTracker, engine: RoutingEngine, metrics: GatewayMetrics,
                  cfg: Routing) -> None:
         self.index = index
         self.loads = loads
-        self.corrector = corrector
+        self.engine = engine
         self.metrics = metrics
         self.cfg = cfg
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -58,47 +44,48 @@ class Feedback:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    def _coros(self, effects: Sequence[Effect]) -> list[Coroutine[Any, Any, None]]:
+        out: list[Coroutine[Any, Any, None]] = []
+        for e in effects:
+            if isinstance(e, LoadDelta):  # mapped onto the tracker's three calls (its interface is shared)
+                if e.prefill_tokens > 0 or e.requests > 0:
+                    out.append(self.loads.add(e.replica, e.prefill_tokens, e.requests))
+                else:
+                    if e.prefill_tokens < 0:
+                        out.append(self.loads.prefill_done(e.replica, -e.prefill_tokens))
+                    if e.requests < 0:
+                        out.append(self.loads.finish(e.replica, -e.requests))
+            elif isinstance(e, IndexWrite):
+                out.append(self.index.insert(e.replica, e.hashes, e.ttl))
+            elif isinstance(e, IndexDrop) and e.hashes:
+                out.append(self.index.invalidate(e.replica, e.hashes))
+        return out
+
+    def _apply(self, effects: Sequence[Effect]) -> None:
+        for c in self._coros(effects):
+            self._background(c)
+
     async def dispatched(self, a: Attempt) -> None:
-        a.open = a.prefill_open = True
-        coros = [self.loads.add(a.target.name, a.uncached, 1)]
-        if a.req.hashes and a.target.kind == "sglang":
-            coros.append(self.index.insert(a.key, a.req.hashes, self.cfg.speculative_ttl_s))
-        await asyncio.gather(*coros)
-        self.metrics.replica_share.labels(a.target.pool, a.target.name).inc()
+        await asyncio.gather(*self._coros(self.engine.dispatched(a)))
+        self.metrics.replica_share.labels(a.pool, a.name).inc()
 
     def first_token(self, a: Attempt, observed_ttft: float | None) -> None:
-        if a.prefill_open:
-            a.prefill_open = False
-            self._background(self.loads.prefill_done(a.target.name, a.uncached))
-        if a.req.hashes and a.target.kind == "sglang":
-            self._background(self.index.insert(a.key, a.req.hashes, self.cfg.residency_ttl_s))
+        self._apply(self.engine.first_token(a, observed_ttft))
         if observed_ttft is not None and a.ttft_raw > 0:
-            self.corrector.observe(a.target.pool, a.ttft_raw, observed_ttft, a.regime)
-            sla = a.req.ttft_sla_s
-            self.metrics.sla.labels(a.req.tenant, "met" if observed_ttft <= sla else "missed").inc()
+            self.metrics.sla.labels(a.req.tenant, "met" if observed_ttft <= a.req.ttft_sla_s else "missed").inc()
 
     def usage(self, a: Attempt, reported_cached: int | None) -> None:
-        if reported_cached is None or a.target.kind != "sglang":
+        if reported_cached is None or not (a.info and a.info.prefix_cache):
             return
-        self.metrics.cached_predicted.labels(a.target.pool).inc(a.predicted_cached)
-        self.metrics.cached_reported.labels(a.target.pool).inc(reported_cached)
-        chunk = self.cfg.chunk_tokens
-        if a.req.hashes and reported_cached < a.predicted_cached - chunk:
-            real_chunks = reported_cached // chunk
-            self.metrics.index_corrections.labels(a.target.pool).inc()
-            self._background(self.index.invalidate(a.key, a.req.hashes[real_chunks:a.matched_chunks]))
+        self.metrics.cached_predicted.labels(a.pool).inc(a.predicted_cached)
+        self.metrics.cached_reported.labels(a.pool).inc(reported_cached)
+        effects = self.engine.usage(a, reported_cached)
+        if effects:  # a correction: the engine holds less than the index said
+            self.metrics.index_corrections.labels(a.pool).inc()
+        self._apply(effects)
 
     def finished(self, a: Attempt, failed: bool = False) -> None:
-        before_first_token = a.prefill_open
-        if a.prefill_open:
-            a.prefill_open = False
-            self._background(self.loads.prefill_done(a.target.name, a.uncached))
-        if a.open:
-            a.open = False
-            self._background(self.loads.finish(a.target.name, 1))
-        if failed and before_first_token and a.req.hashes and a.target.kind == "sglang":
-            # the replica never prefilled this prompt: withdraw the speculative entries beyond what it held
-            self._background(self.index.invalidate(a.key, a.req.hashes[a.matched_chunks:]))
+        self._apply(self.engine.finished(a, failed))
 
     async def drain(self) -> None:
         if self._tasks:

@@ -24,6 +24,7 @@ class TargetInfo:
     pricing: PerTokenPricing | GpuHourPricing | None
     ref: Any = None  # the gateway's Target (opaque here)
     weight: float = 1.0  # on-call preference: routing cost is divided by it (billing is not)
+    prefix_cache: bool = True  # the gateway tracks its prefix cache (self-hosted engines; hosted APIs are opaque)
 
     @property
     def self_hosted(self) -> bool:

@@ -40,6 +40,11 @@ class MemoryLoadTracker:
     def view(self, name: str) -> LoadView:
         return LoadView(max(0.0, self.prefill.get(name, 0.0)), max(0.0, self.requests.get(name, 0.0)))
 
+    def apply(self, name: str, prefill_tokens: float, requests: float) -> None:
+        """Sync delta (the virtual-clock fleet applies the routing engine's LoadDelta effects with it)."""
+        self.prefill[name] = self.prefill.get(name, 0.0) + prefill_tokens
+        self.requests[name] = self.requests.get(name, 0.0) + requests
+
     async def snapshot(self, names: Sequence[str]) -> dict[str, LoadView]:
         return {n: self.view(n) for n in names}
 

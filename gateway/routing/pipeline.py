@@ -1,26 +1,24 @@
-"""The routing seam: candidates -> features (one batched prefix lookup + one load snapshot) -> pure policy ->
-Decision. Handlers and the dispatcher only see `Router.decide`; policies never do I/O, so the same code runs in
-the discrete-event fleet simulation."""
+"""The routing seam in the gateway: candidates -> one batched prefix lookup + one load snapshot (the only I/O) ->
+the routing engine's decision (`routing/engine.py`, the same synchronous core the virtual-clock fleet runs).
+Handlers and the dispatcher only see `Router.decide`."""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import replace
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Protocol
 
 from gateway.config import ModelRoute
 from gateway.prediction.ttft import LoadView, TtftCorrector
 from gateway.prefix.index import PrefixIndex
 from gateway.routing.candidates import candidates
 from gateway.routing.decision import Decision
-from gateway.routing.features import Candidate, TargetInfo, build_candidates
+from gateway.routing.engine import RoutingEngine
+from gateway.routing.features import TargetInfo
 from gateway.routing.load import LoadTracker
 from gateway.routing.request import RoutingRequest
 from gateway.upstreams import Target, UpstreamRegistry
-
-Policy = Callable[[RoutingRequest, Sequence[Candidate], Any], Decision]
 
 
 class Router(Protocol):
@@ -28,7 +26,8 @@ class Router(Protocol):
 
 
 def target_info(t: Target) -> TargetInfo:
-    return TargetInfo(t.name, t.index_key, t.pool, t.timing, t.pricing, t, t.weight)
+    # the one place a backend kind becomes a routing capability: SGLang engines hold a prefix cache we track
+    return TargetInfo(t.name, t.index_key, t.pool, t.timing, t.pricing, t, t.weight, prefix_cache=t.kind == "sglang")
 
 
 def merged_load(tracked: LoadView, engine: LoadView | None) -> LoadView:
@@ -39,24 +38,23 @@ def merged_load(tracked: LoadView, engine: LoadView | None) -> LoadView:
 
 
 class PipelineRouter:
-    def __init__(self, registry: UpstreamRegistry, index: PrefixIndex, loads: LoadTracker, corrector: TtftCorrector,
-                 policy: Policy, params: Any, chunk_tokens: int, uses_prefix: bool = True,
+    def __init__(self, registry: UpstreamRegistry, index: PrefixIndex, loads: LoadTracker, engine: RoutingEngine,
                  on_lookup: Callable[[float], None] | None = None) -> None:
         self.registry = registry
         self.index = index
         self.loads = loads
-        self.corrector = corrector
-        self.policy = policy
-        self.params = params
-        self.chunk_tokens = chunk_tokens
-        self.uses_prefix = uses_prefix
+        self.engine = engine
         self.on_lookup = on_lookup
+
+    @property
+    def corrector(self) -> TtftCorrector:
+        return self.engine.corrector
 
     async def decide(self, req: RoutingRequest, route: ModelRoute) -> Decision:
         live, _ = candidates(route, self.registry)
         infos = [target_info(t) for t in live]
         start = time.perf_counter()
-        if self.uses_prefix and req.hashes and infos:
+        if self.engine.uses_prefix and req.hashes and infos:
             matches, tracked = await asyncio.gather(self.index.match(req.hashes, [i.key for i in infos]),
                                                     self.loads.snapshot([i.name for i in infos]))
         else:
@@ -64,8 +62,4 @@ class PipelineRouter:
         if self.on_lookup:
             self.on_lookup(time.perf_counter() - start)
         loads = {t.name: merged_load(tracked.get(t.name, LoadView()), t.engine_load) for t in live}
-        cands = build_candidates(req, infos, matches, loads, self.corrector.get, self.chunk_tokens)
-        decision = self.policy(req, cands, self.params)
-        if len(decision.features) < len(cands):  # keep every candidate's features for feedback and explain
-            decision = replace(decision, features={c.name: c for c in cands})
-        return decision
+        return self.engine.decide(req, infos, matches, loads)

@@ -1,14 +1,18 @@
-"""The routing core on a virtual clock: a fleet of simulated ranks, the Wafer workload in token space, and the
-same policy, features, prefix index and feedback rules the gateway runs — no HTTP, no sleeping.
+"""The shipped routing engine on a virtual clock: a fleet of simulated ranks (the real scheduler and radix cache)
+behind one or more gateway instances, each running `routing/engine.py` — the decision and the feedback rules the
+gateway runs, built by the same `routing/registry.build_engine` from a `Routing` config. No HTTP, no sleeping.
 
-One "gateway" = one (index, load view, corrector). `gateways > 1` with `shared=False` gives each instance its own
-index and load view (what routers with per-process state do); `shared=True` is the Redis-backed design.
+One instance = (engine, prefix index, load view). `shared=True` is the Redis-backed design (one index and one load
+view for all instances); `shared=False` gives each instance its own (what routers with per-process state do).
+The feedback arrives when the gateway would see it: the first token and the usage `t_api` after the engine's event.
+
+`Fleet` is driven by `gateway replay` (traces) and by `run_fleet` below (the Wafer workload in token space).
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,15 +20,18 @@ import numpy as np
 
 from gateway.config import GpuHourPricing, PerTokenPricing, PoolTiming, Routing
 from gateway.prediction.pricing import request_cost
-from gateway.prediction.ttft import LoadView, TtftCorrector
+from gateway.prediction.ttft import TtftCorrector
 from gateway.prefix.hashing import chain, group_key
 from gateway.prefix.memory import MemoryPrefixIndex
-from gateway.routing.features import TargetInfo, build_candidates
-from gateway.routing.policies import baselines, prefix_sla_cost
+from gateway.routing.decision import Decision
+from gateway.routing.engine import Attempt, RoutingEngine, apply_sync
+from gateway.routing.features import TargetInfo
+from gateway.routing.load import MemoryLoadTracker
+from gateway.routing.registry import build_engine
 from gateway.routing.request import RoutingRequest
 from gateway.sim.des import EventLoop, VirtualRank
 from gateway.sim.engine import Event, EventKind, Rank, SimRequest
-from gateway.sim.profiles import profile
+from gateway.sim.profiles import ReplicaConfig, profile
 from gateway.sim.stats import nearest_rank, window_throughput
 
 CHUNK = 256
@@ -34,6 +41,184 @@ B200_TIMING = PoolTiming(base_s=0.12, prefill_tokens_per_s=20_000, decode_step_s
 DEFAULT_Z = Routing().ttft_quantile_z  # the gateway's default, so the DES runs what a deployment runs
 
 
+def idle_ttft(cfg: ReplicaConfig, prompt_len: int, cached: int) -> float:
+    """TTFT of this prompt alone on an idle rank that holds `cached` of it (the slowdown's denominator)."""
+    t = cfg.timing
+    budget = min(cfg.chunked_prefill_size, cfg.max_prefill_tokens)
+    done, left, total = cached, max(1, prompt_len - cached), t.t_api
+    while left > 0:
+        n = min(budget, left)
+        total += t.prefill_time([(n, done + n / 2)])
+        done, left = done + n, left - n
+    return total
+
+
+@dataclass
+class Job:
+    """One request as the fleet needs it: what the router sees and what the engine's cache sees."""
+
+    req: RoutingRequest
+    page_keys: list[int]  # chain keys of the prompt's full engine pages (same keys = same KV)
+    prompt_len: int
+    output_len: int
+
+
+@dataclass
+class Record:
+    arrival: float
+    instance: int
+    name: str
+    pool: str
+    branch: str
+    prompt: int
+    output: int
+    predicted_cached: int
+    best_cached: int  # the most any candidate was predicted to hold (what the decision could have kept)
+    self_hosted: bool
+    cached: int = 0
+    ttft: float | None = None
+    idle_ttft: float | None = None
+    end: float | None = None
+
+
+class Instance:
+    """One gateway instance: its engine (policy + corrector) over an index and a load view (maybe shared)."""
+
+    def __init__(self, engine: RoutingEngine, index: MemoryPrefixIndex, loads: MemoryLoadTracker) -> None:
+        self.engine = engine
+        self.index = index
+        self.loads = loads
+
+
+class Fleet:
+    def __init__(self, targets: Sequence[tuple[TargetInfo, ReplicaConfig]], routing: Routing, instances: int = 1,
+                 shared: bool = True, seed: int = 0, corrector: Callable[[], TtftCorrector] | None = None,
+                 on_decision: Callable[[Instance, RoutingRequest, Decision], None] | None = None) -> None:
+        self.loop = EventLoop()
+        clock = lambda: self.loop.now  # noqa: E731
+        self.infos = [info for info, _ in targets]
+        self.ranks: dict[str, VirtualRank] = {}
+        for i, (info, cfg) in enumerate(targets):
+            # only the first token and the finish matter here: one TOKENS event per request, not one per step
+            self.ranks[info.name] = VirtualRank(Rank(cfg.with_overrides(stream_interval=1 << 30), i, seed), self.loop)
+        self.chunk_tokens = routing.chunk_tokens
+
+        def make_index() -> MemoryPrefixIndex:
+            idx = MemoryPrefixIndex(clock=clock, default_capacity=2_400_000 // routing.chunk_tokens)
+            for info, cfg in targets:  # what the engine poller reads from /server_info in the gateway
+                idx.set_capacity(info.key, cfg.max_total_num_tokens // routing.chunk_tokens)
+            return idx
+
+        shared_state = (make_index(), MemoryLoadTracker())
+        self.instances = []
+        for _ in range(instances):
+            index, loads = shared_state if shared else (make_index(), MemoryLoadTracker())
+            self.instances.append(Instance(build_engine(routing, corrector() if corrector else None), index, loads))
+        self.on_decision = on_decision
+        self.records: list[Record] = []
+        self.on_arrival: Callable[[], None] | None = None  # progress hook
+
+    # -- setup -------------------------------------------------------------------------------------------------
+    def warm(self, name: str, page_keys: Sequence[int], hashes: Sequence[int]) -> None:
+        """A prefix already cached on `name`, and known to every instance (a fleet that has been running)."""
+        rank = self.ranks[name].rank
+        rank.cache.insert(page_keys, 0.0)
+        info = next(i for i in self.infos if i.name == name)
+        for inst in {id(x.index): x for x in self.instances}.values():
+            inst.index.insert_sync(info.key, hashes, 1e9)
+
+    # -- driving -----------------------------------------------------------------------------------------------
+    def feed(self, arrivals: Iterable[tuple[float, Callable[[], Job]]]) -> None:
+        """Arrivals in time order, each built lazily when it fires (a long trace never sits in memory whole)."""
+        it: Iterator[tuple[float, Callable[[], Job]]] = iter(arrivals)
+        n = [0]
+
+        def next_arrival() -> None:
+            item = next(it, None)
+            if item is None:
+                return
+            t, make = item
+
+            def fire() -> None:
+                k = n[0]
+                n[0] += 1
+                self._arrive(k, make())
+                if self.on_arrival:
+                    self.on_arrival()
+                next_arrival()
+
+            self.loop.at(t, fire)
+
+        next_arrival()
+
+    def run(self) -> list[Record]:
+        self.loop.run()
+        return self.records
+
+    def _arrive(self, k: int, job: Job) -> None:
+        now = self.loop.now
+        inst = self.instances[k % len(self.instances)]
+        eng, req = inst.engine, job.req
+        infos = self.infos
+        matches = inst.index.match_sync(req.hashes, [i.key for i in infos]) if eng.uses_prefix and req.hashes else {}
+        loads = {i.name: inst.loads.view(i.name) for i in infos}
+        decision = eng.decide(req, infos, matches, loads)
+        if self.on_decision:
+            self.on_decision(inst, req, decision)
+        chosen = decision.chosen
+        if chosen is None:  # shed: counted, never dispatched
+            self.records.append(Record(now, k % len(self.instances), "", "", decision.branch, job.prompt_len,
+                                       job.output_len, 0, 0, True))
+            return
+        a = Attempt(req, chosen, decision)
+        feats = decision.features
+        info = feats[chosen.name].info  # ranked holds the gateway's Targets when the fleet was built from a config
+        rec = Record(now, k % len(self.instances), info.name, info.pool, decision.branch, job.prompt_len,
+                     job.output_len, a.predicted_cached, max((c.cached_tokens for c in feats.values()), default=0),
+                     info.self_hosted)
+        self.records.append(rec)
+        apply_sync(eng.dispatched(a), inst.index, inst.loads)
+        vr = self.ranks[info.name]
+        cfg = vr.rank.cfg
+        t_api = cfg.timing.t_api
+        loop = self.loop
+
+        def sink(ev: Event) -> None:
+            if ev.kind is EventKind.FIRST:
+                rec.ttft = ev.time + t_api - now
+                rec.cached = sim_req.cached
+                rec.idle_ttft = idle_ttft(cfg, job.prompt_len, sim_req.cached)
+                ttft = rec.ttft
+                loop.at(ev.time + t_api, lambda: apply_sync(eng.first_token(a, ttft), inst.index, inst.loads))
+            elif ev.kind is EventKind.FINISH:
+                rec.end = ev.time + t_api
+                cached = sim_req.cached
+
+                def done() -> None:
+                    apply_sync(eng.usage(a, cached) if info.prefix_cache else [], inst.index, inst.loads)
+                    apply_sync(eng.finished(a), inst.index, inst.loads)
+
+                loop.at(ev.time + t_api, done)
+
+        sim_req = SimRequest(req.request_id, job.page_keys, job.prompt_len, max(1, job.output_len), "length", now, sink)
+        vr.rank.submit(sim_req)
+        vr.kick()
+
+
+def mi355x_targets(replicas: int, b200: int = 0) -> list[tuple[TargetInfo, ReplicaConfig]]:
+    """`replicas` MI355X TP4 ranks (2.4M-token KV each; 2 per node) and `b200` per-token B200 replicas."""
+    cfg, b_cfg = profile("mi355x-glm52-tp4"), profile("b200-glm52")
+    out = [(TargetInfo(f"mi355x-{i}", f"mi355x-{i}@0", "mi355x", PoolTiming(), MI355X_PRICE), cfg) for i in range(replicas)]
+    out += [(TargetInfo(f"b200-{i}", f"b200-{i}@0", "b200", B200_TIMING, B200_PRICE, prefix_cache=False), b_cfg)
+            for i in range(b200)]
+    return out
+
+
+def cost_usd(info: TargetInfo, r: Record) -> float:
+    return request_cost(info.pricing, r.prompt, r.cached, r.output)
+
+
+# -- the Wafer workload on the fleet (loadtests/fleet_des.py, tests/unit/test_fleet_des.py) -------------------------
 @dataclass
 class FleetResult:
     policy: str
@@ -55,130 +240,64 @@ class FleetResult:
                 f"{self.usd_per_mtok_out:.3f}"]
 
 
-class _Gateway:
-    def __init__(self, clock: Callable[[], float], index: MemoryPrefixIndex | None,
-                 loads: dict[str, list[float]] | None, quantile_z: float, split_regimes: bool) -> None:
-        self.index = index or MemoryPrefixIndex(clock=clock, default_capacity=2_400_000 // CHUNK)
-        self.loads = loads if loads is not None else {}
-        self.corrector = TtftCorrector(z=quantile_z, split_regimes=split_regimes)
-
-
 def run_fleet(policy: str, nodes: int, rate_per_node: float, duration: float = 120.0, seed: int = 0,
               groups_per_node: int = 16, b200_replicas: int = 0, gateways: int = 1, shared: bool = True,
               sla_s: float = 2.22, warm: bool = True, quantile_z: float = DEFAULT_Z,
               split_regimes: bool = True) -> FleetResult:
-    cfg = profile("mi355x-glm52-tp4")
-    loop = EventLoop()
-    clock = lambda: loop.now  # noqa: E731
-    ranks: dict[str, VirtualRank] = {}
-    infos: list[TargetInfo] = []
-    for i in range(nodes * 2):
-        name = f"mi355x-{i}"
-        ranks[name] = VirtualRank(Rank(cfg, i, seed), loop)
-        infos.append(TargetInfo(name, f"{name}@0", "mi355x", PoolTiming(), MI355X_PRICE))
-    b_cfg = profile("b200-glm52")
-    for i in range(b200_replicas):
-        name = f"b200-{i}"
-        ranks[name] = VirtualRank(Rank(b_cfg, 1000 + i, seed), loop)
-        infos.append(TargetInfo(name, f"{name}@0", "b200", B200_TIMING, B200_PRICE))
-    shared_index = MemoryPrefixIndex(clock=clock, default_capacity=2_400_000 // CHUNK)
-    shared_loads: dict[str, list[float]] = {}
-    gws = [_Gateway(clock, shared_index if shared else None, shared_loads if shared else None, quantile_z,
-                    split_regimes)
-           for _ in range(gateways)]
-    if policy == "prefix_sla_cost":
-        decide: Any = prefix_sla_cost.decide
-        params: Any = prefix_sla_cost.Params(min_hit_tokens=CHUNK)
-    elif policy == "least_loaded":
-        decide, params = baselines.least_loaded, None
-    else:
-        decide, params = baselines.RoundRobin(), None
-
+    routing = Routing(policy=policy, ttft_quantile_z=quantile_z, chunk_tokens=CHUNK)  # type: ignore[arg-type]
+    targets = mi355x_targets(nodes * 2, b200_replicas)
+    fleet = Fleet(targets, routing, gateways, shared, seed,
+                  corrector=lambda: TtftCorrector(z=quantile_z, split_regimes=split_regimes))
+    infos = {i.name: i for i in fleet.infos}
     rng = random.Random(seed)
     nrng = np.random.default_rng(seed)
     n_groups = groups_per_node * nodes
     prefixes = [nrng.integers(0, 150_000, 12_000, dtype=np.uint32) for _ in range(n_groups)]
     seed_bytes = b"glm-5.2\x00tenant"
     group_hashes = [chain(seed_bytes, [p[k * CHUNK:(k + 1) * CHUNK].tobytes() for k in range(12_000 // CHUNK)]) for p in prefixes]
+    page_keys = fleet.ranks[targets[0][0].name].rank.cache.page_keys  # rank-independent chain keys
     if warm:  # every group's prefix already cached somewhere, as in a fleet that has been running
         for g, p in enumerate(prefixes):
-            name = infos[g % (nodes * 2)].name
-            rk = ranks[name].rank
-            rk.cache.insert(rk.cache.page_keys(p, "tenant"), 0.0)
-            for gw in gws:
-                gw.index.insert_sync(f"{name}@0", group_hashes[g], 1e9)
+            fleet.warm(targets[g % (nodes * 2)][0].name, page_keys(p, "tenant"), group_hashes[g])
 
-    recs: list[dict[str, Any]] = []
+    def arrivals() -> Iterator[tuple[float, Callable[[], Job]]]:
+        total_rate = rate_per_node * nodes
+        t, i = 0.0, 0
+        while True:
+            t += rng.expovariate(total_rate)
+            if t > duration:
+                return
+            g = rng.randrange(n_groups)
+
+            def make(g: int = g, i: int = i) -> Job:
+                tokens = np.concatenate([prefixes[g], nrng.integers(0, 150_000, 8_000, dtype=np.uint32)])
+                hashes = tuple(group_hashes[g]) + tuple(
+                    int(x) for x in nrng.integers(-2**63, 2**63 - 1, 78 - len(group_hashes[g]), dtype=np.int64))
+                req = RoutingRequest(f"r{i}", "tenant", "glm-5.2", "chat/completions", True, 20_000, 1000, hashes,
+                                     sla_s, "cost", "spill", group_key(hashes, i))
+                return Job(req, page_keys(tokens, "tenant"), 20_000, 1000)
+
+            yield t, make
+            i += 1
+
+    fleet.feed(arrivals())
+    recs = fleet.run()
+    done = [r for r in recs if r.ttft is not None]
+    ttft = sorted(r.ttft for r in done if r.ttft is not None)
     branches: dict[str, int] = {}
-    total_rate = rate_per_node * nodes
-    t = 0.0
-    i = 0
-    while True:
-        t += rng.expovariate(total_rate)
-        if t > duration:
-            break
-        g = rng.randrange(n_groups)
-        loop.at(t, lambda g=g, i=i, t=t: arrive(g, i, t))
-        i += 1
-
-    def load_of(gw: _Gateway, name: str) -> LoadView:
-        v = gw.loads.get(name, [0.0, 0.0])
-        return LoadView(max(0.0, v[0]), max(0.0, v[1]))
-
-    def arrive(g: int, i: int, t: float) -> None:
-        gw = gws[i % gateways]
-        unique = nrng.integers(0, 150_000, 8_000, dtype=np.uint32)
-        tokens = np.concatenate([prefixes[g], unique])
-        hashes = tuple(group_hashes[g]) + tuple(int(x) for x in nrng.integers(-2**63, 2**63 - 1, 78 - len(group_hashes[g]), dtype=np.int64))
-        req = RoutingRequest(f"r{i}", "tenant", "glm-5.2", "chat/completions", True, 20_000, 1000, hashes, sla_s,
-                             "cost", "spill", group_key(hashes, i))
-        matches = gw.index.match_sync(hashes, [x.key for x in infos]) if policy == "prefix_sla_cost" else {}
-        loads = {x.name: load_of(gw, x.name) for x in infos}
-        cands = build_candidates(req, infos, matches, loads, gw.corrector.get, CHUNK)
-        dec = decide(req, cands, params)
-        branches[dec.branch] = branches.get(dec.branch, 0) + 1
-        chosen = dec.ranked[0]
-        cand = next(c for c in cands if c.info is chosen)
-        name = chosen.name
-        rec: dict[str, Any] = {"arrival": t, "pool": chosen.pool, "name": name}
-        recs.append(rec)
-        gw.index.insert_sync(chosen.key, hashes, 10.0)
-        lv = gw.loads.setdefault(name, [0.0, 0.0])
-        lv[0] += cand.uncached_tokens
-        lv[1] += 1
-        vr = ranks[name]
-        t_api = vr.rank.cfg.timing.t_api
-
-        def sink(ev: Event) -> None:
-            if ev.kind is EventKind.FIRST:
-                rec["ttft"] = ev.time + t_api - t
-                lv[0] -= cand.uncached_tokens
-                gw.index.insert_sync(chosen.key, hashes, 900.0)
-                gw.corrector.observe(chosen.pool, cand.ttft_raw, rec["ttft"], cand.regime)
-                real = sim_req.cached
-                rec["cached"] = real
-                if real < cand.cached_tokens - CHUNK:
-                    gw.index.invalidate_sync(chosen.key, hashes[real // CHUNK:cand.matched_chunks])
-            elif ev.kind is EventKind.FINISH:
-                rec["end"] = ev.time + t_api
-                lv[1] -= 1
-
-        sim_req = SimRequest(f"r{i}", vr.rank.cache.page_keys(tokens, "tenant"), 20_000, 1000, "length", t, sink)
-        vr.rank.submit(sim_req)
-        vr.kick()
-
-    loop.run()
-    done = [r for r in recs if "ttft" in r]
-    ttft = sorted(r["ttft"] for r in done)
-    tok_s = window_throughput((r["arrival"] for r in recs), ((r["end"], 1000) for r in done if "end" in r))
-    cost = sum(request_cost(MI355X_PRICE if r["pool"] == "mi355x" else B200_PRICE, 20_000, r.get("cached", 0), 1000)
-               for r in done)
+    for r in recs:
+        branches[r.branch] = branches.get(r.branch, 0) + 1
+    tok_s = window_throughput((r.arrival for r in recs), ((r.end, 1000) for r in done if r.end is not None))
+    cost = sum(cost_usd(infos[r.name], r) for r in done)
     return FleetResult(
         policy if gateways == 1 else f"{policy} x{gateways} {'shared' if shared else 'unshared'}", nodes, rate_per_node,
-        len(recs), sum(r.get("cached", 0) for r in done) / (20_000 * len(done)), nearest_rank(ttft, 0.5),
+        len(recs), sum(r.cached for r in done) / (20_000 * len(done)), nearest_rank(ttft, 0.5),
         nearest_rank(ttft, 0.95), sum(x <= sla_s for x in ttft) / len(ttft),
-        sum(r["pool"] != "mi355x" for r in recs) / len(recs), cost / (1000 * len(done)) * 1e6, tok_s, branches)
+        sum(not r.self_hosted for r in recs) / len(recs), cost / (1000 * len(done)) * 1e6, tok_s, branches)
 
 
 def run_many(policies: Sequence[str], **kw: Any) -> list[FleetResult]:
     return [run_fleet(p, **kw) for p in policies]
+
+
+__all__ = ["Fleet", "FleetResult", "Instance", "Job", "Record", "idle_ttft", "mi355x_targets", "run_fleet"]

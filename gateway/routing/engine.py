@@ -1,0 +1,151 @@
+"""The routing engine: the decision and the feedback rules as one synchronous core, with no I/O.
+
+Both the gateway (`routing/pipeline.py` for the decision, `dispatch/feedback.py` for the feedback) and the
+virtual-clock fleet (`sim/fleet.py`, behind `gateway replay`) call this one object, so a replay measures the shipped
+code, not a copy of it.
+
+- `decide(req, targets, matches, loads)`: features -> policy -> Decision (every candidate's features kept).
+- Feedback: `dispatched`, `first_token`, `usage`, `finished` take an `Attempt` and return the state changes as
+  values (`IndexWrite`, `IndexDrop`, `LoadDelta`). The caller applies them: the gateway to Redis or memory
+  (async), the fleet to its in-memory index and loads (sync). The one piece of state the engine holds itself is the
+  TTFT corrector, which is per process in the gateway too.
+
+The rules (see docs/routing.md): at dispatch a speculative index entry (`speculative_ttl_s`) and the uncached
+tokens as queued prefill; at the first token the entry is confirmed for `residency_ttl_s`, the prefill load is
+released and the observed TTFT teaches the corrector; when the engine reports more than a chunk fewer cached
+tokens than predicted the entries beyond the real hit are dropped (`correct`); an attempt that fails before its
+first token withdraws what it speculatively wrote beyond what the replica already held (`withdraw`).
+Only targets with a prefix cache the gateway tracks (`TargetInfo.prefix_cache`) get index entries.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Union
+
+from gateway.prediction.ttft import FREE, LoadView, TtftCorrector
+from gateway.routing.decision import Decision
+from gateway.routing.features import Candidate, TargetInfo, build_candidates
+from gateway.routing.request import RoutingRequest
+
+Policy = Callable[[RoutingRequest, Sequence[Candidate], Any], Decision]
+
+
+@dataclass(frozen=True, slots=True)
+class IndexWrite:
+    replica: str  # index key (name@incarnation)
+    hashes: tuple[int, ...]
+    ttl: float
+
+
+@dataclass(frozen=True, slots=True)
+class IndexDrop:
+    replica: str
+    hashes: tuple[int, ...]
+    reason: str  # correct (engine reported fewer cached tokens) | withdraw (failed before the first token)
+
+
+@dataclass(frozen=True, slots=True)
+class LoadDelta:
+    replica: str  # target name
+    prefill_tokens: float
+    requests: float
+
+
+Effect = Union[IndexWrite, IndexDrop, LoadDelta]
+
+
+class Attempt:
+    """One dispatch of a request to one target, with the features it was chosen on."""
+
+    def __init__(self, req: RoutingRequest, target: Any, decision: Decision) -> None:
+        self.req = req
+        self.target = target  # the gateway's Target, or a TargetInfo in the fleet
+        cand: Candidate | None = decision.features.get(target.name)
+        self.info: TargetInfo | None = cand.info if cand else None
+        self.name: str = target.name
+        self.pool: str = target.pool
+        self.key: str = cand.info.key if cand else getattr(target, "index_key", target.name)
+        self.indexed = bool(cand and cand.info.prefix_cache and req.hashes)
+        self.predicted_cached = cand.cached_tokens if cand else 0
+        self.matched_chunks = cand.matched_chunks if cand else 0
+        self.uncached = cand.uncached_tokens if cand else req.prompt_tokens
+        self.ttft_raw = cand.ttft_raw if cand else 0.0
+        self.ttft = cand.ttft if cand else 0.0
+        self.regime = cand.regime if cand else FREE
+        self.prefill_open = False
+        self.open = False
+
+
+class RoutingEngine:
+    def __init__(self, policy: Policy, params: Any, *, uses_prefix: bool, chunk_tokens: int,
+                 corrector: TtftCorrector, speculative_ttl_s: float, residency_ttl_s: float) -> None:
+        self.policy = policy
+        self.params = params
+        self.uses_prefix = uses_prefix  # False: the policy ignores prefixes, so callers may skip the lookup
+        self.chunk_tokens = chunk_tokens
+        self.corrector = corrector
+        self.speculative_ttl_s = speculative_ttl_s
+        self.residency_ttl_s = residency_ttl_s
+
+    # -- the decision ------------------------------------------------------------------------------------------
+    def decide(self, req: RoutingRequest, targets: Sequence[TargetInfo], matches: Mapping[str, int],
+               loads: Mapping[str, LoadView]) -> Decision:
+        """`matches`: index key -> matched chunks; `loads`: target name -> load."""
+        cands = build_candidates(req, targets, matches if self.uses_prefix else {}, loads, self.corrector.get,
+                                 self.chunk_tokens)
+        decision = self.policy(req, cands, self.params)
+        if len(decision.features) < len(cands):  # keep every candidate's features for feedback and explain
+            decision = replace(decision, features={c.name: c for c in cands})
+        return decision
+
+    # -- feedback ----------------------------------------------------------------------------------------------
+    def dispatched(self, a: Attempt) -> list[Effect]:
+        a.open = a.prefill_open = True
+        out: list[Effect] = [LoadDelta(a.name, a.uncached, 1)]
+        if a.indexed:
+            out.append(IndexWrite(a.key, tuple(a.req.hashes), self.speculative_ttl_s))
+        return out
+
+    def first_token(self, a: Attempt, observed_ttft: float | None) -> list[Effect]:
+        out: list[Effect] = []
+        if a.prefill_open:
+            a.prefill_open = False
+            out.append(LoadDelta(a.name, -a.uncached, 0))
+        if a.indexed:
+            out.append(IndexWrite(a.key, tuple(a.req.hashes), self.residency_ttl_s))
+        if observed_ttft is not None and a.ttft_raw > 0:
+            self.corrector.observe(a.pool, a.ttft_raw, observed_ttft, a.regime)
+        return out
+
+    def usage(self, a: Attempt, reported_cached: int | None) -> list[Effect]:
+        if reported_cached is None or not a.indexed or reported_cached >= a.predicted_cached - self.chunk_tokens:
+            return []
+        real_chunks = reported_cached // self.chunk_tokens
+        return [IndexDrop(a.key, tuple(a.req.hashes[real_chunks:a.matched_chunks]), "correct")]
+
+    def finished(self, a: Attempt, failed: bool = False) -> list[Effect]:
+        out: list[Effect] = []
+        before_first_token = a.prefill_open
+        if a.prefill_open:
+            a.prefill_open = False
+            out.append(LoadDelta(a.name, -a.uncached, 0))
+        if a.open:
+            a.open = False
+            out.append(LoadDelta(a.name, 0, -1))
+        if failed and before_first_token and a.indexed:
+            # the replica never prefilled this prompt: withdraw the speculative entries beyond what it held
+            out.append(IndexDrop(a.key, tuple(a.req.hashes[a.matched_chunks:]), "withdraw"))
+        return out
+
+
+def apply_sync(effects: Sequence[Effect], index: Any, loads: Any) -> None:
+    """Apply effects to in-memory state (`MemoryPrefixIndex`, `MemoryLoadTracker`): the fleet's way."""
+    for e in effects:
+        if isinstance(e, LoadDelta):
+            loads.apply(e.replica, e.prefill_tokens, e.requests)
+        elif isinstance(e, IndexWrite):
+            index.insert_sync(e.replica, e.hashes, e.ttl)
+        else:
+            index.invalidate_sync(e.replica, e.hashes)
