@@ -16,6 +16,9 @@ from gateway.api.fastpath import FastPath
 from gateway.api.middleware import RequestIdMiddleware
 from gateway.api.openai import routes as openai_routes
 from gateway.api.openai.proxy import OpenAIProxy
+from gateway.api.messages import routes as messages_routes
+from gateway.api.responses import routes as responses_routes
+from gateway.api.responses.store import build_store as build_response_store
 from gateway.backends.base import Backend
 from gateway.backends.health import HealthChecker
 from gateway.backends.hosted import LiteLLMBackend
@@ -118,6 +121,8 @@ def create_app(config: GatewayConfig, *, span_exporter: Any = None, transport: h
         state.extra.update(index=index, loads=loads, corrector=corrector, poller=poller, admin_hashes=admin_hashes)
         app.state.gateway = state
         app.state.proxy = OpenAIProxy(state)
+        app.state.responses_store = build_response_store(config.responses, redis_client, rc.redis_prefix,
+                                                         rc.limits_redis_timeout_s)
         health.start()
         if config.health.enabled:
             poller.start()
@@ -143,6 +148,8 @@ def create_app(config: GatewayConfig, *, span_exporter: Any = None, transport: h
 
     app = FastAPI(title="inference-gateway", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.include_router(openai_routes.router)
+    app.include_router(responses_routes.router)
+    app.include_router(messages_routes.router)
     app.include_router(ops.router)
     app.include_router(admin_routes.router)
     error_handlers.install(app)

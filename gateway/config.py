@@ -200,6 +200,20 @@ class Admin(_Strict):
         return sha256_hex_list(v)
 
 
+class ResponsesConfig(_Strict):
+    """Stored responses of the Responses API (`store: true`), per tenant, in the shared state (docs/agent-apis.md)."""
+
+    ttl_s: float = Field(default=86_400, ge=1, le=30 * 86_400, description="how long a stored response can be "
+                         "retrieved or continued with previous_response_id")
+    max_record_bytes: int = Field(default=8 * 1024 * 1024, ge=1024, description="a larger turn (its whole history "
+                                  "included) is answered but not stored")
+    max_per_tenant: int = Field(default=10_000, ge=1, description="stored responses per tenant; oldest dropped first")
+    max_memory_bytes: int = Field(default=256 * 1024 * 1024, ge=1024 * 1024,
+                                  description="all stored responses, in-memory store only (no routing.redis_url)")
+    auto_truncate_input_tokens: int = Field(default=200_000, ge=1, description="`truncation: auto` drops the oldest "
+                                            "turns until the prompt fits this many tokens")
+
+
 class PolicySource(_Strict):
     """Tenant policies from a directory: `defaults.yaml` + `tenants/*.yaml` (see policies/README.md)."""
 
@@ -221,6 +235,7 @@ class GatewayConfig(_Strict):
     routing: Routing = Routing()
     admin: Admin = Admin()
     shutdown: Shutdown = Shutdown()
+    responses: ResponsesConfig = ResponsesConfig()
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
     max_json_depth: int = Field(default=64, ge=8, le=200, description="deeper request bodies get a 400 (orjson "
                                 "re-serialises at most 254 levels)")

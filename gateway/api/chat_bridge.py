@@ -1,0 +1,173 @@
+"""The seam the Responses and Messages APIs share: their requests become a chat/completions body handed to the
+one chat path (`OpenAIProxy.handle(..., body=...)`), so tenancy, limits, budgets, routing, metrics, traces and the
+decision log apply unchanged and every pool kind serves them. This module only moves bytes between the two
+shapes; each API's own translation lives in its package.
+
+    client --(API body)--> translate --(chat body)--> proxy.handle --(chat JSON | chat SSE)--> translate --> client
+
+A stream is re-emitted event by event: `TranslatedStream` runs the proxy's `EventStreamResponse` with a `send`
+that parses its chat.completion.chunk SSE and writes the API's own events. The commit point is unchanged (no
+status line before the first upstream chunk), so an error before it is still a real HTTP error, rendered in the
+API's shape by `render_error`; one after it becomes the API's in-band error event via `StreamTranslator.error`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.types import Message, Receive, Scope, Send
+
+from gateway.api.openai.body import read_body
+from gateway.api.openai.validation import parse_json
+
+
+async def read_json(request: Request, limit: int) -> dict[str, Any]:
+    """The client's body, bounded like the chat path's (413 past `limit`), as a JSON object (else 400)."""
+    return parse_json(await read_body(request, limit))
+
+
+def with_bearer(request: Request, api_key: str | None) -> Request:
+    """The request the chat path sees: `authorization: Bearer <api_key>` when the client authenticated some other
+    way (Anthropic clients send `x-api-key`); the chat path identifies the tenant from `authorization` only."""
+    if api_key is None:
+        return request
+    scope = dict(request.scope)
+    scope["headers"] = [(k, v) for k, v in request.scope["headers"] if k != b"authorization"] + \
+        [(b"authorization", b"Bearer " + api_key.encode("latin-1"))]
+    return Request(scope, request.receive)
+
+
+def sse_event(name: str, data: dict[str, Any]) -> bytes:
+    return b"event: " + name.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
+
+
+class SSEPayloads:
+    """Incremental `data:` payloads of an SSE byte stream (events may be split across writes; comments and
+    `event:` lines ignored: the chat path's events are data-only)."""
+
+    def __init__(self) -> None:
+        self._buf = b""
+
+    def feed(self, data: bytes) -> list[bytes]:
+        self._buf += data
+        out = []
+        while True:
+            end = self._buf.find(b"\n\n")
+            if end < 0:
+                return out
+            block, self._buf = self._buf[:end], self._buf[end + 2:]
+            lines = [ln[5:].lstrip(b" ") for ln in block.split(b"\n") if ln.startswith(b"data:")]
+            if lines:
+                out.append(b"\n".join(lines))
+
+
+class StreamTranslator(Protocol):
+    """One API's stream events from the chat path's chunks. Each method returns the bytes to send (maybe none)."""
+
+    def start(self) -> bytes: ...
+
+    def chunk(self, chunk: dict[str, Any]) -> bytes: ...
+
+    def error(self, error: dict[str, Any]) -> bytes: ...
+
+    def done(self) -> bytes: ...
+
+
+ErrorRenderer = Callable[[int, dict[str, Any], list[tuple[bytes, bytes]]], Response]
+
+
+class TranslatedStream(Response):
+    """Runs the chat path's streaming response, re-emitting its events through `translator`; a non-200 answer
+    (refused before the commit point) is re-rendered by `render_error(status, openai_error_body, headers)`."""
+
+    def __init__(self, inner: Response, translator: StreamTranslator, render_error: ErrorRenderer,
+                 on_end: Callable[[], Any] | None = None) -> None:
+        self.inner = inner
+        self.translator = translator
+        self.render_error = render_error
+        self.on_end = on_end  # awaited after the last byte (e.g. store the finished response)
+        self.background = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        parser = SSEPayloads()
+        status = 200
+        start: Message | None = None
+        error_body = b""
+        finished = False  # [DONE] or an error event seen
+
+        async def relay(message: Message) -> None:
+            nonlocal status, start, error_body, finished
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                start = message
+                if status == 200:
+                    await send(message)
+                    await send({"type": "http.response.body", "body": self.translator.start(), "more_body": True})
+                return
+            if message["type"] != "http.response.body":
+                return
+            body = message.get("body", b"")
+            more = message.get("more_body", False)
+            if status != 200:  # an error before the commit point: buffer it, re-render it in the API's shape
+                error_body += body
+                if not more:
+                    await self._send_error(status, error_body, start, scope, receive, send)
+                return
+            out = b""
+            for payload in parser.feed(body):
+                if finished:
+                    break
+                if payload == b"[DONE]":
+                    finished = True
+                    out += self.translator.done()
+                    continue
+                try:
+                    obj = orjson.loads(payload)
+                except orjson.JSONDecodeError:
+                    continue
+                if isinstance(obj, dict) and "error" in obj and "choices" not in obj:
+                    finished = True
+                    out += self.translator.error(obj["error"] if isinstance(obj["error"], dict) else {"message": str(obj["error"])})
+                elif isinstance(obj, dict):
+                    out += self.translator.chunk(obj)
+            if not more and not finished:  # the chat path always ends with [DONE] or an error; never close silently
+                finished = True
+                out += self.translator.error({"message": "The upstream stream ended before it was complete.",
+                                              "type": "server_error", "code": "upstream_error"})
+            if out or not more:
+                await send({"type": "http.response.body", "body": out, "more_body": more})
+
+        await self.inner(scope, receive, relay)
+        if self.on_end is not None and status == 200:
+            res = self.on_end()
+            if res is not None:
+                await res
+
+    async def _send_error(self, status: int, raw: bytes, start: Message | None, scope: Scope, receive: Receive,
+                          send: Send) -> None:
+        try:
+            body = orjson.loads(raw) if raw else {}
+        except orjson.JSONDecodeError:
+            body = {}
+        headers = [(k, v) for k, v in (start or {}).get("headers", []) if k not in (b"content-length", b"content-type")]
+        await self.render_error(status, body if isinstance(body, dict) else {}, headers)(scope, receive, send)
+
+
+def json_body(resp: Response) -> dict[str, Any] | None:
+    """The JSON object of a non-streaming chat-path response (None for a 499, whose client is gone)."""
+    if resp.status_code != 200:
+        return None
+    try:
+        body = orjson.loads(bytes(resp.body))
+    except orjson.JSONDecodeError:
+        return None
+    return body if isinstance(body, dict) else None
+
+
+def passthrough_headers(resp: Response) -> dict[str, str]:
+    """The chat path's gateway headers (replica, route, cost, rate limits) for the bridged response."""
+    return {k: v for k, v in resp.headers.items() if k.startswith(("x-", "retry-after"))}

@@ -1,0 +1,83 @@
+"""POST /v1/messages (+ /v1/messages/count_tokens): the Anthropic Messages API bridged onto the chat path
+(`gateway/api/chat_bridge.py`). Keys are the tenants' own, sent as `x-api-key` (Anthropic clients) or
+`Authorization: Bearer`. Every error, the chat path's included, is rendered in Anthropic's shape
+(`{"type": "error", "error": {"type", "message"}}`), with 529 where the chat path says 503."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from fastapi import APIRouter, Request
+from starlette.responses import Response
+
+from gateway.api.chat_bridge import TranslatedStream, json_body, passthrough_headers, read_json, with_bearer
+from gateway.api.messages.stream import MessagesStream
+from gateway.api.messages.translate import error_body, error_status, from_chat, from_gateway_error, input_tokens, to_chat
+from gateway.errors import GatewayError, ModelNotFound
+from gateway.state import AppState
+
+router = APIRouter()
+
+
+def _json(obj: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(orjson.dumps(obj), status_code=status, media_type="application/json", headers=headers)
+
+
+def _error(err: GatewayError, request: Request) -> Response:
+    status, body = from_gateway_error(err)
+    rid = request.scope.get("state", {}).get("request_id")
+    if rid:
+        body["request_id"] = rid
+    return _json(body, status, err.headers())
+
+
+def _render_stream_error(status: int, body: dict[str, Any], headers: list[tuple[bytes, bytes]]) -> Response:
+    """A chat-path error before the stream committed (OpenAI-shaped) as an Anthropic error."""
+    err = body.get("error") if isinstance(body.get("error"), dict) else {}
+    resp = _json(error_body(status, str(err.get("message") or "upstream error")), error_status(status))
+    resp.raw_headers.extend(headers)
+    return resp
+
+
+def _api_key(request: Request) -> str | None:
+    """`x-api-key` when the client sent no Bearer token (the chat path reads only `authorization`)."""
+    if request.headers.get("authorization"):
+        return None
+    return request.headers.get("x-api-key")
+
+
+@router.post("/v1/messages")
+async def create_message(request: Request) -> Response:
+    st: AppState = request.app.state.gateway
+    try:
+        body = await read_json(request, st.config.max_body_bytes)
+        chat = to_chat(body)
+        stops = chat.get("stop")
+        out = await request.app.state.proxy.handle(with_bearer(request, _api_key(request)), "chat/completions",
+                                                   body=chat)
+    except GatewayError as e:
+        return _error(e, request)
+    if chat["stream"]:
+        return TranslatedStream(out, MessagesStream(chat["model"], input_tokens(chat), stops), _render_stream_error)
+    result = json_body(out)
+    if result is None:
+        return out  # 499: the client is gone
+    return _json(from_chat(result, chat["model"], stops), headers=passthrough_headers(out))
+
+
+@router.post("/v1/messages/count_tokens")
+async def count_tokens(request: Request) -> Response:
+    """The gateway's estimate under the shared token rule (the engine's tokenizer is not in the gateway); only
+    for a model this key may use, like a real request."""
+    st: AppState = request.app.state.gateway
+    try:
+        key = _api_key(request)
+        tenant = st.policies.index.identify(f"Bearer {key}" if key else request.headers.get("authorization"))
+        body = await read_json(request, st.config.max_body_bytes)
+        chat = to_chat(body, count_only=True)
+        if chat["model"] not in tenant.models:
+            raise ModelNotFound(f"model: {chat['model']}", param="model")
+    except GatewayError as e:
+        return _error(e, request)
+    return _json({"input_tokens": input_tokens(chat)})

@@ -1,0 +1,308 @@
+"""Anthropic Messages API <-> chat/completions, pure functions.
+
+Request: `system` (string or text blocks) becomes the first system message; each user message's `tool_result`
+blocks become `tool` messages (first, in order: they answer the previous assistant turn's calls), its text/image
+blocks one user message; an assistant message's `tool_use` blocks become `tool_calls`. Tools map to function
+tools (`input_schema` -> `parameters`); tool_choice auto/any/tool/none -> auto/required/function/none;
+stop_sequences -> stop; max_tokens (required), temperature, top_p, top_k, metadata.user_id -> user.
+`thinking` blocks are dropped from the prompt (the engine's template drops past reasoning) and the `thinking`
+request option is ignored. Response: text and tool_use blocks; finish reasons stop -> end_turn (stop_sequence when
+a stop sequence matched), length -> max_tokens, tool_calls -> tool_use, content_filter -> refusal; usage counts
+`input_tokens` without the cached part, which is `cache_read_input_tokens` (Anthropic's accounting).
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any
+
+import orjson
+
+from gateway.errors import GatewayError, InvalidRequest
+from gateway.tokenizer import count_tokens, render_chat
+
+STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use", "content_filter": "refusal",
+                "function_call": "tool_use"}
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{secrets.token_hex(12)}"
+
+
+def _bad(msg: str, param: str | None = None) -> InvalidRequest:
+    return InvalidRequest(msg, param=param)
+
+
+def _text_of(content: Any, where: str) -> str:
+    """Text of a system prompt or tool_result content: a string or a list of text blocks."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        out = []
+        for j, b in enumerate(content):
+            if not isinstance(b, dict) or b.get("type") != "text" or not isinstance(b.get("text"), str):
+                raise _bad(f"{where}[{j}]: expected a text block.", f"{where}[{j}]")
+            out.append(b["text"])
+        return "".join(out)
+    if content is None:
+        return ""
+    raise _bad(f"{where} must be a string or an array of text blocks.", where)
+
+
+def _image_part(block: dict[str, Any], where: str) -> dict[str, Any]:
+    src = block.get("source") or {}
+    if src.get("type") == "base64" and isinstance(src.get("data"), str):
+        url = f"data:{src.get('media_type', 'image/png')};base64,{src['data']}"
+    elif src.get("type") == "url" and isinstance(src.get("url"), str):
+        url = src["url"]
+    else:
+        raise _bad(f"{where}.source must be a base64 or url image source.", f"{where}.source")
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
+def _user_messages(content: Any, where: str) -> list[dict[str, Any]]:
+    if isinstance(content, str):
+        return [{"role": "user", "content": content}]
+    if not isinstance(content, list):
+        raise _bad(f"{where} must be a string or an array of content blocks.", where)
+    tools: list[dict[str, Any]] = []
+    parts: list[dict[str, Any]] = []
+    for j, b in enumerate(content):
+        w = f"{where}[{j}]"
+        t = b.get("type") if isinstance(b, dict) else None
+        if t == "text" and isinstance(b.get("text"), str):
+            parts.append({"type": "text", "text": b["text"]})
+        elif t == "image":
+            parts.append(_image_part(b, w))
+        elif t == "tool_result":
+            if not isinstance(b.get("tool_use_id"), str):
+                raise _bad(f"{w}.tool_use_id must be a string.", f"{w}.tool_use_id")
+            inner = b.get("content")
+            text = inner if isinstance(inner, str) else "".join(
+                x.get("text", "") for x in inner or [] if isinstance(x, dict) and x.get("type") == "text")
+            if b.get("is_error"):
+                text = f"Error: {text}"
+            tools.append({"role": "tool", "tool_call_id": b["tool_use_id"], "content": text})
+        elif t in ("thinking", "redacted_thinking"):
+            continue
+        else:
+            raise _bad(f"{w}: content blocks of type {t!r} are not supported in user messages "
+                       "(supported: text, image, tool_result).", f"{w}.type")
+    out = list(tools)
+    if parts:
+        only_text = all(p["type"] == "text" for p in parts)
+        out.append({"role": "user", "content": "".join(p["text"] for p in parts) if only_text else parts})
+    return out
+
+
+def _assistant_message(content: Any, where: str) -> dict[str, Any]:
+    if isinstance(content, str):
+        return {"role": "assistant", "content": content}
+    if not isinstance(content, list):
+        raise _bad(f"{where} must be a string or an array of content blocks.", where)
+    text, calls = [], []
+    for j, b in enumerate(content):
+        w = f"{where}[{j}]"
+        t = b.get("type") if isinstance(b, dict) else None
+        if t == "text" and isinstance(b.get("text"), str):
+            text.append(b["text"])
+        elif t == "tool_use":
+            if not isinstance(b.get("id"), str) or not isinstance(b.get("name"), str):
+                raise _bad(f"{w}: tool_use needs a string 'id' and 'name'.", w)
+            calls.append({"id": b["id"], "type": "function",
+                          "function": {"name": b["name"], "arguments": orjson.dumps(b.get("input") or {}).decode()}})
+        elif t in ("thinking", "redacted_thinking"):
+            continue
+        else:
+            raise _bad(f"{w}: content blocks of type {t!r} are not supported in assistant messages "
+                       "(supported: text, tool_use).", f"{w}.type")
+    msg: dict[str, Any] = {"role": "assistant", "content": "".join(text) if text else None}
+    if calls:
+        msg["tool_calls"] = calls
+    return msg
+
+
+def chat_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise _bad("messages: at least one message is required.", "messages")
+    out: list[dict[str, Any]] = []
+    system = body.get("system")
+    if system is not None:
+        text = _text_of(system, "system")
+        if text:
+            out.append({"role": "system", "content": text})
+    for i, m in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict) or m.get("role") not in ("user", "assistant"):
+            raise _bad(f"{where}.role must be 'user' or 'assistant'.", f"{where}.role")
+        if m["role"] == "user":
+            out.extend(_user_messages(m.get("content"), f"{where}.content"))
+        else:
+            out.append(_assistant_message(m.get("content"), f"{where}.content"))
+    return out
+
+
+def chat_tools(tools: Any) -> list[dict[str, Any]] | None:
+    if tools is None:
+        return None
+    if not isinstance(tools, list):
+        raise _bad("tools must be an array.", "tools")
+    out = []
+    for i, t in enumerate(tools):
+        if not isinstance(t, dict) or not isinstance(t.get("name"), str) or not t["name"]:
+            raise _bad(f"tools[{i}].name: a non-empty string is required.", f"tools[{i}].name")
+        if t.get("type") not in (None, "custom"):
+            raise _bad(f"tools[{i}]: server tools of type {t.get('type')!r} are not supported by this gateway.",
+                       f"tools[{i}].type")
+        schema = t.get("input_schema")
+        if not isinstance(schema, dict):
+            raise _bad(f"tools[{i}].input_schema: an object is required.", f"tools[{i}].input_schema")
+        fn: dict[str, Any] = {"name": t["name"], "parameters": schema}
+        if isinstance(t.get("description"), str):
+            fn["description"] = t["description"]
+        out.append({"type": "function", "function": fn})
+    return out or None
+
+
+def chat_tool_choice(choice: Any, has_tools: bool) -> tuple[Any, bool | None]:
+    """(chat tool_choice, parallel_tool_calls) for an Anthropic tool_choice."""
+    if choice is None:
+        return None, None
+    if not isinstance(choice, dict) or choice.get("type") not in ("auto", "any", "tool", "none"):
+        raise _bad("tool_choice.type must be one of auto, any, tool, none.", "tool_choice.type")
+    if choice["type"] != "none" and not has_tools:
+        raise _bad("tool_choice requires tools.", "tool_choice")
+    parallel = None if choice.get("disable_parallel_tool_use") is None else not choice["disable_parallel_tool_use"]
+    kind = choice["type"]
+    if kind == "tool":
+        if not isinstance(choice.get("name"), str):
+            raise _bad("tool_choice.name: a string is required for type 'tool'.", "tool_choice.name")
+        return {"type": "function", "function": {"name": choice["name"]}}, parallel
+    return {"auto": "auto", "any": "required", "none": "none"}[kind], parallel
+
+
+def _num(body: dict[str, Any], name: str, lo: float, hi: float | None) -> Any:
+    v = body.get(name)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v < lo or (hi is not None and v > hi):
+        raise _bad(f"{name}: must be a number " + (f"between {lo:g} and {hi:g}." if hi is not None else f">= {lo:g}."),
+                   name)
+    return v
+
+
+def to_chat(body: dict[str, Any], *, count_only: bool = False) -> dict[str, Any]:
+    """The chat body for a Messages request (`count_only`: count_tokens, where max_tokens is not required)."""
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise _bad("model: a non-empty string is required.", "model")
+    max_tokens = body.get("max_tokens")
+    if not count_only and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1):
+        raise _bad("max_tokens: an integer >= 1 is required.", "max_tokens")
+    stream = body.get("stream") or False
+    if not isinstance(stream, bool):
+        raise _bad("stream: must be a boolean.", "stream")
+    tools = chat_tools(body.get("tools"))
+    choice, parallel = chat_tool_choice(body.get("tool_choice"), bool(tools))
+    chat: dict[str, Any] = {"model": model, "messages": chat_messages(body)}
+    if tools:
+        chat["tools"] = tools
+        if choice is not None:
+            chat["tool_choice"] = choice
+        if parallel is not None:
+            chat["parallel_tool_calls"] = parallel
+    if count_only:
+        return chat
+    chat.update(max_tokens=max_tokens, stream=stream)
+    if stream:
+        chat["stream_options"] = {"include_usage": True}
+    stops = body.get("stop_sequences")
+    if stops is not None:
+        if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
+            raise _bad("stop_sequences: must be an array of non-empty strings.", "stop_sequences")
+        if stops:
+            chat["stop"] = stops
+    for name, lo, hi in (("temperature", 0, 1), ("top_p", 0, 1), ("top_k", 0, None)):
+        v = _num(body, name, lo, hi)
+        if v is not None:
+            chat[name] = v
+    meta = body.get("metadata")
+    if isinstance(meta, dict) and isinstance(meta.get("user_id"), str):
+        chat["user"] = meta["user_id"]
+    return chat
+
+
+def input_tokens(chat: dict[str, Any]) -> int:
+    """The gateway's token estimate of a prompt (the shared 4-characters-per-token rule, see gateway/tokenizer.py)."""
+    return count_tokens(render_chat(chat["messages"], chat.get("tools")))
+
+
+# -- response ------------------------------------------------------------------------------------------------
+def parse_arguments(raw: str | None) -> dict[str, Any]:
+    try:
+        val = orjson.loads(raw or "{}")
+    except orjson.JSONDecodeError:
+        return {"_raw_arguments": raw}  # the engine produced invalid JSON: kept, not lost
+    return val if isinstance(val, dict) else {"_value": val}
+
+
+def usage(chat_usage: dict[str, Any] | None) -> dict[str, int]:
+    u = chat_usage or {}
+    details = u.get("prompt_tokens_details") or {}
+    cached = int(details.get("cached_tokens") or 0) if isinstance(details, dict) else 0
+    prompt = int(u.get("prompt_tokens") or 0)
+    return {"input_tokens": max(prompt - cached, 0), "output_tokens": int(u.get("completion_tokens") or 0),
+            "cache_read_input_tokens": cached, "cache_creation_input_tokens": 0}
+
+
+def stop_reason(finish: str | None, matched: Any, stops: list[str] | None) -> tuple[str | None, str | None]:
+    """(stop_reason, stop_sequence)."""
+    if finish == "stop" and isinstance(matched, str) and stops and matched in stops:
+        return "stop_sequence", matched
+    return STOP_REASONS.get(finish or "", "end_turn" if finish else None), None
+
+
+def from_chat(chat: dict[str, Any], model: str, stops: list[str] | None) -> dict[str, Any]:
+    choices = chat.get("choices") or []
+    choice = choices[0] if choices and isinstance(choices[0], dict) else {}
+    msg = choice.get("message") or {}
+    content: list[dict[str, Any]] = []
+    if isinstance(msg.get("content"), str) and msg["content"]:
+        content.append({"type": "text", "text": msg["content"]})
+    for call in msg.get("tool_calls") or []:
+        fn = call.get("function") or {}
+        content.append({"type": "tool_use", "id": call.get("id") or new_id("toolu"), "name": fn.get("name") or "",
+                        "input": parse_arguments(fn.get("arguments"))})
+    reason, seq = stop_reason(choice.get("finish_reason"), choice.get("matched_stop"), stops)
+    return {"id": new_id("msg"), "type": "message", "role": "assistant", "model": model, "content": content,
+            "stop_reason": reason, "stop_sequence": seq, "usage": usage(chat.get("usage"))}
+
+
+# -- errors --------------------------------------------------------------------------------------------------
+ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+               404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 529: "overloaded_error"}
+
+
+def error_status(status: int) -> int:
+    """Anthropic answers 'no capacity' with 529, not 503."""
+    return 529 if status == 503 else status
+
+
+def error_body(status: int, message: str, request_id: str | None = None) -> dict[str, Any]:
+    status = error_status(status)
+    kind = ERROR_TYPES.get(status) or ("invalid_request_error" if 400 <= status < 500 else "api_error")
+    out: dict[str, Any] = {"type": "error", "error": {"type": kind, "message": message}}
+    if request_id:
+        out["request_id"] = request_id
+    return out
+
+
+def from_gateway_error(err: GatewayError) -> tuple[int, dict[str, Any]]:
+    return error_status(err.status), error_body(err.status, err.message)
+
+
+def stream_error_type(err: dict[str, Any]) -> str:
+    """The in-band error event's type for a chat-path error object."""
+    overloaded = err.get("type") == "service_unavailable_error" or err.get("code") in ("server_is_overloaded", 503, 529)
+    return "overloaded_error" if overloaded else "api_error"

@@ -1,0 +1,129 @@
+"""POST /v1/responses (+ GET / DELETE /v1/responses/{id}, GET /v1/responses/{id}/input_items): the OpenAI
+Responses API bridged onto the chat path (`gateway/api/chat_bridge.py`). Errors keep the OpenAI shape, which the
+Responses API shares with chat, so the gateway's error handlers render them."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import orjson
+from fastapi import APIRouter, Request
+from starlette.responses import Response
+
+from gateway.api.chat_bridge import TranslatedStream, json_body, passthrough_headers, read_json
+from gateway.api.responses.store import ResponseStore
+from gateway.api.responses.stream import ResponsesStream
+from gateway.api.responses.translate import ResponsesRequest, from_chat, history_of, new_id, parse_request
+from gateway.errors import GatewayError, InvalidRequest
+from gateway.state import AppState
+
+router = APIRouter()
+
+
+class ResponseNotFound(GatewayError):
+    """404 for an id this tenant has no stored response under (expired, deleted, never stored, or another's)."""
+
+    status = 404
+    type = "invalid_request_error"
+    code = "not_found"
+
+
+def _json(obj: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(orjson.dumps(obj), status_code=status, media_type="application/json", headers=headers)
+
+
+def _ctx(request: Request) -> tuple[AppState, Any, ResponseStore, str]:
+    st: AppState = request.app.state.gateway
+    tenant = st.policies.index.identify(request.headers.get("authorization"))
+    return st, request.app.state.proxy, request.app.state.responses_store, tenant.name
+
+
+async def _load(store: ResponseStore, tenant: str, resp_id: str, param: str | None = None) -> dict[str, Any]:
+    raw = await store.get(tenant, resp_id)
+    if raw is None:
+        raise ResponseNotFound(f"No response found with id '{resp_id}'.", param=param)
+    rec: dict[str, Any] = orjson.loads(raw)
+    return rec
+
+
+async def _store(store: ResponseStore, tenant: str, req: ResponsesRequest, history: list[dict[str, Any]],
+                 response: dict[str, Any]) -> None:
+    if req.store:
+        await store.put(tenant, response["id"], orjson.dumps({"response": response,
+                                                              "input_items": history + req.input_items}))
+
+
+def _openai_error(status: int, body: dict[str, Any], headers: list[tuple[bytes, bytes]]) -> Response:
+    resp = _json(body or {"error": {"message": "upstream error", "type": "server_error", "param": None,
+                                    "code": None}}, status)
+    resp.raw_headers.extend(headers)
+    return resp
+
+
+@router.post("/v1/responses")
+async def create_response(request: Request) -> Response:
+    st, proxy, store, tenant = _ctx(request)
+    body = await read_json(request, st.config.max_body_bytes)
+    prev = body.get("previous_response_id")
+    history: list[dict[str, Any]] = []
+    if prev is not None:
+        if not isinstance(prev, str) or not prev:
+            raise InvalidRequest("'previous_response_id' must be a non-empty string.", param="previous_response_id")
+        history = history_of(await _load(store, tenant, prev, "previous_response_id"))
+    req = parse_request(body, history, st.config.responses.auto_truncate_input_tokens)
+    resp_id, created = new_id("resp"), int(time.time())
+    out = await proxy.handle(request, "chat/completions", body=req.chat)
+    if req.stream:
+        translator = ResponsesStream(resp_id, req)
+
+        async def on_end() -> None:
+            if translator.final is not None:
+                await _store(store, tenant, req, history, translator.final)
+
+        return TranslatedStream(out, translator, _openai_error, on_end)
+    chat = json_body(out)
+    if chat is None:
+        return out  # 499: the client is gone
+    response = from_chat(chat, resp_id, created, int(time.time()), req)
+    await _store(store, tenant, req, history, response)
+    return _json(response, headers=passthrough_headers(out))
+
+
+@router.get("/v1/responses/{resp_id}")
+async def get_response(resp_id: str, request: Request) -> Response:
+    _, _, store, tenant = _ctx(request)
+    return _json((await _load(store, tenant, resp_id))["response"])
+
+
+@router.delete("/v1/responses/{resp_id}")
+async def delete_response(resp_id: str, request: Request) -> Response:
+    _, _, store, tenant = _ctx(request)
+    if not await store.delete(tenant, resp_id):
+        raise ResponseNotFound(f"No response found with id '{resp_id}'.")
+    return _json({"id": resp_id, "object": "response", "deleted": True})
+
+
+@router.get("/v1/responses/{resp_id}/input_items")
+async def list_input_items(resp_id: str, request: Request) -> Response:
+    """The turn's input items (its history included), newest first unless order=asc; `after` and `limit` page."""
+    _, _, store, tenant = _ctx(request)
+    items = list((await _load(store, tenant, resp_id))["input_items"])
+    q = request.query_params
+    order = q.get("order", "desc")
+    if order not in ("asc", "desc"):
+        raise InvalidRequest("'order' must be 'asc' or 'desc'.", param="order")
+    raw_limit = q.get("limit", "20")
+    if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= 100:
+        raise InvalidRequest("'limit' must be an integer from 1 to 100.", param="limit")
+    if order == "desc":
+        items.reverse()
+    after = q.get("after")
+    if after is not None:
+        ids = [it.get("id") for it in items]
+        if after not in ids:
+            raise InvalidRequest(f"No input item with id '{after}' in this response.", param="after")
+        items = items[ids.index(after) + 1:]
+    page = items[: int(raw_limit)]
+    return _json({"object": "list", "data": page, "first_id": page[0].get("id") if page else None,
+                  "last_id": page[-1].get("id") if page else None, "has_more": len(items) > len(page)})

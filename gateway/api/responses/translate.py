@@ -1,0 +1,386 @@
+"""Responses API <-> chat/completions, pure functions (no I/O, no clock unless given).
+
+Request: `instructions` + stored history (previous_response_id) + `input` become one chat `messages` list, built by
+`items_to_messages` from Responses items in their order, so the chat path hashes the same prefix a chat client
+would have sent and turn N+1 lands on the replica that holds turn N. Response: the chat answer becomes `output`
+items (an assistant `message`, `function_call`s) and `usage` with `input_tokens_details.cached_tokens`.
+
+Supported: string or item-list input (messages with input_text / output_text / input_image parts, function_call,
+function_call_output; reasoning items are dropped from the prompt), function tools and tool_choice,
+max_output_tokens, temperature, top_p, text.format (text / json_object / json_schema), metadata, user, store,
+truncation (`auto` drops the oldest turns past `responses.auto_truncate_input_tokens`), parallel_tool_calls.
+Refused with a 400 naming the field: hosted tools (web_search, file_search, ...), item_reference, background,
+conversation, prompt templates. Other unknown top-level fields pass through to the chat body (e.g. SGLang's
+`ignore_eos`), like the chat path passes them upstream. `reasoning` is echoed, not sent (see docs/agent-apis.md).
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from gateway.errors import InvalidRequest
+from gateway.tokenizer import count_tokens, render_chat
+
+# Responses fields the bridge reads; anything else not in UNSUPPORTED passes through to the chat body.
+KNOWN = {"model", "input", "instructions", "previous_response_id", "store", "stream", "tools", "tool_choice",
+         "parallel_tool_calls", "max_output_tokens", "temperature", "top_p", "text", "reasoning", "metadata",
+         "truncation", "user", "include", "service_tier", "stream_options", "safety_identifier", "prompt_cache_key",
+         "max_tool_calls", "top_logprobs"}
+UNSUPPORTED = {"background": "background responses are not supported by this gateway",
+               "conversation": "conversations are not supported; chain turns with previous_response_id",
+               "prompt": "prompt templates are not supported; send instructions and input"}
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{secrets.token_hex(16)}"
+
+
+@dataclass(frozen=True)
+class ResponsesRequest:
+    """A validated Responses request: the chat body to send, and what the Response object echoes."""
+
+    chat: dict[str, Any]
+    model: str
+    stream: bool
+    store: bool
+    input_items: list[dict[str, Any]]  # this request's input, normalized, with ids (for input_items and history)
+    echo: dict[str, Any]  # request fields the Response object reports back
+
+
+def _bad(msg: str, param: str) -> InvalidRequest:
+    return InvalidRequest(msg, param=param)
+
+
+def _number(body: dict[str, Any], name: str, lo: float, hi: float) -> float | None:
+    v = body.get(name)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= v <= hi:
+        raise _bad(f"'{name}' must be a number between {lo:g} and {hi:g}.", name)
+    return v
+
+
+# -- input items ---------------------------------------------------------------------------------------------
+def normalize_input(raw: Any) -> list[dict[str, Any]]:
+    """The request's `input` as a list of typed items with ids (a string is one user message)."""
+    if isinstance(raw, str):
+        return [{"type": "message", "id": new_id("msg"), "role": "user",
+                 "content": [{"type": "input_text", "text": raw}]}]
+    if not isinstance(raw, list):
+        raise _bad("'input' must be a string or an array of input items.", "input")
+    out = []
+    for i, item in enumerate(raw):
+        where = f"input[{i}]"
+        if not isinstance(item, dict):
+            raise _bad(f"{where} must be an object.", where)
+        kind = item.get("type", "message" if "role" in item else None)
+        if kind == "message":
+            out.append(_message_item(item, where))
+        elif kind == "function_call":
+            for f in ("call_id", "name", "arguments"):
+                if not isinstance(item.get(f), str):
+                    raise _bad(f"{where}.{f} must be a string.", f"{where}.{f}")
+            out.append({"type": "function_call", "id": item.get("id") or new_id("fc"), "call_id": item["call_id"],
+                        "name": item["name"], "arguments": item["arguments"], "status": "completed"})
+        elif kind == "function_call_output":
+            if not isinstance(item.get("call_id"), str):
+                raise _bad(f"{where}.call_id must be a string.", f"{where}.call_id")
+            output = item.get("output")
+            if not isinstance(output, (str, list)):
+                raise _bad(f"{where}.output must be a string or an array of content parts.", f"{where}.output")
+            out.append({"type": "function_call_output", "id": item.get("id") or new_id("fco"),
+                        "call_id": item["call_id"], "output": output, "status": "completed"})
+        elif kind == "reasoning":
+            out.append({k: v for k, v in item.items()})  # kept in history, dropped from the prompt
+        else:
+            raise _bad(f"{where}: input items of type {kind!r} are not supported by this gateway "
+                       "(supported: message, function_call, function_call_output, reasoning).", f"{where}.type")
+    if not out:
+        raise _bad("'input' must not be empty.", "input")
+    return out
+
+
+def _message_item(item: dict[str, Any], where: str) -> dict[str, Any]:
+    role = item.get("role")
+    if role not in ("user", "assistant", "system", "developer"):
+        raise _bad(f"{where}.role must be one of user, assistant, system, developer.", f"{where}.role")
+    content = item.get("content")
+    if isinstance(content, str):
+        parts = [{"type": "output_text" if role == "assistant" else "input_text", "text": content}]
+    elif isinstance(content, list):
+        parts = []
+        for j, p in enumerate(content):
+            t = p.get("type") if isinstance(p, dict) else None
+            if t in ("input_text", "output_text", "text") and isinstance(p.get("text"), str):
+                parts.append({"type": "output_text" if role == "assistant" else "input_text", "text": p["text"]})
+            elif t == "refusal" and isinstance(p.get("refusal"), str):
+                parts.append({"type": "refusal", "refusal": p["refusal"]})
+            elif t == "input_image" and isinstance(p.get("image_url"), str):
+                parts.append({"type": "input_image", "image_url": p["image_url"], "detail": p.get("detail", "auto")})
+            else:
+                raise _bad(f"{where}.content[{j}]: content parts of type {t!r} are not supported "
+                           "(supported: input_text, output_text, refusal, input_image with image_url).",
+                           f"{where}.content[{j}].type")
+    else:
+        raise _bad(f"{where}.content must be a string or an array of content parts.", f"{where}.content")
+    msg = {"type": "message", "id": item.get("id") or new_id("msg"), "role": role, "content": parts}
+    if role == "assistant":
+        msg["status"] = "completed"
+    return msg
+
+
+def _chat_content(parts: list[dict[str, Any]]) -> str | list[dict[str, Any]]:
+    texts = [p.get("text") or p.get("refusal") or "" for p in parts if p["type"] != "input_image"]
+    if len(texts) == len(parts):
+        return "".join(texts)  # all text: one string, exactly what a chat client sends
+    return [{"type": "image_url", "image_url": {"url": p["image_url"]}} if p["type"] == "input_image"
+            else {"type": "text", "text": p.get("text") or p.get("refusal") or ""} for p in parts]
+
+
+def _output_text(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    return "".join(p.get("text", "") for p in value if isinstance(p, dict))
+
+
+def items_to_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Chat messages for Responses items, in order. An assistant message followed by function calls (one model
+    turn) becomes one assistant message with `tool_calls`, as a chat client would have sent it."""
+    out: list[dict[str, Any]] = []
+    for item in items:
+        kind = item["type"]
+        if kind == "message":
+            role = "system" if item["role"] == "developer" else item["role"]
+            out.append({"role": role, "content": _chat_content(item["content"])})
+        elif kind == "function_call":
+            call = {"id": item["call_id"], "type": "function",
+                    "function": {"name": item["name"], "arguments": item["arguments"]}}
+            last = out[-1] if out else None
+            if last is not None and last["role"] == "assistant" and "tool_call_id" not in last:
+                last.setdefault("tool_calls", []).append(call)
+            else:
+                out.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        elif kind == "function_call_output":
+            out.append({"role": "tool", "tool_call_id": item["call_id"], "content": _output_text(item["output"])})
+        # reasoning items: the engine's template drops past reasoning from the prompt, so does the bridge
+    return out
+
+
+def truncate(messages: list[dict[str, Any]], tools: list[Any] | None, limit: int) -> list[dict[str, Any]]:
+    """`truncation: auto`: drop the oldest non-system messages (and tool results they leave orphaned) until the
+    rendered prompt fits `limit` tokens; the last message is always kept."""
+    system = [m for m in messages if m["role"] == "system"]
+    rest = [m for m in messages if m["role"] != "system"]
+    while len(rest) > 1 and count_tokens(render_chat(system + rest, tools)) > limit:
+        rest.pop(0)
+        while len(rest) > 1 and rest[0]["role"] == "tool":
+            rest.pop(0)
+    return system + rest
+
+
+# -- tools ---------------------------------------------------------------------------------------------------
+def chat_tools(tools: Any) -> list[dict[str, Any]] | None:
+    if tools is None:
+        return None
+    if not isinstance(tools, list):
+        raise _bad("'tools' must be an array.", "tools")
+    out = []
+    for i, t in enumerate(tools):
+        if not isinstance(t, dict) or t.get("type") != "function":
+            kind = t.get("type") if isinstance(t, dict) else None
+            raise _bad(f"tools[{i}]: tools of type {kind!r} are not supported by this gateway (only 'function').",
+                       f"tools[{i}].type")
+        if not isinstance(t.get("name"), str) or not t["name"]:
+            raise _bad(f"tools[{i}].name must be a non-empty string.", f"tools[{i}].name")
+        fn: dict[str, Any] = {"name": t["name"]}
+        for k in ("description", "parameters", "strict"):
+            if t.get(k) is not None:
+                fn[k] = t[k]
+        out.append({"type": "function", "function": fn})
+    return out or None
+
+
+def chat_tool_choice(choice: Any) -> Any:
+    if choice is None or choice in ("auto", "none", "required"):
+        return choice
+    if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("name"), str):
+        return {"type": "function", "function": {"name": choice["name"]}}
+    raise _bad("'tool_choice' must be 'auto', 'none', 'required' or {\"type\": \"function\", \"name\": ...}.",
+               "tool_choice")
+
+
+def chat_response_format(text: Any) -> dict[str, Any] | None:
+    if text is None:
+        return None
+    if not isinstance(text, dict):
+        raise _bad("'text' must be an object.", "text")
+    fmt = text.get("format")
+    if fmt is None or (isinstance(fmt, dict) and fmt.get("type") == "text"):
+        return None
+    if isinstance(fmt, dict) and fmt.get("type") == "json_object":
+        return {"type": "json_object"}
+    if isinstance(fmt, dict) and fmt.get("type") == "json_schema":
+        if not isinstance(fmt.get("name"), str) or not isinstance(fmt.get("schema"), dict):
+            raise _bad("text.format of type json_schema needs a string 'name' and an object 'schema'.", "text.format")
+        js = {k: fmt[k] for k in ("name", "schema", "strict", "description") if fmt.get(k) is not None}
+        return {"type": "json_schema", "json_schema": js}
+    raise _bad("text.format.type must be 'text', 'json_object' or 'json_schema'.", "text.format.type")
+
+
+# -- request -------------------------------------------------------------------------------------------------
+def parse_request(body: dict[str, Any], history: list[dict[str, Any]], auto_truncate_tokens: int) -> ResponsesRequest:
+    """`history`: the stored items of the previous_response_id chain (its input items then its output)."""
+    for name, why in UNSUPPORTED.items():
+        if body.get(name) is not None and body.get(name) is not False:
+            raise _bad(f"'{name}': {why}.", name)
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise _bad("'model' is required and must be a non-empty string.", "model")
+    if "input" not in body:
+        raise _bad("'input' is required.", "input")
+    stream = body.get("stream") or False
+    store = body.get("store", True)
+    for name, v in (("stream", stream), ("store", store)):
+        if not isinstance(v, bool):
+            raise _bad(f"'{name}' must be a boolean.", name)
+    instructions = body.get("instructions")
+    if instructions is not None and not isinstance(instructions, str):
+        raise _bad("'instructions' must be a string.", "instructions")
+    max_out = body.get("max_output_tokens")
+    if max_out is not None and (isinstance(max_out, bool) or not isinstance(max_out, int) or max_out < 1):
+        raise _bad("'max_output_tokens' must be an integer >= 1.", "max_output_tokens")
+    temperature = _number(body, "temperature", 0, 2)
+    top_p = _number(body, "top_p", 0, 1)
+    truncation = body.get("truncation") or "disabled"
+    if truncation not in ("auto", "disabled"):
+        raise _bad("'truncation' must be 'auto' or 'disabled'.", "truncation")
+    metadata = body.get("metadata")
+    if metadata is not None and (not isinstance(metadata, dict) or len(metadata) > 16 or
+                                 not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items())):
+        raise _bad("'metadata' must be an object of at most 16 string values.", "metadata")
+    reasoning = body.get("reasoning")
+    if reasoning is not None and not isinstance(reasoning, dict):
+        raise _bad("'reasoning' must be an object.", "reasoning")
+    input_items = normalize_input(body["input"])
+    tools = chat_tools(body.get("tools"))
+    tool_choice = chat_tool_choice(body.get("tool_choice"))
+    if tool_choice not in (None, "auto", "none") and not tools:
+        raise _bad("'tool_choice' requires 'tools'.", "tool_choice")
+    messages = ([{"role": "system", "content": instructions}] if instructions else []) + \
+        items_to_messages(history + input_items)
+    if truncation == "auto":
+        messages = truncate(messages, tools, auto_truncate_tokens)
+    chat: dict[str, Any] = {k: v for k, v in body.items() if k not in KNOWN}  # pass-through (e.g. ignore_eos)
+    chat.update(model=model, messages=messages, stream=stream)
+    if stream:
+        chat["stream_options"] = {"include_usage": True}  # the bridge needs usage for the final event
+    if tools:
+        chat["tools"] = tools
+    if tool_choice is not None and tools:
+        chat["tool_choice"] = tool_choice
+    if body.get("parallel_tool_calls") is not None and tools:
+        chat["parallel_tool_calls"] = body["parallel_tool_calls"]
+    for src, dst in (("max_output_tokens", "max_tokens"), ("temperature", "temperature"), ("top_p", "top_p"),
+                     ("user", "user")):
+        if body.get(src) is not None:
+            chat[dst] = body[src]
+    fmt = chat_response_format(body.get("text"))
+    if fmt is not None:
+        chat["response_format"] = fmt
+    text = body.get("text") if isinstance(body.get("text"), dict) else {}
+    echo = {
+        "instructions": instructions, "max_output_tokens": max_out, "metadata": metadata or {},
+        "parallel_tool_calls": body.get("parallel_tool_calls", True), "previous_response_id": body.get("previous_response_id"),
+        "reasoning": reasoning or {"effort": None, "summary": None}, "store": store,
+        "temperature": temperature if temperature is not None else 1.0, "top_p": top_p if top_p is not None else 1.0,
+        "text": {"format": text.get("format") or {"type": "text"}}, "tool_choice": body.get("tool_choice") or "auto",
+        "tools": body.get("tools") or [], "truncation": truncation, "user": body.get("user"),
+    }
+    return ResponsesRequest(chat, model, stream, store, input_items, echo)
+
+
+# -- response ------------------------------------------------------------------------------------------------
+def usage_from_chat(usage: dict[str, Any] | None) -> dict[str, Any] | None:
+    if not isinstance(usage, dict):
+        return None
+    details = usage.get("prompt_tokens_details") or {}
+    out_details = usage.get("completion_tokens_details") or {}
+    prompt, completion = int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
+    reasoning = out_details.get("reasoning_tokens") if isinstance(out_details, dict) else None
+    return {"input_tokens": prompt,
+            "input_tokens_details": {"cached_tokens": int((details or {}).get("cached_tokens") or 0)},
+            "output_tokens": completion,
+            "output_tokens_details": {"reasoning_tokens": int(reasoning or usage.get("reasoning_tokens") or 0)},
+            "total_tokens": int(usage.get("total_tokens") or prompt + completion)}
+
+
+def status_for(finish_reason: str | None) -> tuple[str, dict[str, str] | None]:
+    """(status, incomplete_details) for a chat finish_reason."""
+    if finish_reason == "length":
+        return "incomplete", {"reason": "max_output_tokens"}
+    if finish_reason == "content_filter":
+        return "incomplete", {"reason": "content_filter"}
+    return "completed", None
+
+
+def message_item(text: str, item_id: str | None = None, status: str = "completed") -> dict[str, Any]:
+    return {"type": "message", "id": item_id or new_id("msg"), "status": status, "role": "assistant",
+            "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]}
+
+
+def function_call_item(call: dict[str, Any], item_id: str | None = None, status: str = "completed") -> dict[str, Any]:
+    fn = call.get("function") or {}
+    return {"type": "function_call", "id": item_id or new_id("fc"), "call_id": call.get("id") or new_id("call"),
+            "name": fn.get("name") or "", "arguments": fn.get("arguments") or "", "status": status}
+
+
+def output_from_chat(choice: dict[str, Any]) -> list[dict[str, Any]]:
+    msg = choice.get("message") or {}
+    out = []
+    reasoning = msg.get("reasoning_content")
+    if isinstance(reasoning, str) and reasoning:
+        out.append({"type": "reasoning", "id": new_id("rs"), "summary": [],
+                    "content": [{"type": "reasoning_text", "text": reasoning}]})
+    text = msg.get("content")
+    if isinstance(text, str) and (text or not msg.get("tool_calls")):
+        out.append(message_item(text))
+    for call in msg.get("tool_calls") or []:
+        if isinstance(call, dict):
+            out.append(function_call_item(call))
+    return out
+
+
+def response_object(resp_id: str, created_at: int, req: ResponsesRequest, *, status: str, output: list[dict[str, Any]],
+                    usage: dict[str, Any] | None, incomplete: dict[str, str] | None = None,
+                    error: dict[str, Any] | None = None, completed_at: int | None = None) -> dict[str, Any]:
+    return {"id": resp_id, "object": "response", "created_at": created_at, "status": status,
+            "completed_at": completed_at if status == "completed" else None, "error": error,
+            "incomplete_details": incomplete, "model": req.model, "output": output, "usage": usage,
+            "background": False, "service_tier": "default", **req.echo}
+
+
+def from_chat(chat: dict[str, Any], resp_id: str, created_at: int, now: int, req: ResponsesRequest) -> dict[str, Any]:
+    choices = chat.get("choices") or []
+    choice = choices[0] if choices and isinstance(choices[0], dict) else {}
+    status, incomplete = status_for(choice.get("finish_reason"))
+    return response_object(resp_id, created_at, req, status=status, output=output_from_chat(choice),
+                           usage=usage_from_chat(chat.get("usage")), incomplete=incomplete, completed_at=now)
+
+
+def history_of(stored: dict[str, Any]) -> list[dict[str, Any]]:
+    """The items a follow-up turn continues from: the stored turn's whole input (its own history included) and
+    its output, in order."""
+    return list(stored["input_items"]) + list(stored["response"].get("output") or [])
+
+
+def error_code(err: dict[str, Any]) -> str:
+    code = err.get("code")
+    return "rate_limit_exceeded" if code in ("rate_limit_exceeded", 429, "429") else "server_error"
+
+
+def dumps(obj: Any) -> bytes:
+    return orjson.dumps(obj)

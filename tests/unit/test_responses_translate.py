@@ -1,0 +1,211 @@
+"""The Responses bridge's pure parts: request -> chat body, chat answer -> Response object, chat chunks -> the
+Responses event sequence, and the memory store's caps."""
+
+from __future__ import annotations
+
+import asyncio
+
+import orjson
+import pytest
+
+from gateway.api.chat_bridge import SSEPayloads
+from gateway.api.responses.store import MemoryResponseStore
+from gateway.api.responses.stream import ResponsesStream
+from gateway.api.responses.translate import from_chat, history_of, items_to_messages, parse_request
+from gateway.config import ResponsesConfig
+from gateway.errors import InvalidRequest
+from gateway.prefix.hashing import prefix_hashes
+
+LIMIT = 200_000
+
+
+def events(raw: bytes) -> list[dict]:
+    """(event name checked against the data's type) -> the data objects, in order."""
+    out = []
+    for block in raw.split(b"\n\n"):
+        if not block:
+            continue
+        name, data = block.split(b"\n")
+        ev = orjson.loads(data[len(b"data: "):])
+        assert name == b"event: " + ev["type"].encode()
+        out.append(ev)
+    return out
+
+
+def test_string_input_and_instructions_become_system_then_user():
+    req = parse_request({"model": "m", "input": "hi", "instructions": "be brief", "max_output_tokens": 5,
+                         "temperature": 0.2, "top_p": 0.9, "ignore_eos": True}, [], LIMIT)
+    assert req.chat["messages"] == [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
+    assert req.chat["max_tokens"] == 5 and req.chat["temperature"] == 0.2 and req.chat["top_p"] == 0.9
+    assert req.chat["ignore_eos"] is True  # unknown fields pass through like the chat path's
+    assert req.store is True and "stream_options" not in req.chat
+
+
+def test_function_tools_choice_and_json_schema_map_to_chat():
+    req = parse_request({"model": "m", "input": "x", "stream": True,
+                         "tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}}],
+                         "tool_choice": {"type": "function", "name": "f"},
+                         "text": {"format": {"type": "json_schema", "name": "out", "schema": {"type": "object"},
+                                             "strict": True}}}, [], LIMIT)
+    assert req.chat["tools"] == [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    assert req.chat["tool_choice"] == {"type": "function", "function": {"name": "f"}}
+    assert req.chat["response_format"] == {"type": "json_schema",
+                                           "json_schema": {"name": "out", "schema": {"type": "object"}, "strict": True}}
+    assert req.chat["stream_options"] == {"include_usage": True}
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"model": "m"}, "input"),
+    ({"input": "x"}, "model"),
+    ({"model": "m", "input": 3}, "input"),
+    ({"model": "m", "input": "x", "tools": [{"type": "web_search"}]}, "tools[0].type"),
+    ({"model": "m", "input": [{"type": "item_reference", "id": "x"}]}, "input[0].type"),
+    ({"model": "m", "input": "x", "background": True}, "background"),
+    ({"model": "m", "input": "x", "max_output_tokens": 0}, "max_output_tokens"),
+    ({"model": "m", "input": "x", "temperature": 3}, "temperature"),
+    ({"model": "m", "input": "x", "text": {"format": {"type": "xml"}}}, "text.format.type"),
+    ({"model": "m", "input": "x", "tool_choice": "required"}, "tool_choice"),
+])
+def test_bad_input_names_the_field(body, param):
+    with pytest.raises(InvalidRequest) as e:
+        parse_request(body, [], LIMIT)
+    assert e.value.param == param and e.value.status == 400
+
+
+def test_function_call_round_trip_items_become_one_assistant_turn_then_tool_results():
+    items = [{"type": "message", "role": "user", "content": "weather?"},
+             {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "checking"}]},
+             {"type": "function_call", "call_id": "c1", "name": "w", "arguments": "{}"},
+             {"type": "function_call", "call_id": "c2", "name": "w", "arguments": "{\"a\":1}"},
+             {"type": "function_call_output", "call_id": "c1", "output": "sunny"},
+             {"type": "function_call_output", "call_id": "c2", "output": "rain"}]
+    req = parse_request({"model": "m", "input": items}, [], LIMIT)
+    msgs = req.chat["messages"]
+    assert [m["role"] for m in msgs] == ["user", "assistant", "tool", "tool"]
+    assert msgs[1]["content"] == "checking" and [c["id"] for c in msgs[1]["tool_calls"]] == ["c1", "c2"]
+    assert msgs[2] == {"role": "tool", "tool_call_id": "c1", "content": "sunny"}
+
+
+def test_chained_turn_hashes_as_the_chat_client_would_have_sent_it():
+    """Turn 2 via previous_response_id renders the same prompt (so the same prefix hashes, so the same replica) as
+    the whole conversation sent in chat form."""
+    t1 = parse_request({"model": "m", "input": "first question " * 200}, [], LIMIT)
+    chat1 = {"choices": [{"message": {"role": "assistant", "content": "an answer " * 50}, "finish_reason": "stop"}],
+             "usage": {"prompt_tokens": 800, "completion_tokens": 120, "prompt_tokens_details": {"cached_tokens": 0}}}
+    r1 = from_chat(chat1, "resp_1", 0, 1, t1)
+    stored = {"response": r1, "input_items": t1.input_items}
+    t2 = parse_request({"model": "m", "input": "second", "previous_response_id": "resp_1"}, history_of(stored), LIMIT)
+    as_chat = {"messages": [{"role": "user", "content": "first question " * 200},
+                            {"role": "assistant", "content": "an answer " * 50},
+                            {"role": "user", "content": "second"}]}
+    assert t2.chat["messages"] == as_chat["messages"]
+    h1 = prefix_hashes("chat/completions", t1.chat, "m", chunk_tokens=16)
+    h2 = prefix_hashes("chat/completions", t2.chat, "m", chunk_tokens=16)
+    assert len(h2) > len(h1) > 0 and h2[:len(h1)] == h1
+
+
+def test_chat_answer_maps_to_output_items_status_and_cached_usage():
+    req = parse_request({"model": "m", "input": "x"}, [], LIMIT)
+    chat = {"choices": [{"message": {"content": "", "tool_calls": [
+        {"id": "call_0", "type": "function", "function": {"name": "f", "arguments": "{\"q\":1}"}}]},
+        "finish_reason": "tool_calls"}],
+        "usage": {"prompt_tokens": 100, "completion_tokens": 7, "total_tokens": 107,
+                  "prompt_tokens_details": {"cached_tokens": 64}}}
+    r = from_chat(chat, "resp_x", 10, 11, req)
+    assert r["status"] == "completed" and [o["type"] for o in r["output"]] == ["function_call"]
+    assert r["output"][0]["call_id"] == "call_0" and r["output"][0]["arguments"] == "{\"q\":1}"
+    assert r["usage"]["input_tokens_details"]["cached_tokens"] == 64 and r["usage"]["total_tokens"] == 107
+    cut = from_chat({"choices": [{"message": {"content": "abc"}, "finish_reason": "length"}]}, "r", 0, 1, req)
+    assert cut["status"] == "incomplete" and cut["incomplete_details"] == {"reason": "max_output_tokens"}
+    assert cut["output"][0]["content"][0]["text"] == "abc"
+
+
+def test_auto_truncation_drops_oldest_turns_keeps_system_and_last():
+    items = [{"role": "user", "content": "old " * 400}, {"role": "assistant", "content": "reply " * 400},
+             {"role": "user", "content": "new"}]
+    req = parse_request({"model": "m", "input": items, "instructions": "sys", "truncation": "auto"}, [], 100)
+    assert [m["content"] for m in req.chat["messages"]] == ["sys", "new"]
+    full = parse_request({"model": "m", "input": items, "instructions": "sys"}, [], 100)
+    assert len(full.chat["messages"]) == 4
+
+
+def _chunk(delta=None, finish=None, usage=None):
+    c = {"choices": [{"index": 0, "delta": delta or {}, "finish_reason": finish}] if usage is None else []}
+    if usage is not None:
+        c["usage"] = usage
+    return c
+
+
+def test_stream_text_event_sequence_with_sequence_numbers():
+    req = parse_request({"model": "m", "input": "x", "stream": True}, [], LIMIT)
+    s = ResponsesStream("resp_1", req, clock=lambda: 100.0)
+    raw = s.start() + s.chunk(_chunk({"role": "assistant", "content": ""})) + s.chunk(_chunk({"content": "Hel"})) \
+        + s.chunk(_chunk({"content": "lo"})) + s.chunk(_chunk(finish="stop")) \
+        + s.chunk(_chunk(usage={"prompt_tokens": 9, "completion_tokens": 2, "prompt_tokens_details": {"cached_tokens": 4}})) \
+        + s.done()
+    evs = events(raw)
+    assert [e["type"] for e in evs] == [
+        "response.created", "response.in_progress", "response.output_item.added", "response.content_part.added",
+        "response.output_text.delta", "response.output_text.delta", "response.output_text.done",
+        "response.content_part.done", "response.output_item.done", "response.completed"]
+    assert [e["sequence_number"] for e in evs] == list(range(len(evs)))
+    done = evs[-1]["response"]
+    assert done["output"][0]["content"][0]["text"] == "Hello" and done["status"] == "completed"
+    assert done["usage"]["input_tokens_details"]["cached_tokens"] == 4
+    assert s.final == done
+
+
+def test_stream_function_call_arguments_deltas_after_closing_text():
+    req = parse_request({"model": "m", "input": "x", "stream": True}, [], LIMIT)
+    s = ResponsesStream("resp_1", req)
+    raw = s.start() + s.chunk(_chunk({"content": "let me"})) \
+        + s.chunk(_chunk({"tool_calls": [{"index": 0, "id": "call_0", "function": {"name": "f", "arguments": "{\"a\""}}]})) \
+        + s.chunk(_chunk({"tool_calls": [{"index": 0, "function": {"arguments": ":1}"}}]})) \
+        + s.chunk(_chunk(finish="tool_calls")) + s.done()
+    types = [e["type"] for e in events(raw)]
+    assert types.index("response.output_item.done") < types.index("response.function_call_arguments.delta")
+    assert types.count("response.function_call_arguments.delta") == 2
+    assert types[-3:] == ["response.function_call_arguments.done", "response.output_item.done", "response.completed"]
+    out = s.final["output"]
+    assert [o["type"] for o in out] == ["message", "function_call"]
+    assert out[1]["arguments"] == "{\"a\":1}" and out[1]["call_id"] == "call_0" and out[1]["name"] == "f"
+
+
+def test_stream_upstream_failure_ends_with_error_and_failed():
+    req = parse_request({"model": "m", "input": "x", "stream": True}, [], LIMIT)
+    s = ResponsesStream("resp_1", req)
+    raw = s.start() + s.chunk(_chunk({"content": "par"})) + s.error({"message": "replica reset", "code": "upstream_error"})
+    evs = events(raw)
+    assert [e["type"] for e in evs[-2:]] == ["error", "response.failed"]
+    assert evs[-2]["message"] == "replica reset" and evs[-1]["response"]["status"] == "failed"
+    assert evs[-1]["response"]["error"] == {"code": "server_error", "message": "replica reset"}
+
+
+def test_sse_payloads_reassembles_events_split_across_writes():
+    p = SSEPayloads()
+    assert p.feed(b": stream open\n\ndata: {\"a\"") == []
+    assert p.feed(b":1}\n\ndata: [DONE]\n\n") == [b"{\"a\":1}", b"[DONE]"]
+
+
+def test_items_to_messages_maps_developer_to_system_and_drops_reasoning():
+    msgs = items_to_messages([{"type": "reasoning", "id": "rs", "summary": []},
+                              {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "d"}]}])
+    assert msgs == [{"role": "system", "content": "d"}]
+
+
+def test_memory_store_ttl_per_tenant_cap_and_isolation():
+    now = [0.0]
+    store = MemoryResponseStore(ResponsesConfig(ttl_s=10, max_per_tenant=2, max_record_bytes=1024),
+                                clock=lambda: now[0])
+
+    async def run():
+        assert await store.put("a", "r1", b"x" * 10) and await store.put("a", "r2", b"y")
+        assert await store.get("b", "r1") is None  # another tenant's id is absent
+        assert not await store.put("a", "big", b"z" * 2048)  # over the record cap: not stored
+        await store.put("a", "r3", b"w")  # over the per-tenant cap: the oldest goes
+        assert await store.get("a", "r1") is None and await store.get("a", "r3") == b"w"
+        now[0] = 11
+        assert await store.get("a", "r2") is None  # expired
+        assert not await store.delete("a", "r3")
+
+    asyncio.run(run())
