@@ -111,7 +111,7 @@ def create_app(config: GatewayConfig, *, span_exporter: Any = None, transport: h
         corrector = engine.corrector
         router = PipelineRouter(registry, index, loads, engine, on_lookup=metrics.routing_lookup.observe)
         feedback = Feedback(index, loads, engine, metrics, rc)
-        poller = EnginePoller(registry, http, index, rc.chunk_tokens, rc.load_poll_s)
+        poller = EnginePoller(registry, http, index, rc.chunk_tokens, rc.load_poll_s, config, metrics.registry)
         state = AppState(
             config=config, registry=registry, policies=policies, control=control, limiter=limiter, budget=budget,
             metrics=metrics, http=http,

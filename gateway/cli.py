@@ -1,4 +1,4 @@
-"""The `gateway` command: serve, demo, sim, admin, policies."""
+"""The `gateway` command: serve, demo, sim, check, admin, policies."""
 
 from __future__ import annotations
 
@@ -38,6 +38,12 @@ def build_parser() -> argparse.ArgumentParser:
     p_admin = sub.add_parser("admin", help="on-call commands over the admin API")
     admin_cli.add_arguments(p_admin)
     p_admin.set_defaults(func=admin_cli.run)
+
+    from gateway import preflight
+
+    p_check = sub.add_parser("check", help="preflight every SGLang server of a config; exits 1 on a misconfiguration")
+    p_check.add_argument("--config", required=True)
+    p_check.set_defaults(func=preflight.run_check)
 
     p_pol = sub.add_parser("policies", help="tenant policy tools: check a directory, print the JSON Schema")
     schema_cli.add_arguments(p_pol)

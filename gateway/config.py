@@ -48,6 +48,8 @@ Pricing = Annotated[PerTokenPricing | GpuHourPricing, Field(discriminator="type"
 class Replica(_Strict):
     name: str = Field(min_length=1)
     url: str
+    dp_size: int | None = Field(default=None, ge=1, le=64, description="data-parallel ranks of this server; unset: "
+                                "discovered from /server_info (dp_size, or attn_dp_size with DP attention)")
 
     @field_validator("url")
     @classmethod
@@ -86,7 +88,24 @@ class SGLangPool(_PoolBase):
     kind: Literal["sglang"] = "sglang"
     replicas: list[Replica] = Field(min_length=1)
     api_key_env: str | None = None  # SGLang --api-key, if the servers use one
-    health_path: str = "/health"
+    health_path: str = Field(default="/ping", description="liveness probe: /ping is a flag check on every SGLang "
+                             "release; /health runs a generation and is slow behind a long prefill (busy, not dead)")
+    dp_pinning: Literal["auto", "body", "header", "off"] = Field(
+        default="auto", description="a server with N DP ranks becomes N targets, each pinned to its rank: body field "
+        "(routed_dp_rank from 0.5.13, data_parallel_rank before), header X-Data-Parallel-Rank (0.5.13+); auto = body; "
+        "off = one target per server (SGLang spreads requests over its ranks itself)")
+    send_priority: Literal["auto", "always", "never"] = Field(
+        default="auto", description="auto: send an explicit priority (priority_values) to servers whose /server_info "
+        "says enable_priority_scheduling; never to others, so --abort-on-priority-when-disabled cannot refuse them")
+    priority_values: dict[Literal["high", "normal", "low"], int] = Field(
+        default_factory=lambda: {"high": 10, "normal": 0, "low": -10},
+        description="the SGLang priority sent per tenant class; `normal` is explicit so the server's default "
+        "(lowest, or --default-priority-value) never applies")
+
+    @field_validator("priority_values")
+    @classmethod
+    def _all_classes(cls, v: dict[str, int]) -> dict[str, int]:
+        return {"high": 10, "normal": 0, "low": -10, **v}  # a partial mapping keeps the defaults for the rest
 
 
 class OpenAIPool(_PoolBase):

@@ -24,9 +24,12 @@ async def readyz(request: Request) -> Response:
         return JSONResponse({"status": "draining"}, status_code=503)
     missing = [m.name for m in st.config.models
                if not any(t.routable() for p in m.pools for t in st.registry.by_pool.get(p, []))]
+    # SGLang servers whose preflight failed (gateway/preflight.py): named, never a reason to fail readiness
+    bad = {t.server: t.misconfigured for t in st.registry.targets if t.misconfigured}
+    extra = {"misconfigured_replicas": bad} if bad else {}
     if missing:
-        return JSONResponse({"status": "degraded", "models_without_replicas": missing})
-    return JSONResponse({"status": "ready"})
+        return JSONResponse({"status": "degraded", "models_without_replicas": missing, **extra})
+    return JSONResponse({"status": "ready", **extra})
 
 
 @router.get("/metrics")

@@ -1,5 +1,11 @@
-"""Reconciles the gateways' load view with the engines' own: polls SGLang `/v1/loads` (falling back to
-`/get_load`) every `load_poll_s`, and `/server_info` now and then for the replica's incarnation and KV capacity.
+"""Reconciles the gateways' load view with the engines' own, and keeps each SGLang server's facts current.
+
+Every `load_poll_s` it polls `/v1/loads` (falling back to `/get_load`, gone in 0.5.23) per server and gives each
+DP-rank target its own rank's row. Now and then it re-reads `/server_info`: DP rank count (a server with N ranks
+becomes N targets, see upstreams.py), version, priority scheduling, context length, KV capacity per rank and the
+simulator's incarnation. At start and after every reconnect (a server that was unreachable answers again) it runs
+the full preflight (gateway/preflight.py, with a probe request): each failed check is logged once, counted in
+`gateway_replica_misconfigured{pool,replica,check}` and kept on the targets for `/readyz`.
 
 The engines' gauges lag bursts, so they are a floor under the gateways' counts, not the primary signal; they also
 cover traffic that did not come through any gateway.
@@ -12,11 +18,14 @@ import logging
 from typing import Any
 
 import httpx
+from prometheus_client import Gauge
 
+from gateway import preflight
+from gateway.background import BackgroundTask
+from gateway.config import GatewayConfig, SGLangPool
 from gateway.prediction.ttft import LoadView
 from gateway.prefix.index import PrefixIndex
 from gateway.upstreams import Target, UpstreamRegistry
-from gateway.background import BackgroundTask
 
 log = logging.getLogger("gateway.engine")
 INFO_EVERY = 10  # polls between /server_info reads
@@ -24,12 +33,18 @@ INFO_EVERY = 10  # polls between /server_info reads
 
 class EnginePoller:
     def __init__(self, registry: UpstreamRegistry, client: httpx.AsyncClient, index: PrefixIndex, chunk_tokens: int,
-                 period: float) -> None:
+                 period: float, config: GatewayConfig | None = None, metrics_registry: Any = None) -> None:
         self.registry = registry
         self.client = client
         self.index = index
         self.chunk_tokens = chunk_tokens
         self.period = period
+        self.pools: dict[str, SGLangPool] = {p.name: p for p in config.pools if isinstance(p, SGLangPool)} if config else {}
+        self.misconfigured = Gauge("gateway_replica_misconfigured", "1 while a preflight check fails for an SGLang "
+                                   "server (log line and /readyz name it)", ["pool", "replica", "check"],
+                                   registry=metrics_registry) if metrics_registry is not None else None
+        self.reports: dict[str, preflight.Report] = {}  # server -> last full preflight
+        self._reachable: dict[str, bool] = {}
         self._bg = BackgroundTask(self._run, "engine-poller")
         self._n = 0
 
@@ -40,8 +55,8 @@ class EnginePoller:
         await self._bg.stop()
 
     async def poll_once(self, info: bool = True) -> None:
-        targets = [t for t in self.registry.targets if t.kind == "sglang"]
-        await asyncio.gather(*(self._poll(t, info) for t in targets))
+        servers = self.registry.servers()
+        await asyncio.gather(*(self._poll(name, ts, info) for name, ts in servers.items()))
 
     async def _run(self) -> None:
         while True:
@@ -52,47 +67,101 @@ class EnginePoller:
     def _headers(self, t: Target) -> dict[str, str]:
         return {"authorization": f"Bearer {t.api_key}"} if t.api_key else {}
 
-    async def _poll(self, t: Target, info: bool) -> None:
+    async def _poll(self, server: str, targets: list[Target], info: bool) -> None:
+        t = targets[0]
+        reconnect = not self._reachable.get(server, False)
         try:
-            if info:
-                await self._server_info(t)
+            if reconnect:
+                targets = await self._preflight(server, t) or targets
+            elif info:
+                targets = await self._server_info(server, t) or targets
             r = await self.client.get(f"{t.base_url}/v1/loads", headers=self._headers(t), timeout=2.0)
             if r.status_code == 404:
                 r = await self.client.get(f"{t.base_url}/get_load", headers=self._headers(t), timeout=2.0)
-                t.engine_load = _from_get_load(r.json()) if r.status_code == 200 else None
-            elif r.status_code == 200:
-                t.engine_load = _from_v1_loads(r.json())
+                rows = _rows_get_load(r.json()) if r.status_code == 200 else None
+            else:
+                rows = _rows_v1_loads(r.json()) if r.status_code == 200 else None
+            self._reachable[server] = True
+            _assign(targets, rows)
         except (httpx.HTTPError, ValueError, KeyError, TypeError):
+            self._reachable[server] = False
+            for x in targets:
+                x.engine_load = None
+
+    async def _preflight(self, server: str, t: Target) -> list[Target] | None:
+        pool = self.pools.get(t.pool)
+        if pool is None:  # a registry built without the config (tests): server facts only
+            return await self._server_info(server, t)
+        rep = await preflight.inspect(self.client, pool, server, t.base_url, t.api_key, self.chunk_tokens)
+        if rep.facts is None and any(f.check == "reachable" for f in rep.findings):
+            raise httpx.ConnectError("unreachable")  # not a misconfiguration: try again next poll
+        old = self.reports.get(server)
+        self.reports[server] = rep
+        for f in rep.findings:
+            if old is None or f.check not in old.checks():
+                log.warning("replica %s of pool %s misconfigured: %s: %s", server, t.pool, f.check, f.message)
+        if self.misconfigured is not None:
+            for check in set(old.checks() if old else []) - set(rep.checks()):
+                self.misconfigured.labels(t.pool, server, check).set(0)
+            for check in rep.checks():
+                self.misconfigured.labels(t.pool, server, check).set(1)
+        checks = rep.checks()
+        if rep.facts is None:
+            for x in self.registry.servers().get(server, []):
+                x.misconfigured = checks
+            return None
+        return await self._apply(server, t, rep.facts, misconfigured=checks)
+
+    async def _server_info(self, server: str, t: Target) -> list[Target] | None:
+        status, data = await preflight.server_info(self.client, t.base_url, self._headers(t))
+        if data is None:
+            return None
+        return await self._apply(server, t, preflight.ServerFacts.from_info(data))
+
+    async def _apply(self, server: str, t: Target, f: preflight.ServerFacts, **extra: Any) -> list[Target]:
+        """Split or merge the server's rank targets and record its facts; a new incarnation (the simulator's) drops
+        the old prefix entries. Real SGLang has no incarnation id: a restart there is caught by the cached_tokens
+        feedback (the engine reports fewer cached tokens than predicted and the stale entries are dropped)."""
+        before = {x.name: x.index_key for x in self.registry.servers().get(server, [])}
+        inc = f.incarnation or t.incarnation
+        targets = self.registry.set_ranks(server, f.ranks, version=f.version, priority_scheduling=f.priority_scheduling,
+                                          context_tokens=f.context_length, incarnation=inc, **extra)
+        after = {x.index_key for x in targets}
+        for name, key in before.items():
+            if key not in after:
+                if name == server and len(targets) > 1:
+                    log.info("replica %s has %d data-parallel ranks: one target per rank", server, len(targets))
+                elif inc != t.incarnation:
+                    log.info("replica %s has a new incarnation %s: its prefix entries are dropped", name, inc)
+                await self.index.drop_replica(key)
+        if f.max_total_num_tokens:
+            for x in targets:
+                # per rank; a single target standing for several ranks (pinning off) holds all of them
+                ranks = f.ranks if x.dp_rank is None else 1
+                self.index.set_capacity(x.index_key, f.max_total_num_tokens * ranks // self.chunk_tokens)
+        return targets
+
+
+def _assign(targets: list[Target], rows: list[tuple[int, LoadView]] | None) -> None:
+    """Each rank target gets its rank's row; a server-wide target gets the sum."""
+    for t in targets:
+        if rows is None:
             t.engine_load = None
-
-    async def _server_info(self, t: Target) -> None:
-        r = await self.client.get(f"{t.base_url}/server_info", headers=self._headers(t), timeout=2.0)
-        if r.status_code == 404:
-            r = await self.client.get(f"{t.base_url}/get_server_info", headers=self._headers(t), timeout=2.0)
-        if r.status_code != 200:
-            return
-        data: dict[str, Any] = r.json()
-        # Real SGLang has no incarnation id; the simulator does. A restart elsewhere is caught by the cached_tokens
-        # feedback (the engine reports fewer cached tokens than predicted and the stale entries are dropped).
-        inc = str(data.get("incarnation") or t.incarnation)
-        if inc != t.incarnation:
-            old = t.index_key
-            t.incarnation = inc
-            if old != t.index_key:
-                log.info("replica %s has a new incarnation %s: its prefix entries are dropped", t.name, inc)
-                await self.index.drop_replica(old)
-        cap = data.get("max_total_num_tokens")
-        if isinstance(cap, int) and cap > 0:
-            ranks = int(data.get("dp_size") or 1)
-            self.index.set_capacity(t.index_key, cap * ranks // self.chunk_tokens)
+        elif t.dp_rank is None:
+            t.engine_load = LoadView(sum(v.queued_prefill_tokens for _, v in rows), sum(v.inflight for _, v in rows))
+        else:
+            t.engine_load = next((v for r, v in rows if r == t.dp_rank), None)
 
 
-def _from_v1_loads(data: dict[str, Any]) -> LoadView:
-    loads = data.get("loads") or []
-    return LoadView(float(sum(x.get("num_waiting_uncached_tokens", 0) for x in loads)),
-                    float(sum(x.get("num_running_reqs", 0) + x.get("num_waiting_reqs", 0) for x in loads)))
+def _rows_v1_loads(data: dict[str, Any]) -> list[tuple[int, LoadView]]:
+    # 0.5.9 has no num_waiting_uncached_tokens: the prefill floor reads 0 there (the gateways' own count remains)
+    return [(int(x.get("dp_rank", i)), LoadView(float(x.get("num_waiting_uncached_tokens", 0)),
+                                                float(x.get("num_running_reqs", 0) + x.get("num_waiting_reqs", 0))))
+            for i, x in enumerate(data.get("loads") or [])]
 
 
-def _from_get_load(data: Any) -> LoadView:
+def _rows_get_load(data: Any) -> list[tuple[int, LoadView]]:
     rows = data if isinstance(data, list) else []
-    return LoadView(float(sum(x.get("num_pending_tokens", 0) for x in rows)), float(sum(x.get("num_reqs", 0) for x in rows)))
+    return [(int(x.get("dp_rank", i)), LoadView(float(x.get("num_pending_tokens", 0)), float(x.get("num_reqs", 0))))
+            for i, x in enumerate(rows)]
+

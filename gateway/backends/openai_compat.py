@@ -53,6 +53,7 @@ class HttpBackend:
         headers = {"content-type": "application/json", "x-request-id": call.request_id}
         if target.api_key:
             headers["authorization"] = f"Bearer {target.api_key}"
+        headers.update(target.pin_headers())  # DP rank pinning by header (SGLang 0.5.13+), when so configured
         content = orjson.dumps(call.body)
         url = target.url(call.endpoint)
         try:

@@ -34,7 +34,8 @@ class ControlPlane:
         self.actions = actions or {}
         self.state = ControlState()
         self.applied_at = 0.0
-        self._base = {t.name: (t.pricing, t.weight) for t in registry.targets}  # what the config says
+        # what the config says, per configured server (a DP server's rank targets appear later and share it)
+        self._base = {t.server: (t.pricing, t.weight) for t in registry.targets}
         self._listener = BackgroundTask(self._listen, "control-events")
         self._resyncer = BackgroundTask(self._resync_loop, "control-resync")
 
@@ -59,9 +60,9 @@ class ControlPlane:
     def apply(self, state: ControlState) -> None:
         """Make this instance's registry match the state (drained flags, pool weights and prices)."""
         for t in self.registry.targets:
-            pricing, weight = self._base[t.name]
+            pricing, weight = self._base[t.server]
             o = state.pools.get(t.pool)
-            t.drained = t.name in state.drained
+            t.drained = t.name in state.drained or t.server in state.drained  # draining a server drains its ranks
             t.weight = o.weight if o is not None and o.weight is not None else weight
             t.pricing = o.pricing if o is not None and o.pricing is not None else pricing
         self.state = state

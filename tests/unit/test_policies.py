@@ -95,9 +95,58 @@ def test_cache_namespaces_isolate_by_default_and_share_only_by_group():
 def test_priority_comes_from_the_policy_never_the_client():
     reg = UpstreamRegistry(CFG)
     mi, hosted = reg.by_pool["mi"][0], reg.by_pool["hosted"][0]
+    mi.priority_scheduling = True  # as the preflight reads it from /server_info
     body = {"model": "glm-5.2", "messages": [], "priority": 99, "cache_salt": "x"}
     high = adapt_body(body, mi, False, tenant(priority="high"))
     assert high["priority"] == 10 and high["cache_salt"] == "tenant:a:x" and high["model"] == "m"
-    assert "priority" not in adapt_body(body, mi, False, tenant())  # normal: SGLang's default, field not sent
     out = adapt_body(body, hosted, False, tenant(priority="high"))
     assert "priority" not in out and out["cache_salt"] == "x"  # hosted endpoints get neither
+
+
+def test_priority_is_explicit_for_every_class_on_servers_that_schedule_by_it():
+    """Normal is sent as 0, not left out: SGLang would give a request without one the lowest value (or the
+    server's --default-priority-value), ranking normal below low."""
+    reg = UpstreamRegistry(CFG)
+    mi = reg.by_pool["mi"][0]
+    body = {"model": "glm-5.2", "messages": []}
+    mi.priority_scheduling = True
+    assert [adapt_body(body, mi, False, tenant(priority=p))["priority"] for p in ("high", "normal", "low")] == [10, 0, -10]
+    # a server without priority scheduling (or not yet inspected) gets none: --abort-on-priority-when-disabled
+    # would refuse every request that carries one
+    for known in (False, None):
+        mi.priority_scheduling = known
+        assert "priority" not in adapt_body({**body, "priority": 5}, mi, False, tenant(priority="high"))
+    mi.send_priority, mi.priority_scheduling = "always", None
+    assert adapt_body(body, mi, False, tenant(priority="normal"))["priority"] == 0
+    mi.send_priority = "never"
+    mi.priority_scheduling = True
+    assert "priority" not in adapt_body(body, mi, False, tenant(priority="high"))
+
+
+def test_priority_mapping_is_per_pool():
+    cfg = parse_config({**CFG.model_dump(exclude_none=True, exclude={"pools"}), "pools": [
+        {"name": "mi", "kind": "sglang", "model": "m", "priority_values": {"high": 100, "low": 1},
+         "send_priority": "always", "replicas": [{"name": "mi-0", "url": "http://127.0.0.1:1"}]},
+        {"name": "hosted", "kind": "openai", "model": "m", "base_url": "http://127.0.0.1:2/v1"}]})
+    mi = UpstreamRegistry(cfg).by_pool["mi"][0]
+    got = [adapt_body({"messages": []}, mi, False, tenant(priority=p))["priority"] for p in ("high", "normal", "low")]
+    assert got == [100, 0, 1]  # unset classes keep the default mapping
+
+
+def test_dp_rank_targets_pin_the_rank_the_router_chose():
+    """A server split into rank targets: each carries its rank in the field its release understands, and a
+    client's own pin is replaced (the router chooses the rank, as it chooses the replica)."""
+    reg = UpstreamRegistry(CFG)
+    ranks = reg.set_ranks("mi-0", 2)
+    assert [t.name for t in reg.by_pool["mi"]] == ["mi-0/dp0", "mi-0/dp1"] and ranks == reg.by_pool["mi"]
+    body = {"messages": [], "data_parallel_rank": 0, "routed_dp_rank": 0}
+    old = adapt_body(body, ranks[1], False)  # version unknown: the field every release accepts
+    assert old["data_parallel_rank"] == 1 and "routed_dp_rank" not in old
+    ranks[1].version = "0.5.23"
+    new = adapt_body(body, ranks[1], False)
+    assert new["routed_dp_rank"] == 1 and "data_parallel_rank" not in new
+    ranks[1].dp_pinning = "header"
+    assert "routed_dp_rank" not in adapt_body(body, ranks[1], False)
+    assert ranks[1].pin_headers() == {"X-Data-Parallel-Rank": "1"}
+    assert reg.set_ranks("mi-0", 1)[0].name == "mi-0" and len(reg.targets) == 2  # merged back; hosted kept
+    assert reg.get("mi-0") is reg.by_pool["mi"][0]

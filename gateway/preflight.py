@@ -1,0 +1,232 @@
+"""Preflight of one SGLang server: what `/server_info` and a one-token probe say, and which of its settings make the
+gateway go quietly wrong (issue #11). Run at start and on every reconnect by the engine poller, and on demand by
+`gateway check --config FILE` (exits 1 when any check fails).
+
+Checks (one name each; the metric label and the `/readyz` detail use it):
+- `reachable`    /server_info answers (nothing else can be checked otherwise)
+- `api_key`      the pool's key is accepted (401 = wrong or missing `api_key_env`)
+- `cache_report` `--enable-cache-report` is on: without it usage has no cached_tokens, so prefix feedback and cost go
+                 blind. Read from /server_info and confirmed by a text probe (a multimodal prompt would report
+                 `cached_tokens: 0` even without the flag, so the probe is text only)
+- `priority`     priority scheduling on while the gateway sends no explicit priority (requests without one get the
+                 lowest value unless --default-priority-value), or --abort-on-priority-when-disabled while the gateway
+                 always sends one (every request refused with 503)
+- `dp_pinning`   several DP ranks (dp_size, or attn_dp_size with DP attention) and pinning off or header pinning on a
+                 release without the header (< 0.5.13): SGLang then spreads requests over ranks and prefix hits halve
+- `page_size`    the gateway's `routing.chunk_tokens` is not a multiple of the server's page size
+- `context_length` the pool's `context_tokens` exceeds the server's context length
+- `version`      the release is unknown or older than 0.5.9
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from gateway.config import GatewayConfig, SGLangPool
+from gateway.upstreams import release
+
+log = logging.getLogger("gateway.preflight")
+OLDEST = (0, 5, 9)
+
+
+@dataclass
+class Finding:
+    check: str
+    message: str
+
+
+@dataclass
+class ServerFacts:
+    """What the gateway uses from a server's /server_info (None: not reported)."""
+
+    version: str = ""
+    ranks: int = 1  # independent schedulers (each its own KV cache): dp_size x attn_dp_size
+    dp_attention: bool = False
+    max_total_num_tokens: int | None = None  # per rank
+    page_size: int | None = None
+    context_length: int | None = None
+    max_req_input_len: int | None = None
+    cache_report: bool | None = None
+    priority_scheduling: bool | None = None
+    default_priority_value: int | None = None
+    abort_on_priority: bool = False
+    incarnation: str | None = None  # the simulator's, when asked; real SGLang has none
+
+    @classmethod
+    def from_info(cls, d: dict[str, Any]) -> ServerFacts:
+        def num(k: str) -> int | None:
+            v = d.get(k)
+            return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
+
+        dp, attn = num("dp_size") or 1, num("attn_dp_size") or 1
+        prio = d.get("enable_priority_scheduling")
+        cache = d.get("enable_cache_report")
+        dpv = d.get("default_priority_value")
+        return cls(version=str(d.get("version") or ""), ranks=dp * attn,
+                   dp_attention=bool(d.get("enable_dp_attention")) or attn > 1,
+                   max_total_num_tokens=num("max_total_num_tokens"), page_size=num("page_size"),
+                   context_length=num("context_length"), max_req_input_len=num("max_req_input_len"),
+                   cache_report=cache if isinstance(cache, bool) else None,
+                   priority_scheduling=prio if isinstance(prio, bool) else None,
+                   default_priority_value=dpv if isinstance(dpv, int) and not isinstance(dpv, bool) else None,
+                   abort_on_priority=bool(d.get("abort_on_priority_when_disabled")),
+                   incarnation=str(d["incarnation"]) if d.get("incarnation") else None)
+
+
+@dataclass
+class Report:
+    pool: str
+    server: str
+    url: str
+    facts: ServerFacts | None = None
+    findings: list[Finding] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.findings
+
+    def checks(self) -> list[str]:
+        return [f.check for f in self.findings]
+
+
+async def server_info(client: httpx.AsyncClient, base_url: str, headers: dict[str, str],
+                      timeout: float = 2.0) -> tuple[int, dict[str, Any] | None]:
+    """(status, body) of /server_info, falling back to /get_server_info on 404; raises httpx.HTTPError."""
+    r = await client.get(f"{base_url}/server_info", headers=headers, timeout=timeout)
+    if r.status_code == 404:
+        r = await client.get(f"{base_url}/get_server_info", headers=headers, timeout=timeout)
+    if r.status_code != 200:
+        return r.status_code, None
+    data = r.json()
+    return 200, data if isinstance(data, dict) else None
+
+
+async def probe(client: httpx.AsyncClient, base_url: str, model: str, headers: dict[str, str],
+                timeout: float = 30.0) -> tuple[int, dict[str, Any] | None]:
+    """A one-token text chat request (no priority: a server with --abort-on-priority-when-disabled would refuse it)."""
+    body = {"model": model, "messages": [{"role": "user", "content": "gateway preflight probe"}], "max_tokens": 1}
+    r = await client.post(f"{base_url}/v1/chat/completions", json=body, headers=headers, timeout=timeout)
+    try:
+        data = r.json()
+    except ValueError:
+        data = None
+    return r.status_code, data if isinstance(data, dict) else None
+
+
+async def inspect(client: httpx.AsyncClient, pool: SGLangPool, server: str, url: str, api_key: str | None,
+                  chunk_tokens: int, with_probe: bool = True) -> Report:
+    """The preflight of one server; never raises for what the server does (an unreachable one is a finding)."""
+    rep = Report(pool.name, server, url)
+    headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        status, info = await server_info(client, url, headers)
+    except (httpx.HTTPError, ValueError) as e:
+        rep.findings.append(Finding("reachable", f"/server_info unreachable ({type(e).__name__}: {e})"))
+        return rep
+    if status == 401:
+        rep.findings.append(Finding("api_key", "/server_info answered 401: the server runs --api-key and the pool's "
+                                    f"api_key_env ({pool.api_key_env or 'unset'}) does not hold that key"))
+        return rep
+    if info is None:
+        rep.findings.append(Finding("reachable", f"/server_info answered {status}"))
+        return rep
+    facts = rep.facts = ServerFacts.from_info(info)
+    probe_usage: dict[str, Any] | None = None
+    if with_probe:
+        try:
+            status, data = await probe(client, url, pool.model, headers)
+            if status == 401:
+                rep.findings.append(Finding("api_key", "the probe request answered 401: the pool's api_key_env "
+                                            f"({pool.api_key_env or 'unset'}) does not hold the server's --api-key"))
+            elif status == 200 and data is not None:
+                u = data.get("usage")
+                probe_usage = u if isinstance(u, dict) else {}
+        except (httpx.HTTPError, ValueError):
+            pass  # a slow or failing probe is the health checks' business; /server_info already answered
+    rep.findings.extend(assess(facts, pool, chunk_tokens, probe_usage))
+    return rep
+
+
+def assess(f: ServerFacts, pool: SGLangPool, chunk_tokens: int, probe_usage: dict[str, Any] | None) -> list[Finding]:
+    """The configuration checks, from the facts, the pool config and the probe's usage (None: no probe answer)."""
+    out: list[Finding] = []
+    details = probe_usage.get("prompt_tokens_details") if probe_usage is not None else None
+    if f.cache_report is False or (probe_usage is not None and not (isinstance(details, dict) and "cached_tokens" in details)):
+        out.append(Finding("cache_report", "cached_tokens missing from usage: start SGLang with --enable-cache-report "
+                           "(prefix feedback and cached-token pricing are blind without it)"))
+    sends = pool.send_priority == "always" or (pool.send_priority == "auto" and f.priority_scheduling is True)
+    if f.priority_scheduling and not sends and f.default_priority_value is None:
+        out.append(Finding("priority", "--enable-priority-scheduling without --default-priority-value while the "
+                           "gateway sends no priority (send_priority: never): requests without one get the lowest "
+                           "priority and are preempted by any other"))
+    if f.priority_scheduling is False and f.abort_on_priority and pool.send_priority == "always":
+        out.append(Finding("priority", "--abort-on-priority-when-disabled and send_priority: always: SGLang refuses "
+                           "every request with 503 (use send_priority: auto)"))
+    if f.ranks > 1 and pool.dp_pinning == "off":
+        out.append(Finding("dp_pinning", f"{f.ranks} data-parallel ranks{' (DP attention)' if f.dp_attention else ''} "
+                           "and dp_pinning: off: SGLang spreads requests over its ranks and prefix hits split"))
+    if f.ranks > 1 and pool.dp_pinning == "header" and release(f.version) < (0, 5, 13):
+        out.append(Finding("dp_pinning", f"dp_pinning: header needs SGLang 0.5.13+ (this is {f.version or 'unknown'}); "
+                           "use dp_pinning: body"))
+    if f.page_size and chunk_tokens % f.page_size:
+        out.append(Finding("page_size", f"routing.chunk_tokens {chunk_tokens} is not a multiple of the server's page "
+                           f"size {f.page_size}: predicted hits do not line up with what the engine can reuse"))
+    if pool.context_tokens and f.context_length and pool.context_tokens > f.context_length:
+        out.append(Finding("context_length", f"the pool's context_tokens {pool.context_tokens} exceeds the server's "
+                           f"context length {f.context_length}: long requests pass the edge and fail upstream"))
+    if not f.version or release(f.version) < OLDEST:
+        out.append(Finding("version", f"SGLang {f.version or 'version unknown'}: the gateway is tested against 0.5.9, "
+                           "0.5.13 and 0.5.23"))
+    return out
+
+
+async def check_config(cfg: GatewayConfig, client: httpx.AsyncClient | None = None) -> list[Report]:
+    """Every SGLang server of the config, concurrently."""
+    import os
+
+    own = client is None
+    client = client or httpx.AsyncClient(trust_env=False)
+    try:
+        jobs = []
+        for pool in cfg.pools:
+            if isinstance(pool, SGLangPool):
+                key = os.environ.get(pool.api_key_env) if pool.api_key_env else None
+                jobs += [inspect(client, pool, r.name, r.url, key, cfg.routing.chunk_tokens) for r in pool.replicas]
+        return list(await asyncio.gather(*jobs))
+    finally:
+        if own:
+            await client.aclose()
+
+
+def describe(rep: Report) -> str:
+    f = rep.facts
+    if f is None:
+        return f"{rep.pool}/{rep.server} {rep.url}"
+    return (f"{rep.pool}/{rep.server} {rep.url}: SGLang {f.version or '?'}, {f.ranks} rank(s)"
+            f"{' (DP attention)' if f.dp_attention else ''}, page {f.page_size}, context {f.context_length}, "
+            f"cache report {f.cache_report}, priority scheduling {f.priority_scheduling}")
+
+
+def run_check(args: Any) -> int:
+    """`gateway check --config FILE`: one line per server, one line per misconfiguration; exit 1 if any."""
+    from gateway.config import ConfigError, load_config
+
+    try:
+        cfg = load_config(args.config)
+    except ConfigError as e:
+        print(e)
+        return 2
+    reports = asyncio.run(check_config(cfg))
+    bad = 0
+    for rep in reports:
+        print(("ok    " if rep.ok else "FAIL  ") + describe(rep))
+        for f in rep.findings:
+            bad += 1
+            print(f"  {rep.pool}/{rep.server}: {f.check}: {f.message}")
+    print(f"{len(reports)} server(s), {bad} misconfiguration(s)")
+    return 1 if bad else 0
