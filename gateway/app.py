@@ -41,6 +41,7 @@ from gateway.state import AppState
 from gateway.control.plane import ControlPlane
 from gateway.control.store import MemoryControlStore, RedisControlStore
 from gateway.tenancy.budget import MemoryBudgetLedger, RedisBudgetLedger
+from gateway.tenancy.concurrency import ConcurrencyLimiter
 from gateway.tenancy.fallback import FallbackBudgetLedger, FallbackRateLimiter
 from gateway.tenancy.policy_loader import PolicyError
 from gateway.tenancy.policy_store import PolicyStore
@@ -117,6 +118,7 @@ def create_app(config: GatewayConfig, *, span_exporter: Any = None, transport: h
             metrics=metrics, http=http,
             backends=backends, router=router, dispatcher=Dispatcher(config, backends, metrics, feedback),
             health=health, feedback=feedback, tracer=tracer, tracer_provider=provider,
+            concurrency=ConcurrencyLimiter(redis_client, rc.redis_prefix, rc.concurrency_lease_s, rc.limits_redis_timeout_s),
         )
         state.extra.update(index=index, loads=loads, corrector=corrector, poller=poller, admin_hashes=admin_hashes)
         app.state.gateway = state
@@ -124,6 +126,7 @@ def create_app(config: GatewayConfig, *, span_exporter: Any = None, transport: h
         app.state.responses_store = build_response_store(config.responses, redis_client, rc.redis_prefix,
                                                          rc.limits_redis_timeout_s)
         health.start()
+        state.concurrency.start()
         if config.health.enabled:
             poller.start()
         policies.start()
@@ -134,6 +137,7 @@ def create_app(config: GatewayConfig, *, span_exporter: Any = None, transport: h
             await control.stop()
             await policies.stop()
             await app.state.proxy.drain()
+            await state.concurrency.stop()
             await health.stop()
             await poller.stop()
             await feedback.drain()

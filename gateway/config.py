@@ -147,6 +147,8 @@ class Timeouts(_Strict):
     total: float = Field(default=540.0, gt=0, description="whole request, below the SDK's 600 s")
     body_read: float = Field(default=5.0, gt=0, description="reading the client's request body (a client that "
                              "declares more bytes than it sends gets a 408, not a held connection)")
+    client_stall: float = Field(default=30.0, gt=0, description="a stream whose client has not taken a chunk for this "
+                                "long is cut and its upstream request cancelled (a client that stops reading)")
 
 
 class RetryPolicy(_Strict):
@@ -189,6 +191,8 @@ class Routing(_Strict):
     limits_redis_timeout_s: float = Field(default=1.0, gt=0,
                                           description="rate limits and budgets: past it, enforced per instance")
     load_poll_s: float = Field(default=1.0, gt=0, description="engine /v1/loads reconciliation period")
+    concurrency_lease_s: float = Field(default=30.0, ge=1, le=600, description="fleet-wide max_concurrent: a slot "
+                                       "not renewed for this long (its instance died) is freed")
 
 
 class Shutdown(_Strict):
@@ -296,6 +300,8 @@ def check_tenants(cfg: GatewayConfig, tenants: list[Tenant], where: list[str]) -
             for j, p in enumerate(getattr(t, field) or []):
                 if p not in pool_names:
                     raise ValueError(f"{loc}{field}[{j}]: unknown pool {p!r}")
+        if t.max_concurrent_scope == "fleet" and not cfg.routing.redis_url:
+            raise ValueError(f"{loc}max_concurrent_scope: 'fleet' needs routing.redis_url (shared state)")
         for h in t.api_key_hashes:
             if h in seen:
                 raise ValueError(f"{loc}api_key_hashes: key already belongs to tenant {seen[h]!r}")

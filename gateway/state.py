@@ -16,6 +16,7 @@ from gateway.observability.metrics import GatewayMetrics
 from gateway.routing.pipeline import Router
 from gateway.control.plane import ControlPlane
 from gateway.tenancy.budget import BudgetLedger
+from gateway.tenancy.concurrency import ConcurrencyLimiter
 from gateway.tenancy.policy_store import PolicyStore
 from gateway.tenancy.ratelimit import RateLimiter
 from gateway.upstreams import UpstreamRegistry
@@ -39,4 +40,5 @@ class AppState:
     tracer: Any
     tracer_provider: Any = None
     draining: bool = False
+    concurrency: ConcurrencyLimiter = field(default_factory=ConcurrencyLimiter)  # tenants' max_concurrent
     extra: dict[str, Any] = field(default_factory=dict)

@@ -10,7 +10,10 @@ LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1, 1.5, 2, 3,
 class GatewayMetrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry(auto_describe=False)
-        self.requests = Counter("gateway_requests", "Requests by outcome", ["model", "pool", "tenant", "status"], registry=r)
+        # every request, refused or served: status = HTTP status sent (499: the client left first); reason = a
+        # bounded set (api/openai/accounting.py: ok, auth, malformed_json, rate_limit, shed, stream_error, ...)
+        self.requests = Counter("gateway_requests", "Requests by outcome", ["model", "pool", "tenant", "status", "reason"],
+                                registry=r)
         self.ttft = Histogram("gateway_ttft_seconds", "Time to first token seen by the client",
                               ["model", "pool", "tenant"], buckets=LATENCY_BUCKETS, registry=r)
         self.latency = Histogram("gateway_request_duration_seconds", "Whole request duration",
@@ -18,14 +21,22 @@ class GatewayMetrics:
         self.upstream_errors = Counter("gateway_upstream_errors", "Failed upstream attempts",
                                        ["pool", "replica", "kind"], registry=r)
         self.retries = Counter("gateway_retries", "Attempts beyond the first, per pool tried", ["pool"], registry=r)
-        self.inflight = Gauge("gateway_inflight_requests", "Requests in flight", ["pool"], registry=r)
-        self.tokens = Counter("gateway_tokens", "Tokens from upstream usage", ["model", "pool", "tenant", "type"], registry=r)
+        self.inflight = Gauge("gateway_inflight_requests", "Admitted requests not yet finished, on this instance",
+                              ["tenant"], registry=r)
+        # type = uncached_prompt | cached_prompt | completion: disjoint, so summing by type is the total
+        self.tokens = Counter("gateway_tokens", "Tokens from upstream usage (clamped)", ["model", "pool", "tenant", "type"],
+                              registry=r)
+        self.usage_anomalies = Counter("gateway_upstream_usage_anomalies", "Upstream usage values clamped",
+                                       ["pool", "kind"], registry=r)
+        self.accounting_failures = Counter("gateway_accounting_failures", "End-of-request steps that failed (logged)",
+                                           ["step"], registry=r)
         self.cost = Counter("gateway_cost_usd", "Cost from real usage", ["model", "pool", "tenant"], registry=r)
         self.decisions = Counter("gateway_routing_decisions", "Routing decisions by branch", ["model", "branch"], registry=r)
         self.replica_healthy = Gauge("gateway_replica_healthy", "1 if the last health check passed", ["pool", "replica"], registry=r)
         self.replica_share = Counter("gateway_replica_requests", "Attempts sent to each replica (traffic share)",
                                      ["pool", "replica"], registry=r)
-        self.sla = Counter("gateway_sla_requests", "Streams whose observed TTFT met or missed the tenant's SLA",
+        self.sla = Counter("gateway_sla_requests", "Requests whose TTFT met or missed the tenant's SLA (streams: "
+                           "observed; non-streamed: response time minus estimated decode time)",
                            ["tenant", "outcome"], registry=r)
         self.cached_predicted = Counter("gateway_cached_tokens_predicted", "Cached prompt tokens the router predicted",
                                         ["pool"], registry=r)
@@ -41,6 +52,20 @@ class GatewayMetrics:
         self.refusals = Counter("gateway_tenant_refusals", "Requests refused by a tenant's rate limit or budget",
                                 ["tenant", "reason"], registry=r)
         self.policy_reloads = Counter("gateway_policy_reloads", "Policy reloads by result", ["result"], registry=r)
+        self.shared_state_fallbacks = Counter("gateway_shared_state_fallbacks", "Shared-state calls served from this "
+                                              "instance's state instead of Redis, by user and why (away, unavailable, "
+                                              "error, timeout, saturated)", ["what", "reason"], registry=r)
+        self.settlements_pending = Gauge("gateway_budget_settlements_pending", "Budget settlements queued for Redis "
+                                         "(replayed when it answers)", registry=r)
+        self.poison_quarantined = Counter("gateway_poison_quarantined", "Request bodies quarantined after timing out "
+                                          "or breaking the connection on two replicas", registry=r)
+        self.quarantine_refusals = Counter("gateway_quarantine_refusals", "Requests refused because their body is "
+                                           "quarantined", registry=r)
+        self.request_caused_failures = Counter("gateway_request_caused_failures", "Upstream failures judged the "
+                                               "request's fault (returned as 4xx, not counted against the replica)",
+                                               ["pool"], registry=r)
+        self.ejections = Counter("gateway_replica_ejections", "Replicas taken out of routing by the dispatcher",
+                                 ["pool", "replica", "reason"], registry=r)
         self.breaker_open = Gauge("gateway_replica_circuit_open", "1 while the circuit breaker is open", ["pool", "replica"], registry=r)
 
     def render(self) -> bytes:

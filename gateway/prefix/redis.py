@@ -7,24 +7,23 @@ Data model (prefix `gw:` by default):
 Lookup is one EVALSHA that walks the chain and returns each replica's longest leading run; a write is one EVALSHA.
 
 Redis unavailable: every write also goes to the local mirror, reads use the mirror while Redis is down (no
-request fails because of Redis), and writes made meanwhile are replayed when it returns (bounded).
+request fails because of Redis), and writes made meanwhile are replayed when it returns (bounded; every write is
+idempotent). A single slow call (a timeout, a saturated pool) is answered from the mirror but does not put the
+index into fallback: only an outage or calls failing for a second with no success do (`gateway/shared_redis.py`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import redis.asyncio as aioredis
-from redis.exceptions import RedisError
 
 from gateway.prefix.memory import MemoryPrefixIndex
-
-log = logging.getLogger("gateway.prefix")
+from gateway.shared_redis import REDIS_ERRORS, RedisGuard
 
 MATCH_LUA = """
 local now = tonumber(ARGV[1])
@@ -91,7 +90,7 @@ return #members
 class RedisPrefixIndex:
     def __init__(self, client: aioredis.Redis, *, prefix: str = "gw:", timeout: float = 0.1, retry_after: float = 1.0,
                  clock: Callable[[], float] = time.time, local: MemoryPrefixIndex | None = None,
-                 on_rtt: Callable[[float], None] | None = None) -> None:
+                 on_rtt: Callable[[float], None] | None = None, guard: RedisGuard | None = None) -> None:
         self.r = client
         self.pfx = f"{prefix}pfx:"
         self.lru = f"{prefix}lru:"
@@ -101,7 +100,7 @@ class RedisPrefixIndex:
         self.local = local or MemoryPrefixIndex(clock=clock)
         self.on_rtt = on_rtt
         self._capacity: dict[str, int] = {}
-        self._down_until = 0.0
+        self.guard = guard or RedisGuard("prefix index", retry_after=retry_after)
         self._resync_lock = asyncio.Lock()
         self._pending: deque[tuple[Any, ...]] = deque(maxlen=10_000)  # writes made while Redis was away
         self._scripts = {
@@ -113,7 +112,7 @@ class RedisPrefixIndex:
 
     @property
     def available(self) -> bool:
-        return time.monotonic() >= self._down_until
+        return self.guard.available
 
     async def _call(self, name: str, keys: list[str], args: list[Any]) -> Any:
         start = time.perf_counter()
@@ -121,12 +120,8 @@ class RedisPrefixIndex:
             out = await self._scripts[name](keys=keys, args=args)
         if self.on_rtt:
             self.on_rtt(time.perf_counter() - start)
+        self.guard.succeeded()
         return out
-
-    def _mark_down(self, err: BaseException) -> None:
-        if self.available:
-            log.warning("redis unavailable (%s): prefix index falls back to local memory", type(err).__name__)
-        self._down_until = time.monotonic() + self.retry_after
 
     async def _resync(self) -> None:
         """Replay writes made while Redis was away (oldest first); one coroutine at a time, the others go on."""
@@ -143,21 +138,24 @@ class RedisPrefixIndex:
     async def match(self, hashes: Sequence[int], replicas: Sequence[str]) -> dict[str, int]:
         if not hashes:
             return {}
-        if self.available:
-            try:
-                if self._pending:
-                    await self._resync()
-                flat = await self._call("match", [f"{self.pfx}{h}" for h in hashes], [int(self.clock() * 1000)])
-                allowed = set(replicas)
-                out = {}
-                for i in range(0, len(flat), 2):
-                    name = flat[i].decode() if isinstance(flat[i], bytes) else flat[i]
-                    if name in allowed:
-                        out[name] = int(flat[i + 1])
-                return out
-            except (RedisError, OSError, TimeoutError) as e:
-                self._mark_down(e)
-        return self.local.match_sync(hashes, replicas)
+        if not self.available:
+            self.guard.fallback("away")
+            return self.local.match_sync(hashes, replicas)
+        start = time.monotonic()
+        try:
+            if self._pending:
+                await self._resync()
+            flat = await self._call("match", [f"{self.pfx}{h}" for h in hashes], [int(self.clock() * 1000)])
+        except REDIS_ERRORS as e:
+            self.guard.fallback(self.guard.failed(e, start))
+            return self.local.match_sync(hashes, replicas)
+        allowed = set(replicas)
+        out = {}
+        for i in range(0, len(flat), 2):
+            name = flat[i].decode() if isinstance(flat[i], bytes) else flat[i]
+            if name in allowed:
+                out[name] = int(flat[i + 1])
+        return out
 
     async def insert(self, replica: str, hashes: Sequence[int], ttl: float) -> None:
         self.local.insert_sync(replica, hashes, ttl)
@@ -177,6 +175,7 @@ class RedisPrefixIndex:
         if not self.available and not replaying:
             self._pending.append((op, replica, hashes, ttl))
             return
+        start = time.monotonic()
         try:
             lru = f"{self.lru}{replica}"
             if op == "insert":
@@ -189,8 +188,8 @@ class RedisPrefixIndex:
                 await self._call("invalidate", [lru] + [f"{self.pfx}{h}" for h in hashes], [replica, *hashes])
             else:
                 await self._call("drop", [lru], [replica, self.pfx])
-        except (RedisError, OSError, TimeoutError) as e:
-            self._mark_down(e)
+        except REDIS_ERRORS as e:
+            self.guard.failed(e, start)
             if not replaying:
                 self._pending.append((op, replica, hashes, ttl))
             else:
@@ -202,11 +201,12 @@ class RedisPrefixIndex:
 
     async def size(self) -> int:
         if self.available:
+            start = time.monotonic()
             try:
                 total = 0
                 async for key in self.r.scan_iter(match=f"{self.lru}*", count=500):
                     total += await self.r.zcard(key)
                 return total
-            except (RedisError, OSError) as e:
-                self._mark_down(e)
+            except REDIS_ERRORS as e:
+                self.guard.failed(e, start)
         return self.local.size_sync()

@@ -17,9 +17,8 @@ from collections.abc import Sequence
 from typing import Protocol
 
 import redis.asyncio as aioredis
-from redis.exceptions import RedisError
-
 from gateway.background import BackgroundTask
+from gateway.shared_redis import REDIS_ERRORS, RedisGuard
 from gateway.prediction.ttft import LoadView
 
 log = logging.getLogger("gateway.load")
@@ -61,7 +60,8 @@ class MemoryLoadTracker:
 
 class RedisLoadTracker:
     def __init__(self, client: aioredis.Redis, *, prefix: str = "gw:", gateway_id: str | None = None,
-                 timeout: float = 0.1, snapshot_ttl: float = 0.05, heartbeat_s: float = 1.0, dead_after: float = 3.0) -> None:
+                 timeout: float = 0.1, snapshot_ttl: float = 0.05, heartbeat_s: float = 1.0, dead_after: float = 3.0,
+                 guard: RedisGuard | None = None) -> None:
         self.r = client
         self.prefix = prefix
         self.id = gateway_id or uuid.uuid4().hex[:12]
@@ -73,7 +73,8 @@ class RedisLoadTracker:
         self._cache: dict[str, LoadView] = {}
         self._cache_at = 0.0
         self._pending: dict[str, tuple[float, float]] = {}  # deltas since the cached snapshot
-        self._down_until = 0.0
+        # a single slow call reads this instance's view once; only an outage (or a hung Redis) switches to it
+        self.guard = guard or RedisGuard("load")
         self._bg = BackgroundTask(self._heartbeat, "load-heartbeat")
 
     def _key(self, name: str) -> str:
@@ -87,18 +88,20 @@ class RedisLoadTracker:
         try:  # leave nothing behind
             async with asyncio.timeout(self.timeout):
                 await self.r.zrem(f"{self.prefix}gateways", self.id)
-        except (RedisError, OSError, TimeoutError):
+        except REDIS_ERRORS:
             pass
 
     async def _heartbeat(self) -> None:
         while True:
+            start = time.monotonic()
             try:
                 async with asyncio.timeout(self.timeout * 5):
                     await self.r.zadd(f"{self.prefix}gateways", {self.id: time.time()})
-                    if time.monotonic() >= self._down_until:
+                    if self.guard.available:
                         await self._publish_all()
-            except (RedisError, OSError, TimeoutError) as e:
-                self._mark_down(e)
+                self.guard.succeeded()
+            except REDIS_ERRORS as e:
+                self.guard.failed(e, start)
             await asyncio.sleep(self.heartbeat_s)
 
     async def _publish_all(self) -> None:
@@ -109,14 +112,10 @@ class RedisLoadTracker:
             pipe.hset(self._key(name), mapping={f"{self.id}:p": v.queued_prefill_tokens, f"{self.id}:n": v.inflight})
         await pipe.execute()
 
-    def _mark_down(self, err: BaseException) -> None:
-        if time.monotonic() >= self._down_until:
-            log.warning("redis unavailable (%s): load falls back to this instance's view", type(err).__name__)
-        self._down_until = time.monotonic() + 1.0
-
     async def snapshot(self, names: Sequence[str]) -> dict[str, LoadView]:
         now = time.monotonic()
-        if now < self._down_until:
+        if not self.guard.available:
+            self.guard.fallback("away")
             return await self.local.snapshot(names)
         if now - self._cache_at > self.snapshot_ttl or any(n not in self._cache for n in names):
             try:
@@ -126,8 +125,9 @@ class RedisLoadTracker:
                     for n in names:
                         pipe.hgetall(self._key(n))
                     res = await pipe.execute()
-            except (RedisError, OSError, TimeoutError) as e:
-                self._mark_down(e)
+                self.guard.succeeded()
+            except REDIS_ERRORS as e:
+                self.guard.fallback(self.guard.failed(e, now))
                 return await self.local.snapshot(names)
             live = {g.decode() if isinstance(g, bytes) else g for g in res[0]} | {self.id}
             cache = {}
@@ -153,8 +153,9 @@ class RedisLoadTracker:
     async def _incr(self, name: str, dp: float, dq: float) -> None:
         p0, q0 = self._pending.get(name, (0.0, 0.0))
         self._pending[name] = (p0 + dp, q0 + dq)
-        if time.monotonic() < self._down_until:
-            return
+        if not self.guard.available:
+            return  # the heartbeat republishes this instance's absolute load once Redis answers
+        start = time.monotonic()
         try:
             async with asyncio.timeout(self.timeout):
                 pipe = self.r.pipeline(transaction=False)
@@ -163,8 +164,8 @@ class RedisLoadTracker:
                 if dq:
                     pipe.hincrbyfloat(self._key(name), f"{self.id}:n", dq)
                 await pipe.execute()
-        except (RedisError, OSError, TimeoutError) as e:
-            self._mark_down(e)
+        except REDIS_ERRORS as e:  # a lost delta is repaired by the next heartbeat's absolute publish
+            self.guard.failed(e, start)
 
     async def add(self, name: str, prefill_tokens: float, requests: float = 1) -> None:
         await self.local.add(name, prefill_tokens, requests)

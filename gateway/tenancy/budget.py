@@ -7,6 +7,9 @@ added to `spent`. A reservation carries a deadline: one whose instance died befo
 holding the budget for the rest of the period.
 
 The same ledger keeps per-tenant usage (requests, tokens, cost) per day and month for the admin API.
+
+Settling is idempotent per request id (a marker `<prefix>budget:settled:<rid>` kept `SETTLED_TTL_S`): a settlement
+queued while Redis was away, or one whose reply was lost, can be replayed without ever counting twice.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ class Reservation:
     rid: str
     amount: float
     periods: dict[str, str]  # "day"/"month" -> period id the reservation was made in
+    shared: bool = True  # held in Redis (False: in this instance's ledger, made while Redis was away)
 
 
 @dataclass(frozen=True)
@@ -84,10 +88,12 @@ class MemoryBudgetLedger:
     def _period(self, tenant: str, pid: str) -> _Period:
         return self._p.setdefault((tenant, pid), _Period())
 
-    async def reserve(self, tenant: Tenant, rid: str, amount: float, ttl_s: float) -> Reservation | Refusal:
+    async def reserve(self, tenant: Tenant, rid: str, amount: float, ttl_s: float,
+                      caps: dict[str, float] | None = None) -> Reservation | Refusal:
+        """`caps` replaces the tenant's (the fallback passes this instance's share while Redis is away)."""
         now = self.clock()
         ps = periods(now)
-        caps = budget_caps(tenant)
+        caps = budget_caps(tenant) if caps is None else caps
         for kind, cap in caps.items():
             p = self._period(tenant.name, ps[kind])
             reserved = p.reserved(now)
@@ -95,7 +101,7 @@ class MemoryBudgetLedger:
                 return Refusal(kind, cap, p.spent, reserved)
         for kind in caps:
             self._period(tenant.name, ps[kind]).holds[rid] = (amount, now + ttl_s)
-        return Reservation(tenant.name, rid, amount, ps)
+        return Reservation(tenant.name, rid, amount, ps, shared=False)
 
     async def settle(self, r: Reservation, usage: Usage | None) -> None:
         for pid in set(r.periods.values()):
@@ -114,9 +120,14 @@ class MemoryBudgetLedger:
             out[kind] = {"period": pid, "spent_usd": p.spent, "reserved_usd": p.reserved(now), **p.counts}  # type: ignore[dict-item]
         return out
 
+    def spent_and_reserved(self, tenant: str, pid: str) -> float:
+        p = self._p.get((tenant, pid))
+        return p.spent + p.reserved(self.clock()) if p else 0.0
+
 
 # KEYS: per capped period: the period hash, its holds zset (rid -> deadline ms), its amounts hash (rid -> usd).
-# ARGV: n, rid, amount, now_ms, deadline_ms, ttl_s, then a cap per period. Returns {1} or {0, i, spent, reserved}.
+# ARGV: n, rid, amount, now_ms, deadline_ms, ttl_s, then a cap per period. Returns {1, spent + reserved per period}
+# or {0, i, spent, reserved}.
 RESERVE_LUA = """
 local n, rid, amount, now, deadline, ttl = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5], tonumber(ARGV[6])
 for i = 1, n do
@@ -134,20 +145,23 @@ for i = 1, n do
     return {0, i, tostring(spent), tostring(reserved)}
   end
 end
+local out = {1}
 for i = 1, n do
   local h, z, a = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
-  redis.call('HINCRBYFLOAT', h, 'reserved', amount)
+  local reserved = redis.call('HINCRBYFLOAT', h, 'reserved', amount)
   redis.call('ZADD', z, deadline, rid)
   redis.call('HSET', a, rid, amount)
   for _, k in ipairs({h, z, a}) do redis.call('EXPIRE', k, ttl) end
+  table.insert(out, tostring(tonumber(redis.call('HGET', h, 'spent') or '0') + tonumber(reserved)))
 end
-return {1}
+return out
 """
 
-# KEYS: per period: hash, holds zset, amounts hash. ARGV: n, rid, cost (or '' = failed: release only), prompt,
-# cached, completion, ttl_s.
+# KEYS: per period: hash, holds zset, amounts hash; last: the request's settled marker. ARGV: n, rid, cost (or '' =
+# failed: release only), prompt, cached, completion, ttl_s, marker ttl_s. Returns 0 if already settled (a replay).
 SETTLE_LUA = """
 local n, rid, cost, ttl = tonumber(ARGV[1]), ARGV[2], ARGV[3], tonumber(ARGV[7])
+if not redis.call('SET', KEYS[#KEYS], '1', 'NX', 'EX', tonumber(ARGV[8])) then return 0 end
 for i = 1, n do
   local h, z, a = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
   local amt = redis.call('HGET', a, rid)
@@ -169,6 +183,9 @@ return 1
 """
 
 PERIOD_TTL_S = {"day": 3 * 86400, "month": 40 * 86400}
+# how long a settlement stays recognisable as done: longer than any replay wait (an outage), short enough that the
+# markers of a busy fleet stay small (~100 B each: 150 req/s -> ~55 MB)
+SETTLED_TTL_S = 3600
 
 
 class RedisBudgetLedger:
@@ -178,6 +195,7 @@ class RedisBudgetLedger:
         self.clock = clock
         self._reserve = client.register_script(RESERVE_LUA)
         self._settle = client.register_script(SETTLE_LUA)
+        self.seen: dict[tuple[str, str], float] = {}  # (tenant, period id) -> spent + reserved, as last answered
 
     def _keys(self, tenant: str, pid: str) -> list[str]:
         base = f"{self.p}{tenant}:{pid}"
@@ -195,15 +213,32 @@ class RedisBudgetLedger:
                                                        *[repr(caps[k]) for k in kinds]])
             if int(out[0]) == 0:
                 kind = kinds[int(out[1]) - 1]
+                self.seen[(tenant.name, ps[kind])] = float(out[2]) + float(out[3])
                 return Refusal(kind, caps[kind], float(out[2]), float(out[3]))
+            if len(self.seen) > 100_000:
+                self.seen.clear()
+            for kind, used in zip(kinds, out[1:]):
+                self.seen[(tenant.name, ps[kind])] = float(used)
         return Reservation(tenant.name, rid, amount, ps)
 
-    async def settle(self, r: Reservation, usage: Usage | None) -> None:
+    def _settle_call(self, r: Reservation, usage: Usage | None) -> tuple[list[str], list[str | int]]:
         kinds = list(r.periods)
-        keys = [k for kind in kinds for k in self._keys(r.tenant, r.periods[kind])]
+        keys = [k for kind in kinds for k in self._keys(r.tenant, r.periods[kind])] + [f"{self.p}settled:{r.rid}"]
         u = usage or Usage(0.0, 0, 0, 0)
-        await self._settle(keys=keys, args=[len(kinds), r.rid, repr(u.cost) if usage else "", u.prompt_tokens,
-                                            u.cached_tokens, u.completion_tokens, PERIOD_TTL_S["month"]])
+        return keys, [len(kinds), r.rid, repr(u.cost) if usage else "", u.prompt_tokens, u.cached_tokens,
+                      u.completion_tokens, PERIOD_TTL_S["month"], SETTLED_TTL_S]
+
+    async def settle(self, r: Reservation, usage: Usage | None) -> None:
+        keys, args = self._settle_call(r, usage)
+        await self._settle(keys=keys, args=args)
+
+    async def settle_many(self, items: list[tuple[Reservation, Usage | None]]) -> int:
+        """Replay settlements in one round trip; returns how many were new (the others had already reached it)."""
+        pipe = self.r.pipeline(transaction=False)
+        for r, usage in items:
+            keys, args = self._settle_call(r, usage)
+            await self._settle(keys=keys, args=args, client=pipe)
+        return sum(int(x) for x in await pipe.execute())
 
     async def usage(self, tenant: str) -> dict[str, dict[str, float]]:
         out = {}

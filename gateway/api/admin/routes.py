@@ -242,9 +242,9 @@ async def explain(request: Request) -> Response:
         raise InvalidRequest("'request' must be an OpenAI request body.", param="request")
     parsed = validate(body["request"], endpoint)
     proxy = _proxy(request)
-    route = proxy._route_for(tenant, parsed.model)  # noqa: SLF001 - the same resolution the proxy uses (404s alike)
+    route = proxy.route_for(tenant, parsed.model)  # the same resolution the proxy uses (404s alike)
     ex = Exchange("explain", tenant, endpoint, parsed, route, 0.0, 0.0)
-    rreq = proxy._routing_request(ex)  # noqa: SLF001
+    rreq = proxy.routing_request(ex)
     decision = await st.router.decide(rreq, route)
     return JSONResponse({"tenant": tenant.name, "model": parsed.model, "prompt_tokens": parsed.prompt_tokens,
                          "pools": route.pools, "sla_ms": rreq.ttft_sla_s * 1000, "decision": decision.explain()})
