@@ -3,17 +3,23 @@
 `EventStreamResponse` streams an async iterator of SSE bytes with two properties Starlette's StreamingResponse
 lacks: (1) the status line and headers are sent only when the first chunk exists — the commit point, before
 which an error can still become a proper HTTP error; (2) a client disconnect is noticed at any time, even
-while no chunk is being written (e.g. during a long prefill), and cancels the producer at once.
+while no chunk is being written (e.g. during a long prefill), and cancels the producer at once; (3) a client that
+stops reading (a `send` blocked longer than `stall_timeout`) gets its connection cut, and the producer stops; (4)
+`on_close` runs exactly once however the response ends, and nothing it raises reaches the server: the response
+was already decided (a failure there is the callback's to log, never the connection's to carry).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
+
+log = logging.getLogger("gateway.asgi")
 
 
 class AbortConnection(Exception):
@@ -57,9 +63,12 @@ class EventStreamResponse(Response):
         rest: Callable[[], AsyncIterator[bytes]],
         headers: dict[str, str] | None = None,
         on_close: Callable[[bool], Awaitable[None] | None] | None = None,
+        stall_timeout: float | None = None,
+        on_stall: Callable[[], None] | None = None,
     ) -> None:
         """`first()` returns the first chunk, or a Response (an error) to send instead of the stream;
-        `rest()` yields the remaining chunks. `on_close(disconnected)` runs however it ends."""
+        `rest()` yields the remaining chunks. `on_close(disconnected)` runs however it ends. `on_stall()` is told
+        before a stalled connection is cut (then `on_close(True)`: the client is as good as gone)."""
         self.status_code = 200
         self.background = None
         # No content-length: the body is chunked and its end is the stream's end. `headers` is read at commit
@@ -69,6 +78,8 @@ class EventStreamResponse(Response):
         self._first = first
         self._rest = rest
         self._on_close = on_close
+        self._stall = stall_timeout
+        self._on_stall = on_stall
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         disconnected = False
@@ -84,16 +95,37 @@ class EventStreamResponse(Response):
             await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
             await send({"type": "http.response.body", "body": first, "more_body": True})
 
+            stall = self._stall
+            loop = asyncio.get_running_loop()
+            timer = asyncio.timeout(None)
+
             async def pump() -> None:
-                async for chunk in self._rest():
-                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                # one timer for the whole stream, armed only while a send is blocked on the client (not while
+                # waiting for the upstream): uvicorn's send waits for the socket to drain
+                async with timer:
+                    async for chunk in self._rest():
+                        if stall is not None:
+                            timer.reschedule(loop.time() + stall)
+                        await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                        timer.reschedule(None)
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
 
-            disconnected, _ = await run_until_disconnect(receive, pump())
+            try:
+                disconnected, _ = await run_until_disconnect(receive, pump())
+            except TimeoutError:
+                if not timer.expired():
+                    raise
+                disconnected = True
+                if self._on_stall is not None:
+                    self._on_stall()
+                raise AbortConnection("client stopped reading") from None
         except OSError:
             disconnected = True
         finally:
             if self._on_close is not None:
-                res = self._on_close(disconnected)
-                if res is not None:
-                    await res
+                try:
+                    res = self._on_close(disconnected)
+                    if res is not None:
+                        await res
+                except Exception:  # noqa: BLE001 - the response is decided; its bookkeeping must not break the connection
+                    log.exception("stream close callback failed")

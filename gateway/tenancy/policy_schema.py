@@ -58,7 +58,10 @@ class _PolicyFields(Strict):
     max_price_per_mtok: float | None = Field(default=None, ge=0,
                                              description="per-token pools priced above this (input or output) are skipped")
     priority: Literal["high", "normal", "low"] = "normal"
-    max_concurrent: int | None = Field(default=None, ge=1, description="in-flight requests per instance; over it -> 429")
+    max_concurrent: int | None = Field(default=None, ge=1, description="in-flight requests; over it -> 429")
+    max_concurrent_scope: Literal["instance", "fleet"] = Field(
+        default="instance", description="instance: max_concurrent per gateway instance; fleet: across every instance "
+        "(Redis; per instance while Redis is away)")
     rate_limits: RateLimits = RateLimits()
     budget: Budget = Budget()
     cache: CachePolicy = CachePolicy()

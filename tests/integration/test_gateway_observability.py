@@ -41,6 +41,10 @@ def test_spans_logs_and_metrics_hold_no_secrets():
         attrs = dict(server[0].attributes)
         assert attrs["gen_ai.operation.name"] == "chat" and attrs["gen_ai.request.model"] == "glm-5.2"
         assert attrs["gen_ai.usage.output_tokens"] == 3 and attrs["gen_ai.usage.input_tokens"] > 0
+        # per the GenAI conventions: the provider, the model as served (not the client's alias), cache reads
+        assert attrs["gen_ai.provider.name"] == "sglang" and attrs["gen_ai.response.model"] == "zai-org/GLM-5.2"
+        assert attrs["gen_ai.request.max_tokens"] == 3 and "gen_ai.usage.cache_read.input_tokens" in attrs
+        assert server[0].status.status_code == StatusCode.UNSET
         metrics = httpx.get(gw.urls[0] + "/metrics").text
         everything = " ".join(records) + str([dict(s.attributes) for s in spans]) + metrics
         assert len(records) == 2 and '"status":"200"' in records[0]

@@ -1,0 +1,260 @@
+"""Accounting: the end of a request, as independent steps that each run whatever the others did.
+
+`finish` runs exactly once per exchange (the orchestrator's `finally` for JSON responses, the stream's `on_close`
+for SSE). First, in a `finally` of their own, the releases that shared state depends on: the replica's load in the
+shared load view (or every instance would see phantom requests in flight and route around an idle replica) and the
+tenant's concurrency slot; then closing the upstream (cancels it if the client left). Then usage, metrics, SLA,
+budget settlement, rate-limit adjustment, the recent-decisions ring, the span and the log line. A failure inside a
+step is logged and counted (`gateway_accounting_failures_total{step}`) and the next step runs: none can change the
+response already decided, nor turn a served 200 into a 500.
+
+`rejected` counts and logs a request refused before an exchange existed (bad key, body, JSON, model, local cap).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.requests import ClientDisconnect
+
+from gateway.api.openai.exchange import Exchange, RecentDecision
+from gateway.api.openai.relay import cost, upstream_reason
+from gateway.api.openai.telemetry import end_span
+from gateway.api.openai.usage import usage_counts
+from gateway.errors import GatewayError, RequestTimeout, RequestTooLarge
+from gateway.observability.logging import log_request
+from gateway.state import AppState
+from gateway.tenancy.budget import Usage
+
+log = logging.getLogger("gateway.accounting")
+
+# The ends that are not a failure of the gateway or the upstream (span status stays unset, feedback not "failed").
+CLEAN_ENDS = ("ok", "client_disconnect", "client_stall")
+
+
+def abandoned_usage(ex: Exchange, predicted_cached: int) -> dict[str, Any]:
+    """A client that leaves mid-stream never gets the engine's usage chunk, yet the engine prefilled its prompt and
+    generated until the cancel. Charge what the gateway knows: its own prompt count, the cache hit it predicted,
+    and one token per content chunk relayed (a lower bound: an engine chunk carries >= 1 token)."""
+    prompt = ex.parsed.prompt_tokens
+    return {"prompt_tokens": prompt, "completion_tokens": max(ex.chunks - 1, 0),  # minus the role chunk
+            "prompt_tokens_details": {"cached_tokens": min(max(predicted_cached, 0), prompt)}}
+
+
+def reason_for(stage: str, err: BaseException) -> tuple[str, str]:
+    """(status, reason) of a request that ended with `err` raised at `stage`. Reasons are a small fixed set (a
+    metric label): auth, body_too_large, body_timeout, invalid_body, malformed_json, invalid_request, model_not_found,
+    pool_not_allowed, concurrency_limit, rate_limit, shed, budget, upstream_rejected, upstream_error, no_capacity,
+    upstream_timeout, client_disconnect, internal."""
+    if isinstance(err, (ClientDisconnect, asyncio.CancelledError)):
+        return "499", "client_disconnect"
+    if not isinstance(err, GatewayError):
+        return "500", "internal"
+    status = str(err.status)
+    if isinstance(err, RequestTooLarge):
+        return status, "body_too_large"
+    if isinstance(err, RequestTimeout):
+        return status, "body_timeout"
+    by_stage = {"identify": "auth", "read_body": "invalid_body", "parse": "malformed_json", "validate": "invalid_request",
+                "concurrency": "concurrency_limit", "rate_limit": "rate_limit", "decide": "shed", "budget": "budget"}
+    if stage in by_stage:
+        return status, by_stage[stage]
+    if stage == "entitlements":
+        return status, "model_not_found" if err.status == 404 else "pool_not_allowed"
+    return status, upstream_reason(err.status)
+
+
+@dataclass
+class Edge:
+    """What is known of a request before its exchange exists (for counting and logging a refusal)."""
+
+    request_id: str
+    endpoint: str
+    started: float
+    stage: str = "identify"
+    tenant: str = "none"
+    model: str = "none"
+    stream: bool = False
+
+
+class Accounting:
+    def __init__(self, state: AppState, recent: deque[RecentDecision],
+                 background: Callable[[Coroutine[Any, Any, None]], None]) -> None:
+        self.state = state
+        self.recent = recent
+        self._background = background
+        self._models = {m.name for m in state.config.models}
+
+    def model_label(self, name: object) -> str:
+        """A configured model's name, else "unknown": client-chosen strings never become label values."""
+        return name if isinstance(name, str) and name in self._models else "unknown"
+
+    def _step(self, name: str, fn: Callable[..., None], *args: Any) -> None:
+        try:
+            fn(*args)
+        except Exception:  # noqa: BLE001 - the documented second broad catch: a step's failure stays in that step
+            log.exception("accounting step %s failed", name)
+            try:
+                self.state.metrics.accounting_failures.labels(name).inc()
+            except Exception:  # noqa: BLE001 - even the failure counter must not escape
+                pass
+
+    # -- a request refused before its exchange existed ----------------------------------------------------------
+    def rejected(self, edge: Edge, err: BaseException) -> None:
+        status, reason = reason_for(edge.stage, err)
+        self._step("metrics", self._count_rejection, edge, status, reason)
+        self._step("log", self._log_rejection, edge, status, reason, err)
+
+    def _count_rejection(self, edge: Edge, status: str, reason: str) -> None:
+        m = self.state.metrics
+        m.requests.labels(edge.model, "none", edge.tenant, status, reason).inc()
+        m.latency.labels(edge.model, "none", edge.tenant).observe(time.monotonic() - edge.started)
+
+    def _log_rejection(self, edge: Edge, status: str, reason: str, err: BaseException) -> None:
+        if not self.state.config.observability.log_requests:
+            return
+        code = (err.code or err.type) if isinstance(err, GatewayError) else type(err).__name__
+        param = err.param if isinstance(err, GatewayError) else None
+        log_request({
+            "request_id": edge.request_id, "tenant": edge.tenant, "model": edge.model, "endpoint": edge.endpoint,
+            "stream": edge.stream, "status": status, "reason": reason, "pool": "none", "replica": None, "route": None,
+            "attempts": 0, "ttft_ms": None, "duration_ms": round((time.monotonic() - edge.started) * 1000, 1),
+            "prompt_tokens": 0, "cached_tokens": 0, "completion_tokens": 0, "cost_usd": 0.0,
+            # the error's code and field, never its text: messages may quote what the client sent
+            "error": code if param is None else f"{code} ({param})",
+        })
+
+    # -- the end of an admitted request -------------------------------------------------------------------------
+    async def finish(self, ex: Exchange, disconnected: bool) -> None:
+        if ex.finished:
+            return
+        ex.finished = True
+        now = time.monotonic()
+        if disconnected and ex.reason == "ok":
+            ex.reason = "client_disconnect"
+            if not (ex.parsed.stream and ex.first_token_at is not None):  # no status line reached the client
+                ex.status = "499"
+        d = ex.dispatched
+        try:
+            self._step("release_load", self._release_load, ex)
+            self._step("release_slot", self._release_slot, ex)
+            if d is not None:
+                try:
+                    await d.opened.close()  # for a client that left mid-stream this cancels the upstream request
+                except Exception:  # noqa: BLE001 - closing a broken upstream connection can fail; nothing to do
+                    pass
+        finally:
+            ctx = _Ctx(ex, now)
+            for name, step in (("usage", self._usage), ("metrics", self._metrics), ("sla", self._sla),
+                               ("budget", self._settle), ("rate_limits", self._adjust_rate), ("recent", self._recent),
+                               ("span", self._span), ("log", self._log)):
+                self._step(name, step, ctx)
+
+    def _release_load(self, ex: Exchange) -> None:
+        if ex.dispatched is not None:
+            self.state.feedback.finished(ex.dispatched.attempt, failed=ex.reason not in CLEAN_ENDS)
+
+    def _release_slot(self, ex: Exchange) -> None:
+        self.state.metrics.inflight.labels(ex.tenant.name).dec()
+        if ex.slot is not None:
+            self.state.concurrency.release(ex.slot)
+
+    def _usage(self, c: _Ctx) -> None:
+        ex, d = c.ex, c.ex.dispatched
+        if d is None:
+            return
+        pool = d.target.pool
+        for kind in ex.usage_anomalies:
+            self.state.metrics.usage_anomalies.labels(pool, kind).inc()
+        if ex.usage_anomalies:
+            log.warning("upstream usage anomaly from %s/%s (request %s): %s; clamped", pool, d.target.name,
+                        ex.request_id, ",".join(ex.usage_anomalies))
+        if ex.usage is not None:
+            self.state.feedback.usage(d.attempt, usage_counts(ex.usage)[1])
+        elif ex.reason in ("client_disconnect", "client_stall") and ex.first_token_at is not None:
+            ex.usage = abandoned_usage(ex, d.attempt.predicted_cached)
+        c.prompt, reported, c.completion = usage_counts(ex.usage)
+        c.cached = reported or 0
+        c.cost = cost(ex)
+
+    def _metrics(self, c: _Ctx) -> None:
+        ex, m = c.ex, self.state.metrics
+        model, tenant, pool = ex.parsed.model, ex.tenant.name, c.pool
+        m.requests.labels(model, pool, tenant, ex.status, ex.reason).inc()
+        m.latency.labels(model, pool, tenant).observe(c.now - ex.started)
+        if ex.first_token_at is not None:
+            m.ttft.labels(model, pool, tenant).observe(ex.first_token_at - ex.started)
+        if ex.usage:
+            m.tokens.labels(model, pool, tenant, "uncached_prompt").inc(c.prompt - c.cached)
+            m.tokens.labels(model, pool, tenant, "cached_prompt").inc(c.cached)
+            m.tokens.labels(model, pool, tenant, "completion").inc(c.completion)
+            m.cost.labels(model, pool, tenant).inc(c.cost)
+
+    def _sla(self, c: _Ctx) -> None:
+        """Streams are judged on their observed TTFT (dispatch feedback). A non-streamed response has no first
+        token the client sees; it is judged on its TTFT estimated as response time minus the decode time of the
+        tokens it generated at the pool's full-batch decode rate (an upper bound on decode time, so the estimate
+        leans towards "met" on a lightly loaded replica). Only served requests with usage are judged."""
+        ex = c.ex
+        d = ex.dispatched
+        if ex.parsed.stream or ex.reason != "ok" or d is None or ex.rreq is None or ex.first_token_at is None \
+                or ex.usage is None:
+            return
+        t = d.target.timing
+        n = ex.parsed.body.get("n")
+        choices = n if isinstance(n, int) and n > 1 else 1  # choices decode side by side in one batch
+        decode_s = c.completion / choices / t.tokens_per_step * t.decode_step_s
+        ttft_est = (ex.first_token_at - ex.started) - decode_s
+        self.state.metrics.sla.labels(ex.tenant.name, "met" if ttft_est <= ex.rreq.ttft_sla_s else "missed").inc()
+
+    def _settle(self, c: _Ctx) -> None:
+        if c.ex.reservation is not None:
+            used = Usage(c.cost, c.prompt, c.cached, c.completion) if c.ex.usage else None
+            self._background(self.state.budget.settle(c.ex.reservation, used))
+
+    def _adjust_rate(self, c: _Ctx) -> None:
+        used = c.prompt + c.completion if c.ex.usage else 0
+        for b in c.ex.buckets:
+            if b.key.endswith(":tok") and b.cost != used:
+                self._background(self.state.limiter.adjust(b, b.cost - used))
+
+    def _recent(self, c: _Ctx) -> None:
+        ex, t = c.ex, c.ex.served_by
+        self.recent.append(RecentDecision(time.time(), ex.request_id, ex.tenant.name, ex.parsed.model, ex.status,
+                                          t.name if t is not None else None, ex.attempts, ex.decision))
+
+    def _span(self, c: _Ctx) -> None:
+        end_span(c.ex, c.prompt, c.cached, c.completion)
+
+    def _log(self, c: _Ctx) -> None:
+        if not self.state.config.observability.log_requests:
+            return
+        ex, t = c.ex, c.ex.served_by
+        log_request({
+            "request_id": ex.request_id, "tenant": ex.tenant.name, "model": ex.parsed.model, "endpoint": ex.endpoint,
+            "stream": ex.parsed.stream, "status": ex.status, "reason": ex.reason, "pool": c.pool,
+            "replica": t.name if t is not None else None, "route": ex.decision.branch if ex.decision else None,
+            "attempts": ex.attempts,
+            "ttft_ms": round((ex.first_token_at - ex.started) * 1000, 1) if ex.first_token_at else None,
+            "duration_ms": round((c.now - ex.started) * 1000, 1), "prompt_tokens": c.prompt,
+            "cached_tokens": c.cached, "completion_tokens": c.completion, "cost_usd": round(c.cost, 8),
+            "error": ex.error[:200] if ex.error else None,
+        })
+
+
+class _Ctx:
+    """What the steps after the releases share; each value has a safe default should the step computing it fail."""
+
+    def __init__(self, ex: Exchange, now: float) -> None:
+        self.ex = ex
+        self.now = now
+        t = ex.served_by
+        self.pool = t.pool if t is not None else "none"
+        self.prompt = self.cached = self.completion = 0
+        self.cost = 0.0

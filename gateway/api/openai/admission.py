@@ -1,0 +1,75 @@
+"""Admission: may this tenant start one more request now?
+
+1. Its concurrency slot (`max_concurrent`): taken synchronously, before the first await of the request path, so a
+   burst on one instance cannot overshoot the cap; in `fleet` scope also a slot in Redis shared by every instance.
+2. Its requests/min and tokens/min buckets (estimated tokens: prompt + expected output), across every instance.
+
+Refusals are 429 with Retry-After. What was taken here is given back by accounting (the slot) or, for a request
+refused later before dispatch, by the orchestrator (the rate allowance).
+"""
+
+from __future__ import annotations
+
+from gateway.api.openai.budget import expected_output
+from gateway.api.openai.exchange import Exchange
+from gateway.errors import RateLimited
+from gateway.state import AppState
+from gateway.tenancy.concurrency import Slot
+from gateway.tenancy.policy_schema import Tenant
+from gateway.tenancy.ratelimit import buckets_for
+
+CONCURRENCY_RETRY_S = 1.0
+
+
+def _over_cap(cap: int, where: str) -> RateLimited:
+    return RateLimited(f"Too many concurrent requests for this key (limit {cap}{where}).", retry_after=CONCURRENCY_RETRY_S)
+
+
+def take_slot(state: AppState, tenant: Tenant, request_id: str) -> Slot | None:
+    """This instance's slot (None when the tenant has no cap). No await: the check and the take are one step."""
+    cap = tenant.max_concurrent
+    if cap is None:
+        return None
+    slot = state.concurrency.try_take(tenant.name, request_id, cap)
+    if slot is None:
+        state.metrics.refusals.labels(tenant.name, "concurrency").inc()
+        raise _over_cap(cap, "")
+    return slot
+
+
+async def take_fleet_slot(state: AppState, ex: Exchange) -> None:
+    cap = ex.tenant.max_concurrent
+    if ex.slot is None or cap is None or ex.tenant.max_concurrent_scope != "fleet":
+        return
+    if not await state.concurrency.take_fleet(ex.slot, cap):
+        state.metrics.refusals.labels(ex.tenant.name, "concurrency").inc()
+        raise _over_cap(cap, " across the fleet")
+
+
+async def admit_rate(state: AppState, ex: Exchange) -> None:
+    rl = ex.tenant.rate_limits
+    if rl.requests_per_minute is None and rl.tokens_per_minute is None:
+        return
+    buckets = buckets_for(ex.tenant, ex.parsed.prompt_tokens + expected_output(state, ex.parsed, ex.route.pools[0]))
+    if not buckets:
+        return
+    adm = await state.limiter.take(buckets)
+    headers = {}
+    for b, left in zip(buckets, adm.remaining):
+        kind = "requests" if b.key.endswith(":req") else "tokens"
+        headers[f"x-ratelimit-limit-{kind}"] = str(b.limit)
+        headers[f"x-ratelimit-remaining-{kind}"] = str(max(0, int(left)))
+    if not adm.allowed:
+        state.metrics.refusals.labels(ex.tenant.name, "rate_limit").inc()
+        err = RateLimited("Rate limit reached for this key; retry after the time in Retry-After.",
+                          retry_after=max(adm.retry_after_s, 0.001))
+        err.extra_headers = headers
+        raise err
+    ex.buckets = buckets
+    ex.headers.update(headers)
+
+
+async def admit(state: AppState, ex: Exchange) -> None:
+    """Everything after the (already taken) local slot: the fleet slot, then the rate limits."""
+    await take_fleet_slot(state, ex)
+    await admit_rate(state, ex)

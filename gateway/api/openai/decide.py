@@ -1,0 +1,34 @@
+"""Decide: the request as the router sees it (prefix hashes in the tenant's cache namespace, its SLA, objective and
+SLA-miss behaviour), then the router's Decision. A `shed` decision is a 503 before any upstream work."""
+
+from __future__ import annotations
+
+from gateway.api.openai.exchange import Exchange
+from gateway.config import Routing
+from gateway.errors import NoCapacity
+from gateway.prefix.hashing import group_key, prefix_hashes
+from gateway.routing.request import RoutingRequest
+from gateway.state import AppState
+
+
+def routing_request(r: Routing, ex: Exchange) -> RoutingRequest:
+    t = ex.tenant
+    salt = t.cache_namespace(ex.parsed.body.get("cache_salt"))
+    hashes = tuple(prefix_hashes(ex.endpoint, ex.parsed.body, ex.route.name, salt, r.chunk_tokens)) \
+        if r.policy == "prefix_sla_cost" else ()
+    group = group_key(hashes, hash(ex.request_id))
+    return RoutingRequest(
+        ex.request_id, t.name, ex.parsed.model, ex.endpoint, ex.parsed.stream, ex.parsed.prompt_tokens,
+        ex.parsed.max_output_tokens, hashes, (t.ttft_sla_ms or r.ttft_sla_ms) / 1000.0, t.objective or r.objective,
+        t.on_sla_miss or r.on_sla_miss, group,
+    )
+
+
+async def decide(state: AppState, ex: Exchange) -> None:
+    ex.rreq = routing_request(state.config.routing, ex)
+    ex.decision = await state.router.decide(ex.rreq, ex.route)
+    state.metrics.decisions.labels(ex.parsed.model, ex.decision.branch).inc()
+    ex.headers["x-gateway-route"] = ex.decision.branch
+    if ex.decision.branch == "shed":
+        retry = float(ex.decision.inputs.get("retry_after_s", 1.0))
+        raise NoCapacity("No replica can meet this key's TTFT target right now; retry shortly.", retry_after=retry)

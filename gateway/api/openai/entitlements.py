@@ -1,0 +1,55 @@
+"""Entitlements: which pools may serve this tenant for this model, in fallback order.
+
+The model's pools the tenant may use (its `pools` list, its price cap), then its own fallback pools; or only the
+pool on-call pinned it to. A model the tenant may not use is reported exactly like one that does not exist (404:
+nothing leaks). A client may narrow the route to one of those pools with `x-gateway-pool` (403 otherwise).
+"""
+
+from __future__ import annotations
+
+from gateway.config import ModelRoute, PerTokenPricing
+from gateway.errors import ModelNotFound, PermissionDenied
+from gateway.state import AppState
+from gateway.tenancy.policy_schema import Tenant
+
+
+class Entitlements:
+    def __init__(self, state: AppState) -> None:
+        self.state = state
+        self._routes: dict[tuple[str, str, str, float, str | None], ModelRoute] = {}
+
+    def route_for(self, tenant: Tenant, model: str) -> ModelRoute:
+        """Memoized per policy/control version (the admin API's explain uses the same resolution)."""
+        st = self.state
+        pin = st.control.pinned_pool(tenant.name)  # in the key: a pin lapses by time, with no state change
+        key = (tenant.name, model, st.policies.current.fingerprint, st.control.applied_at, pin)
+        route = self._routes.get(key)
+        if route is not None:
+            return route
+        if model in tenant.models:
+            r = next((r for r in st.config.models if r.name == model), None)
+            pools = [pin] if pin is not None else \
+                [p for p in r.pools if self._pool_allowed(tenant, p)] + \
+                [p for p in tenant.fallback_pools if p not in r.pools and self._pool_allowed(tenant, p)] if r else []
+            if r is not None and pools:
+                if len(self._routes) > 10_000:
+                    self._routes.clear()
+                route = self._routes[key] = ModelRoute(name=model, pools=pools)
+                return route
+        raise ModelNotFound(f"The model '{model}' does not exist or you do not have access to it.", param="model")
+
+    def resolve(self, tenant: Tenant, model: str, pin: str | None) -> ModelRoute:
+        route = self.route_for(tenant, model)
+        if pin is None:
+            return route
+        if pin not in route.pools:
+            raise PermissionDenied("This key may not pin requests to that pool.", param="x-gateway-pool")
+        return ModelRoute(name=route.name, pools=[pin])
+
+    def _pool_allowed(self, tenant: Tenant, pool: str) -> bool:
+        if tenant.pools is not None and pool not in tenant.pools and pool not in tenant.fallback_pools:
+            return False
+        cap = tenant.max_price_per_mtok
+        head = self.state.registry.head(pool)
+        price = head.pricing if head else None
+        return cap is None or not isinstance(price, PerTokenPricing) or max(price.input_per_mtok, price.output_per_mtok) <= cap

@@ -1,0 +1,75 @@
+"""One client request's bookkeeping from arrival to the last byte, shared by the request-path stages."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.api.openai.validation import ParsedRequest
+from gateway.config import ModelRoute
+from gateway.dispatch.dispatcher import Dispatched
+from gateway.routing.decision import Decision
+from gateway.routing.request import RoutingRequest
+from gateway.tenancy.budget import Reservation
+from gateway.tenancy.concurrency import Slot
+from gateway.tenancy.policy_schema import Tenant
+from gateway.tenancy.ratelimit import Bucket
+
+
+@dataclass
+class Exchange:
+    """Written by the stages in order (admission -> decide -> budget -> relay); read by accounting at the end.
+    `status` is the HTTP status the client got ("200" for a stream that began, whatever followed); `reason` says
+    why it ended (bounded set, a metric label: ok, client_disconnect, stream_error, client_stall, upstream_*...)."""
+
+    request_id: str
+    tenant: Tenant
+    endpoint: str
+    parsed: ParsedRequest
+    route: ModelRoute
+    started: float
+    deadline: float
+    decision: Decision | None = None
+    rreq: RoutingRequest | None = None
+    dispatched: Dispatched | None = None
+    first_token_at: float | None = None
+    usage: dict[str, Any] | None = None  # upstream usage, already clamped (api/openai/usage.py)
+    usage_anomalies: list[str] = field(default_factory=list)
+    status: str = "200"
+    reason: str = "ok"
+    error: str | None = None
+    error_target: Any = None  # the last target tried when dispatch failed (set by the dispatcher on its error)
+    error_attempts: int = 0
+    chunks: int = 0
+    headers: dict[str, str] = field(default_factory=dict)
+    span: Any = None
+    slot: Slot | None = None  # the tenant's concurrency slot, released by accounting
+    buckets: list[Bucket] = field(default_factory=list)  # rate-limit buckets this request was admitted on
+    reservation: Reservation | None = None  # budget held until the usage is known
+    finished: bool = False  # accounting ran (it runs exactly once)
+
+    @property
+    def served_by(self) -> Any:
+        """The target that answered, or the last one tried when every attempt failed (None: never dispatched)."""
+        return self.dispatched.target if self.dispatched is not None else self.error_target
+
+    @property
+    def attempts(self) -> int:
+        return self.dispatched.attempts if self.dispatched is not None else self.error_attempts
+
+
+@dataclass(frozen=True)
+class RecentDecision:
+    at: float
+    request_id: str
+    tenant: str
+    model: str
+    status: str
+    served_by: str | None
+    attempts: int
+    decision: Decision | None
+
+    def explain(self) -> dict[str, Any]:
+        return {"at": self.at, "request_id": self.request_id, "tenant": self.tenant, "model": self.model,
+                "status": self.status, "served_by": self.served_by, "attempts": self.attempts,
+                "decision": self.decision.explain() if self.decision else None}

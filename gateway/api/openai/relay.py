@@ -1,0 +1,172 @@
+"""Relay: dispatch the decision and give the client the upstream's answer as its own.
+
+Non-streamed: one JSON response with the client's model name, the clamped usage and `x-gateway-cost-usd`.
+Streamed: an `EventStreamResponse` whose first chunk is the dispatch (before the commit point an upstream failure
+is still a real HTTP error), then each upstream event re-labelled with the client's model name. The engine's usage
+chunk is kept for metering (clamped, api/openai/usage.py) and shown only if the client asked for it, then with
+the request's cost in `usage.cost_usd`. After the commit point a failure is one SSE error event and no [DONE].
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import orjson
+from opentelemetry import trace
+from starlette.responses import Response
+
+from gateway.api.error_handlers import to_response
+from gateway.api.openai.exchange import Exchange
+from gateway.api.openai.usage import clean_usage, usage_counts
+from gateway.backends.openai_compat import StreamBroken
+from gateway.dispatch.dispatcher import Dispatched
+from gateway.errors import GatewayError
+from gateway.prediction.pricing import request_cost
+from gateway.state import AppState
+
+DONE = b"data: [DONE]\n\n"
+
+
+def sse_error(message: str, type_: str = "server_error", code: str = "upstream_error") -> bytes:
+    return b"data: " + orjson.dumps({"error": {"message": message, "type": type_, "param": None, "code": code}}) + b"\n\n"
+
+
+def dispatch_failed(ex: Exchange, e: GatewayError) -> None:
+    """Record who was tried (the dispatcher sets `target`/`attempts` on its errors) and the outcome."""
+    ex.status, ex.error = str(e.status), e.message
+    ex.error_target = getattr(e, "target", None)
+    ex.error_attempts = int(getattr(e, "attempts", 0) or 0)
+    ex.reason = upstream_reason(e.status)
+
+
+def upstream_reason(status: int) -> str:
+    if 400 <= status < 500:
+        return "upstream_rejected"
+    return {503: "no_capacity", 504: "upstream_timeout"}.get(status, "upstream_error")
+
+
+def cost(ex: Exchange) -> float:
+    if ex.dispatched is None:
+        return 0.0
+    prompt, cached, completion = usage_counts(ex.usage)
+    return request_cost(ex.dispatched.target.pricing, prompt, cached or 0, completion)
+
+
+class Relay:
+    def __init__(self, state: AppState) -> None:
+        self.state = state
+        self._model_swap: dict[tuple[str, str], tuple[bytes, bytes, bytes, bytes]] = {}
+
+    async def _open(self, ex: Exchange) -> Dispatched:
+        assert ex.decision is not None and ex.rreq is not None
+        with trace.use_span(ex.span, end_on_exit=False):  # attempt spans become children of the request span
+            d = await self.state.dispatcher.open(ex.decision, ex.rreq, ex.parsed.body, ex.deadline, ex.tenant)
+        ex.dispatched = d
+        ex.first_token_at = time.monotonic()
+        ex.headers["x-gateway-pool"] = d.target.pool
+        ex.headers["x-gateway-replica"] = d.target.name
+        ex.headers["x-gateway-attempts"] = str(d.attempts)
+        return d
+
+    # -- non-streaming ---------------------------------------------------------------------------------------
+    async def non_stream(self, ex: Exchange) -> Response:
+        try:
+            d = await self._open(ex)
+        except GatewayError as e:
+            dispatch_failed(ex, e)
+            raise
+        self.state.feedback.first_token(d.attempt, None)  # the whole response: not a TTFT observation
+        body = d.opened.body if isinstance(d.opened.body, dict) else {}
+        ex.usage, ex.usage_anomalies = clean_usage(body.get("usage"))
+        if ex.usage is not None:
+            body["usage"] = ex.usage
+        body["model"] = ex.parsed.model
+        ex.headers["x-gateway-cost-usd"] = f"{cost(ex):.8f}"
+        return Response(orjson.dumps(body), media_type="application/json", headers=ex.headers)
+
+    # -- streaming -------------------------------------------------------------------------------------------
+    async def stream_first(self, ex: Exchange) -> Response | bytes:
+        try:
+            d = await self._open(ex)
+        except GatewayError as e:  # before the commit point: a real HTTP error the SDK can act on
+            dispatch_failed(ex, e)
+            return to_response(e)  # x-request-id is added by RequestIdMiddleware like on every response
+        assert ex.first_token_at is not None
+        self.state.feedback.first_token(d.attempt, ex.first_token_at - ex.started)
+        out = self._relay(ex, d.opened.first or b"")
+        return out or b": stream open\n\n"
+
+    async def stream_rest(self, ex: Exchange) -> AsyncIterator[bytes]:
+        d = ex.dispatched
+        assert d is not None and d.opened.rest is not None
+        saw_done = False
+        try:
+            async for payload in d.opened.rest:
+                if payload == b"[DONE]":
+                    saw_done = True
+                    yield DONE
+                    break
+                if payload.startswith(b'{"error"'):
+                    ex.reason, ex.error = "stream_error", "upstream error event"
+                    yield self._rewrap_error(payload)
+                    return
+                out = self._relay(ex, payload)
+                if out:
+                    yield out
+        except StreamBroken as e:
+            ex.reason, ex.error = "stream_error", str(e)
+            yield sse_error(f"The upstream replica failed mid-stream: {e}")
+            return
+        if not saw_done:
+            ex.reason, ex.error = "stream_error", "upstream closed the stream before [DONE]"
+            yield sse_error("The upstream replica closed the stream before it was complete.")
+
+    def _relay(self, ex: Exchange, payload: bytes) -> bytes | None:
+        """One upstream payload as the client should see it: the client's model name; the usage chunk kept for
+        metering and shown (clamped, with the cost) only if the client asked for it."""
+        ex.chunks += 1
+        if b'"choices":[]' in payload and b'"usage"' in payload:
+            return self._usage_chunk(ex, payload)
+        old, new, old2, new2 = self._swap(ex)
+        if old != new:
+            payload = payload.replace(old, new, 1).replace(old2, new2, 1)
+        return b"data: " + payload + b"\n\n"
+
+    def _usage_chunk(self, ex: Exchange, payload: bytes) -> bytes | None:
+        try:
+            chunk = orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            chunk = None
+        if not isinstance(chunk, dict):
+            ex.usage_anomalies = ["malformed"]
+            return None
+        ex.usage, ex.usage_anomalies = clean_usage(chunk.get("usage"))
+        if not ex.parsed.include_usage or ex.usage is None:
+            return None
+        chunk["model"] = ex.parsed.model
+        chunk["usage"] = {**ex.usage, "cost_usd": round(cost(ex), 10)}
+        return b"data: " + orjson.dumps(chunk) + b"\n\n"
+
+    def _swap(self, ex: Exchange) -> tuple[bytes, bytes, bytes, bytes]:
+        assert ex.dispatched is not None
+        key = (ex.dispatched.target.upstream_model, ex.parsed.model)
+        s = self._model_swap.get(key)
+        if s is None:
+            up, client = orjson.dumps(key[0]), orjson.dumps(key[1])
+            s = (b'"model":' + up, b'"model":' + client, b'"model": ' + up, b'"model": ' + client)
+            self._model_swap[key] = s
+        return s
+
+    @staticmethod
+    def _rewrap_error(payload: bytes) -> bytes:
+        try:
+            err = orjson.loads(payload).get("error") or {}
+        except (orjson.JSONDecodeError, AttributeError):
+            err = {}
+        code = err.get("code") if isinstance(err, dict) else None
+        overloaded = code in (503, 429, "503")
+        return sse_error(str((err or {}).get("message", "upstream error")),
+                         "service_unavailable_error" if overloaded else "server_error",
+                         "server_is_overloaded" if overloaded else "upstream_error")

@@ -1,0 +1,52 @@
+"""The request's span, per the OpenTelemetry GenAI semantic conventions (names, counts and timings only).
+
+Kind SERVER, named `{gen_ai.operation.name} {gen_ai.request.model}`. At the end: `gen_ai.provider.name` (the serving
+pool's kind: sglang, openai, litellm), `gen_ai.response.model` as served (the upstream model, not the client's
+alias), `gen_ai.usage.{input,output}_tokens`, `gen_ai.usage.cache_read.input_tokens`; `gen_ai.request.max_tokens`
+only when the client set it. A failure sets status ERROR and `error.type` (the HTTP status or the end reason).
+The dispatcher's attempt spans are its children (the relay makes this span current around dispatch).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from opentelemetry.trace import SpanKind, Status, StatusCode
+
+from gateway.api.openai.exchange import Exchange
+
+
+def operation(endpoint: str) -> str:
+    return "chat" if endpoint == "chat/completions" else "text_completion"
+
+
+def start_span(tracer: Any, ex: Exchange) -> Any:
+    attrs: dict[str, Any] = {"gen_ai.operation.name": operation(ex.endpoint), "gen_ai.request.model": ex.parsed.model,
+                             "gateway.tenant": ex.tenant.name, "gateway.request_id": ex.request_id}
+    if ex.parsed.max_output_tokens is not None:
+        attrs["gen_ai.request.max_tokens"] = ex.parsed.max_output_tokens
+    return tracer.start_span(f"{attrs['gen_ai.operation.name']} {ex.parsed.model}", kind=SpanKind.SERVER, attributes=attrs)
+
+
+def end_span(ex: Exchange, prompt: int, cached: int, completion: int) -> None:
+    span = ex.span
+    if span is None:
+        return
+    target = ex.served_by
+    attrs: dict[str, Any] = {
+        "gen_ai.usage.input_tokens": prompt,
+        "gen_ai.usage.output_tokens": completion,
+        "gen_ai.usage.cache_read.input_tokens": cached,
+        "gateway.route": ex.decision.branch if ex.decision else "",
+        "gateway.status": ex.status,
+        "gateway.reason": ex.reason,
+        "gateway.attempts": ex.attempts,
+    }
+    if target is not None:
+        attrs.update({"gen_ai.provider.name": target.kind, "gen_ai.response.model": target.upstream_model,
+                      "gateway.pool": target.pool, "gateway.replica": target.name})
+    span.set_attributes(attrs)
+    if ex.reason not in ("ok", "client_disconnect"):
+        span.set_attribute("error.type", ex.status if ex.status != "200" else ex.reason)
+        span.set_status(Status(StatusCode.ERROR, ex.reason))
+    span.end()

@@ -1,0 +1,49 @@
+"""Upstream usage is untrusted: whatever an engine reports, what the gateway counts, prices and shows is a set of
+ints in range with cached <= prompt, and every correction is named (so it can be counted and logged)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from gateway.api.openai.usage import KINDS, MAX_TOKENS, clean_usage, usage_counts
+
+
+def test_a_sane_usage_passes_unchanged_but_for_total():
+    raw = {"prompt_tokens": 100, "completion_tokens": 7, "total_tokens": 1, "prompt_tokens_details": {"cached_tokens": 64},
+           "reasoning_tokens": 3}
+    out, anomalies = clean_usage(raw)
+    assert anomalies == []
+    assert out == {**raw, "total_tokens": 107}
+    assert usage_counts(out) == (100, 64, 7)
+
+
+@pytest.mark.parametrize("raw, counts, kinds", [
+    # the simulator's `prompt: [""]` answer that once turned a served 200 into a 500
+    ({"prompt_tokens": 0, "completion_tokens": 5, "prompt_tokens_details": {"cached_tokens": -64}}, (0, 0, 5), ["negative"]),
+    ({"prompt_tokens": -3, "completion_tokens": -1}, (0, None, 0), ["negative"]),
+    ({"prompt_tokens": 10, "completion_tokens": 1, "prompt_tokens_details": {"cached_tokens": 11}}, (10, 10, 1),
+     ["cached_exceeds_prompt"]),
+    ({"prompt_tokens": "12", "completion_tokens": True}, (0, None, 0), ["not_integer"]),
+    ({"prompt_tokens": 12.5, "completion_tokens": 3.0}, (12, None, 3), ["not_integer"]),
+    ({"prompt_tokens": math.inf, "completion_tokens": math.nan}, (MAX_TOKENS, None, 0), ["not_integer"]),
+    ({"prompt_tokens": 10**30, "completion_tokens": 2}, (MAX_TOKENS, None, 2), ["out_of_range"]),
+    ({"prompt_tokens": 5, "completion_tokens": 1, "prompt_tokens_details": "x"}, (5, None, 1), ["malformed"]),
+    ({"prompt_tokens": 5, "completion_tokens": 1, "prompt_tokens_details": {"cached_tokens": None}}, (5, None, 1), []),
+])
+def test_bad_values_are_clamped_and_named(raw, counts, kinds):
+    out, anomalies = clean_usage(raw)
+    assert usage_counts(out) == counts
+    assert anomalies == kinds and set(anomalies) <= set(KINDS)
+    p, c, o = usage_counts(out)
+    assert 0 <= (c or 0) <= p <= MAX_TOKENS and 0 <= o <= MAX_TOKENS and out["total_tokens"] == p + o
+
+
+@pytest.mark.parametrize("raw", [[1, 2], "usage", 3])
+def test_a_usage_that_is_not_an_object_counts_as_none(raw):
+    assert clean_usage(raw) == (None, ["malformed"])
+
+
+def test_no_usage_is_not_an_anomaly():
+    assert clean_usage(None) == (None, [])
