@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
+import signal
 import sys
+import threading
+from typing import Any
 
 from gateway.servers import make_server, serve_all
 from gateway.sim.profiles import PROFILES, SGLANG_VERSIONS, ReplicaConfig, for_version, profile
@@ -100,11 +104,38 @@ def run(a: argparse.Namespace) -> int:
     servers = []
     for i in range(a.replicas):
         rep = Replica(cfg.with_overrides(seed=cfg.seed + i), name=f"{cfg.profile}-{i}")
-        servers.append(make_server(create_sim_app(rep), a.host, a.port + i, timeout_keep_alive=5))
+        servers.append(make_server(create_sim_app(rep), a.host, a.port + i, timeout_keep_alive=5,
+                                   timeout_graceful_shutdown=SHUTDOWN_GRACE_S))
 
     def started() -> None:
         urls = " ".join(f"http://{a.host}:{a.port + i}" for i in range(a.replicas))
         print(f"simulated SGLang replicas ({cfg.profile}, time scale {cfg.time_scale}): {urls}", file=sys.stderr, flush=True)
 
+    stop_on_signal(servers, SHUTDOWN_GRACE_S)
     asyncio.run(serve_all(servers, on_started=started))
     return 0
+
+
+SHUTDOWN_GRACE_S = 2.0  # in-flight requests get this long after SIGTERM; then they are cut
+
+
+def stop_on_signal(servers: list[Any], grace: float) -> None:
+    """SIGINT/SIGTERM stop the simulator whatever it is doing.
+
+    The signals are taken by a thread (`sigwait`), not by the event loop: a loop handler cannot run while a
+    request holds the loop, and a draining server waits for every in-flight request (a hang fault never ends).
+    The thread asks the servers to exit (uvicorn cancels what is still running after `grace`); if the process is
+    still alive after a second signal or `grace` + 2 s, it exits at once."""
+    sigs = {signal.SIGINT, signal.SIGTERM}
+    signal.pthread_sigmask(signal.SIG_BLOCK, sigs)  # threads started later (the loop's executor) inherit the mask
+
+    def watch() -> None:
+        sig = signal.sigwait(sigs)
+        for s in servers:
+            s.should_exit = True
+        if signal.sigtimedwait(sigs, grace + 2.0) is None:
+            print(f"gateway sim: still busy {grace + 2.0:.0f} s after {signal.Signals(sig).name}; exiting now",
+                  file=sys.stderr, flush=True)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="sim-signals", daemon=True).start()

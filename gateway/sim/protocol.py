@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import math
+import random
 import time
-from typing import Any
+import uuid
+from dataclasses import dataclass
+from typing import Any, Literal, Optional, TypeVar, Union
 
+import numpy as np
 import orjson
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
+
+from gateway.sim.structured import SchemaError, check_schema, generate
+from gateway.tokenizer import CHARS_PER_TOKEN, token_array
 
 # Output text: token j of a completion is WORDS[(base + j * 7919) % len(WORDS)], so text is a pure function
 # of (seed, prompt, choice index) and exactly `completion_tokens` words long.
@@ -14,6 +23,9 @@ WORDS = [
     " to", " is", " a", " in", " that", " with", " for", " it", " on", " as", " this", " be", " by", " GPU",
     " batch", " queue", " load", " first", " time", " at", " we",
 ]
+
+
+_M = TypeVar("_M", bound=BaseModel)
 
 
 class SimHTTPError(Exception):
@@ -31,8 +43,6 @@ def error_body(status: int, message: str, type_: str) -> bytes:
 
 
 def new_id() -> str:
-    import uuid
-
     return uuid.uuid4().hex
 
 
@@ -42,87 +52,316 @@ def output_text(base: int, start: int, n: int) -> str:
 
 
 # -- validation ----------------------------------------------------------------------------------------------
-def _int_field(body: dict[str, Any], name: str, minimum: int | None = None) -> int | None:
-    v = body.get(name)
-    if v is None:
-        return None
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise SimHTTPError(400, f"1 validation error for request\n{name}\n  Input should be a valid integer")
-    if minimum is not None and v < minimum:
-        raise SimHTTPError(400, f"{name} must be at least {minimum}, got {v}.", "BadRequestError")
-    return v
+# Request bodies are parsed with pydantic models typed as SGLang's own (`entrypoints/openai/protocol.py`, lax mode:
+# "2" and 2.0 pass as an int, 2.5 and 1e308 do not), then checked against the ranges SGLang enforces
+# (`SamplingParams.verify`, the tokenizer manager's context checks). Unknown fields are ignored, as in SGLang.
+# On top, the simulator bounds the work one request can ask for (n, choices, body size, logprobs): SGLang would
+# run such a request for a long time; a simulator that runs in one process must never stall on it.
+MAX_BODY_BYTES = 64 << 20  # a 1M-token context is ~4 MB of text or ~8 MB of ids; anything larger is refused unread
+MAX_N = 128  # OpenAI's documented range for n (SGLang has no cap) [inf]
+MAX_CHOICES = 1024  # prompts x n in one completions call [inf]
+MAX_TOP_LOGPROBS = 20  # OpenAI's range for top_logprobs; the completions API documents 5 [inf]
 
 
-def validate_common(body: dict[str, Any]) -> tuple[int | None, int, bool]:
-    """(max_tokens, n, stream) after SGLang's checks shared by chat and completions."""
-    model = body.get("model", "default")
-    if not isinstance(model, str):
-        raise SimHTTPError(400, "1 validation error for request\nmodel\n  Input should be a valid string")
-    if ":" in model:
-        adapter = model.split(":", 1)[1]
-        raise SimHTTPError(
-            400,
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+
+class _Function(_Model):
+    name: str
+    description: Optional[str] = None
+    parameters: Optional[dict[str, Any]] = None
+    strict: bool = False
+
+
+class Tool(_Model):
+    type: Literal["function"] = "function"
+    function: _Function
+
+
+class _ToolChoiceFunction(_Model):
+    name: str
+
+
+class _ToolChoice(_Model):
+    type: Literal["function"] = "function"
+    function: _ToolChoiceFunction
+
+
+class _JsonSchemaFormat(_Model):
+    name: str
+    description: Optional[str] = None
+    schema_: Optional[dict[str, Any]] = Field(alias="schema", default=None)
+    strict: Optional[StrictBool] = None
+
+
+class ResponseFormat(_Model):
+    type: Literal["text", "json_object", "json_schema", "structural_tag"]
+    json_schema: Optional[_JsonSchemaFormat] = None
+
+
+class _StreamOptions(_Model):
+    include_usage: Optional[bool] = False
+    continuous_usage_stats: Optional[bool] = False
+
+
+class _Common(_Model):
+    model: str = "default"
+    n: int = 1
+    stream: bool = False
+    stream_options: Optional[_StreamOptions] = None
+    temperature: Optional[float] = None
+    top_p: Optional[float] = None
+    top_k: Optional[int] = None
+    min_p: Optional[float] = None
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: Optional[float] = None
+    seed: Optional[int] = None
+    stop: Optional[Union[str, list[str]]] = None
+    stop_token_ids: Optional[list[int]] = None
+    logit_bias: Optional[dict[str, float]] = None
+    min_tokens: int = 0
+    ignore_eos: bool = False
+    rid: Optional[Union[list[str], str]] = None
+    extra_key: Optional[Union[list[str], str]] = None
+    cache_salt: Optional[Union[list[str], str]] = None
+    data_parallel_rank: Optional[int] = None
+    response_format: Optional[ResponseFormat] = None
+
+
+class ChatCompletionRequest(_Common):
+    messages: list[dict[str, Any]]
+    max_tokens: Optional[int] = None
+    max_completion_tokens: Optional[int] = None
+    logprobs: bool = False
+    top_logprobs: Optional[int] = None
+    tools: Optional[list[Tool]] = None
+    tool_choice: Optional[Union[_ToolChoice, Literal["auto", "required", "none"]]] = None
+    parallel_tool_calls: bool = True
+
+
+class CompletionRequest(_Common):
+    prompt: Union[list[int], list[list[int]], str, list[str]]
+    max_tokens: int = 16
+    logprobs: Optional[int] = None
+    echo: bool = False
+
+
+def _pydantic_message(e: ValidationError) -> str:
+    """pydantic's text without its documentation links (SGLang returns str(exc); the text is not stable anyway)."""
+    return "\n".join(line for line in str(e).splitlines() if "errors.pydantic.dev" not in line)
+
+
+def _parse(cls: type[_M], body: dict[str, Any]) -> _M:
+    try:
+        return cls.model_validate(body)
+    except ValidationError as e:
+        raise SimHTTPError(400, _pydantic_message(e)) from None
+
+
+def _bad(message: str) -> SimHTTPError:
+    return SimHTTPError(400, message, "BadRequestError")
+
+
+def _check_common(req: _Common, vocab: int) -> None:
+    """SGLang's `SamplingParams.verify` ranges, the LoRA name rule, and the simulator's work bounds."""
+    if ":" in req.model:
+        adapter = req.model.split(":", 1)[1]
+        raise _bad(
             f"LoRA adapter '{adapter}' was requested, but LoRA is not enabled. Please launch the server with "
-            "--enable-lora flag and preload adapters by --lora-paths or /load_lora_adapter endpoint.",
-            "BadRequestError",
-        )
-    n = _int_field(body, "n", 1) or 1
-    stream = body.get("stream", False)
-    if not isinstance(stream, bool):
-        raise SimHTTPError(400, "1 validation error for request\nstream\n  Input should be a valid boolean")
-    for name in ("temperature", "top_p"):
-        v = body.get(name)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
-            raise SimHTTPError(400, f"1 validation error for request\n{name}\n  Input should be a valid number")
-    so = body.get("stream_options")
-    if so is not None and not isinstance(so, dict):
-        raise SimHTTPError(400, "1 validation error for request\nstream_options\n  Input should be a valid dictionary")
-    return None, n, stream
+            "--enable-lora flag and preload adapters by --lora-paths or /load_lora_adapter endpoint.")
+    if not 1 <= req.n <= MAX_N:
+        raise _bad(f"n must be in [1, {MAX_N}], got {req.n}.")
+    t = req.temperature
+    if t is not None and (not math.isfinite(t) or t < 0.0):
+        raise _bad(f"temperature must be a non-negative finite number, got {t}.")
+    if req.top_p is not None and not 0.0 < req.top_p <= 1.0:
+        raise _bad(f"top_p must be in (0, 1], got {req.top_p}.")
+    if req.min_p is not None and not 0.0 <= req.min_p <= 1.0:
+        raise _bad(f"min_p must be in [0, 1], got {req.min_p}.")
+    if req.top_k is not None and req.top_k != -1 and req.top_k < 1:
+        raise _bad(f"top_k must be -1 (disable) or at least 1, got {req.top_k}.")
+    for name in ("frequency_penalty", "presence_penalty"):
+        v = getattr(req, name)
+        if not -2.0 <= v <= 2.0:
+            raise _bad(f"{name} must be in [-2, 2], got {v}.")
+    rp = req.repetition_penalty
+    if rp is not None and not 0.0 < rp <= 2.0:
+        raise _bad(f"repetition_penalty must be in (0, 2] (1.0 = no penalty), got {rp}.")
+    if req.min_tokens < 0:
+        raise _bad(f"min_new_tokens must be in [0, max_new_tokens], got {req.min_tokens}.")
+    if req.logit_bias:
+        for key in req.logit_bias:
+            try:
+                tid = int(key)
+            except ValueError:
+                raise _bad(f"invalid literal for int() with base 10: {key[:40]!r}") from None
+            if not 0 <= tid < vocab:
+                raise _bad(f"logit_bias must has keys in [0, {vocab - 1}], got {tid}.")
+    if req.seed is not None and not -(2**63) <= req.seed <= 2**63 - 1:
+        raise _bad(f"sampling_seed must be in [-2**63, 2**63 - 1], got {req.seed}.")
+    rf = req.response_format
+    if rf is not None and rf.type == "json_schema":
+        if rf.json_schema is None or rf.json_schema.schema_ is None:
+            raise _bad("response_format.json_schema is required when type is 'json_schema'.")
+        try:
+            check_schema(rf.json_schema.schema_)
+        except SchemaError as e:
+            raise _bad(f"Invalid response_format json_schema: {e}") from None
 
 
-def validate_chat(body: dict[str, Any]) -> None:
-    msgs = body.get("messages")
-    if msgs is None:
+def parse_chat(body: dict[str, Any], vocab: int) -> ChatCompletionRequest:
+    if body.get("messages") is None:
         raise SimHTTPError(400, "1 validation error for ChatCompletionRequest\nmessages\n  Field required")
-    if not isinstance(msgs, list):
-        raise SimHTTPError(400, "1 validation error for ChatCompletionRequest\nmessages\n  Input should be a valid list")
+    req = _parse(ChatCompletionRequest, body)
+    _check_common(req, vocab)
+    msgs = req.messages
     if not msgs:
-        raise SimHTTPError(400, "Messages cannot be empty.", "BadRequestError")
+        raise _bad("Messages cannot be empty.")
     for i, m in enumerate(msgs):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+        if not isinstance(m.get("role"), str):
             raise SimHTTPError(400, f"1 validation error for ChatCompletionRequest\nmessages.{i}.role\n  Field required")
         c = m.get("content")
         if c is not None and not isinstance(c, (str, list)):
             raise SimHTTPError(400, f"1 validation error for ChatCompletionRequest\nmessages.{i}.content\n  Input should be a valid string")
-    tools = body.get("tools")
-    if tools is not None and not isinstance(tools, list):
-        raise SimHTTPError(400, "1 validation error for ChatCompletionRequest\ntools\n  Input should be a valid list")
-    choice = body.get("tool_choice")
+    if req.top_logprobs is not None and not 0 <= req.top_logprobs <= MAX_TOP_LOGPROBS:
+        raise _bad(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {req.top_logprobs}.")
+    for name in ("max_tokens", "max_completion_tokens"):
+        v = getattr(req, name)
+        if v is not None and v <= 0:
+            raise _bad(f"{name} must be positive.")
+    tools = req.tools or []
+    choice = req.tool_choice
     if choice == "required" and not tools:
-        raise SimHTTPError(400, "Tool usage requires tools to be provided (tool_choice='required').", "BadRequestError")
-    if isinstance(choice, dict):
-        name = (choice.get("function") or {}).get("name")
-        names = {(t.get("function") or {}).get("name") for t in tools or [] if isinstance(t, dict)}
-        if name not in names:
-            raise SimHTTPError(400, f"Tool '{name}' not found in 'tools'.", "BadRequestError")
-    rf = body.get("response_format")
-    if isinstance(rf, dict) and rf.get("type") == "json_schema" and not rf.get("json_schema"):
-        raise SimHTTPError(400, "response_format.json_schema is required when type is 'json_schema'.", "BadRequestError")
+        raise _bad("Tool usage requires tools to be provided (tool_choice='required').")
+    if isinstance(choice, _ToolChoice):
+        if not tools:
+            raise _bad("Tools cannot be empty if tool choice is set to a specific tool.")
+        if choice.function.name not in {t.function.name for t in tools}:
+            raise _bad(f"Tool '{choice.function.name}' not found in tools list.")
+    for i, t in enumerate(tools):
+        if t.function.parameters is not None:
+            try:
+                check_schema(t.function.parameters)
+            except SchemaError as e:
+                raise _bad(f"Tool {i} function has invalid 'parameters' schema: {e}") from None
+    return req
 
 
-def forced_tool(body: dict[str, Any]) -> str | None:
-    """The tool a chat request forces (tool_choice 'required' or a named function), else None."""
-    tools = body.get("tools") or []
-    choice = body.get("tool_choice")
-    if isinstance(choice, dict):
-        return (choice.get("function") or {}).get("name")
-    if choice == "required" and tools:
-        return ((tools[0] or {}).get("function") or {}).get("name")
-    return None
+def parse_completion(body: dict[str, Any], vocab: int) -> tuple[CompletionRequest, list[np.ndarray]]:
+    """The request and its prompts as token arrays: one per prompt of a batch (`["a", "b"]`, `[[1, 2], [3]]`)."""
+    if body.get("prompt") is None:
+        raise SimHTTPError(400, "1 validation error for CompletionRequest\nprompt\n  Field required")
+    req = _parse(CompletionRequest, body)
+    _check_common(req, vocab)
+    if req.max_tokens <= 0:
+        raise _bad("max_tokens must be positive")
+    if req.logprobs is not None and not 0 <= req.logprobs <= MAX_TOP_LOGPROBS:
+        raise _bad(f"logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {req.logprobs}.")
+    prompt = req.prompt
+    # SGLang: `not prompt or all(not p for p in prompt)`; the simulator also refuses an empty member of a batch, which
+    # would be a zero-token sequence (a real tokenizer adds BOS; this one does not)
+    if not prompt or (isinstance(prompt, list) and any(isinstance(p, (str, list)) and not p for p in prompt)):
+        raise _bad("Prompt cannot be empty")
+    if isinstance(prompt, str):
+        seqs = [token_array(prompt)]
+    elif isinstance(prompt[0], str):
+        seqs = [token_array(p) for p in prompt]  # type: ignore[arg-type]
+    elif isinstance(prompt[0], int):
+        seqs = [_ids(prompt, vocab)]  # type: ignore[arg-type]
+    else:
+        seqs = [_ids(p, vocab) for p in prompt]  # type: ignore[arg-type]
+    if len(seqs) * req.n > MAX_CHOICES:
+        raise _bad(f"{len(seqs)} prompts x n={req.n} exceeds the simulator's bound of {MAX_CHOICES} choices per request.")
+    return req, seqs
+
+
+def _ids(ids: list[int], vocab: int) -> np.ndarray:
+    lo, hi = min(ids), max(ids)
+    if lo < 0 or hi >= vocab:
+        bad = lo if lo < 0 else hi
+        raise _bad(f"Token id {bad} is out of vocabulary (vocab size: {vocab}).")
+    return np.asarray(ids, dtype=np.uint32)
+
+
+def chat_tools_offered(req: ChatCompletionRequest) -> list[Tool]:
+    """The tools a chat request may call: none under tool_choice 'none', only the named one under a named choice."""
+    tools = req.tools or []
+    choice = req.tool_choice
+    if not tools or choice == "none":
+        return []
+    if isinstance(choice, _ToolChoice):
+        return [t for t in tools if t.function.name == choice.function.name]
+    return tools
+
+
+def calls_tools(req: ChatCompletionRequest) -> bool:
+    """Whether this turn answers with tool calls. 'required' and a named choice always do; 'auto' (the default
+    with tools) does when the conversation does not end with a tool result, so an agent loop calls, gets the
+    results, then answers in text."""
+    if not chat_tools_offered(req):
+        return False
+    if req.tool_choice == "required" or isinstance(req.tool_choice, _ToolChoice):
+        return True
+    return req.messages[-1].get("role") not in ("tool", "function")
+
+
+# -- what a choice says --------------------------------------------------------------------------------------
+@dataclass
+class ChoicePlan:
+    """The exact output of a choice when it is not filler words: JSON for `response_format`, or tool calls.
+
+    Tokens follow the simulator's token rule (4 characters each, `count_tokens`): each call's arguments, or the JSON
+    text, is cut into 4-character pieces, so `completion_tokens` is the number of pieces and a stream carries them
+    a decode step at a time."""
+
+    calls: list[tuple[str, str, str]]  # (id, name, arguments JSON) when the choice answers with tool calls
+    pieces: list[tuple[int, str]]  # (call index, or -1 for content; text) per output token
+
+    @property
+    def tokens(self) -> int:
+        return len(self.pieces)
+
+    def truncated(self, cap: int) -> ChoicePlan:
+        """What a length-capped choice says: the first `cap` tokens as plain content (no call parses)."""
+        return ChoicePlan([], [(-1, text) for _, text in self.pieces[:cap]])
+
+
+def _pieces(text: str, call: int) -> list[tuple[int, str]]:
+    return [(call, text[i : i + CHARS_PER_TOKEN]) for i in range(0, len(text), CHARS_PER_TOKEN)] or [(call, "")]
+
+
+_JSON_OBJECT = {"type": "object", "properties": {"answer": {"type": "string"}, "confidence": {"type": "number",
+                "minimum": 0, "maximum": 1}}, "required": ["answer"]}
+
+
+def plan_chat(req: ChatCompletionRequest, rng: random.Random) -> ChoicePlan | None:
+    """Tool calls or JSON for one chat choice, deterministic on `rng`; None for ordinary text."""
+    if calls_tools(req):
+        offered = chat_tools_offered(req)
+        if len(offered) == 1 or not req.parallel_tool_calls or req.tool_choice not in (None, "auto", "required"):
+            chosen = [offered[rng.randrange(len(offered))]]
+        else:
+            chosen = rng.sample(offered, rng.randint(1, min(3, len(offered))))
+        calls, pieces = [], []
+        for i, t in enumerate(chosen):
+            schema = t.function.parameters if t.function.parameters is not None else {"type": "object", "properties": {}}
+            args = orjson.dumps(generate(schema, rng)).decode()
+            calls.append((new_call_id(), t.function.name, args))
+            pieces += _pieces(args, i)
+        return ChoicePlan(calls, pieces)
+    rf = req.response_format
+    if rf is None or rf.type not in ("json_object", "json_schema"):
+        return None
+    schema = rf.json_schema.schema_ if rf.type == "json_schema" and rf.json_schema else _JSON_OBJECT
+    return ChoicePlan([], _pieces(orjson.dumps(generate(schema, rng)).decode(), -1))
 
 
 # -- bodies --------------------------------------------------------------------------------------------------
 def usage(prompt: int, completion: int, cached: int, cache_report: bool) -> dict[str, Any]:
+    # counts are sums over choices; a negative one would break every consumer (Prometheus counters raise on it)
+    prompt, completion, cached = max(0, prompt), max(0, completion), min(max(0, cached), max(0, prompt))
     return {
         "prompt_tokens": prompt,
         "total_tokens": prompt + completion,
@@ -132,13 +371,13 @@ def usage(prompt: int, completion: int, cached: int, cache_report: bool) -> dict
     }
 
 
-def tool_call(name: str, idx: int) -> dict[str, Any]:
-    return {
-        "id": f"call_{idx}",
-        "index": idx,
-        "type": "function",
-        "function": {"name": name, "arguments": orjson.dumps({"query": "cache"}).decode()},
-    }
+def tool_call(call_id: str | None, idx: int, name: str | None, arguments: str) -> dict[str, Any]:
+    """A tool call as SGLang sends it; in a stream, the first delta of a call carries id and name, later ones null."""
+    return {"id": call_id, "index": idx, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def new_call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"  # SGLang's form for every parser but Kimi's
 
 
 class ChunkWriter:

@@ -135,22 +135,28 @@ class Replica:
     def submit(
         self,
         rank: RealtimeRank,
-        tokens: np.ndarray,
+        tokens: np.ndarray | list[np.ndarray],
         namespace: str,
         lengths: list[tuple[int, str]],
         rid: str,
         internal: bool = False,
         priority: int = 0,
     ) -> Submission:
-        """Queue the request(s) on `rank`. `internal` (health probes) are not client requests: not in _inflight."""
-        keys = rank.rank.cache.page_keys(tokens, namespace)
+        """Queue the request(s) on `rank`. `internal` (health probes) are not client requests: not in _inflight.
+        `tokens` is the prompt of every choice, or a list with one prompt per choice (a completions batch)."""
+        seqs = tokens if isinstance(tokens, list) else [tokens] * len(lengths)
+        keys_of: dict[int, list[int]] = {}
         sub = Submission(rank, [])
         now = self.now()
         for i, (out_len, reason) in enumerate(lengths):
+            seq = seqs[i]
+            keys = keys_of.get(id(seq))
+            if keys is None:
+                keys = keys_of[id(seq)] = rank.rank.cache.page_keys(seq, namespace)
             def sink(ev: Event, i: int = i, q: asyncio.Queue[tuple[int, Event]] = sub.queue) -> None:
                 q.put_nowait((i, ev))
 
-            req = SimRequest(f"{rid}-{i}", keys, len(tokens), out_len, reason, now, sink, priority=priority)
+            req = SimRequest(f"{rid}-{i}", keys, len(seq), out_len, reason, now, sink, priority=priority)
             sub.requests.append(req)
             rank.rank.submit(req)
         if not internal:

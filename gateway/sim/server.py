@@ -7,6 +7,7 @@ import contextlib
 import random
 import sys
 import time
+import zlib
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -20,19 +21,24 @@ from starlette.routing import Route
 from gateway.asgi import AbortConnection, EventStreamResponse, run_until_disconnect
 from gateway.sim.engine import Event, EventKind
 from gateway.sim.protocol import (
+    MAX_BODY_BYTES,
+    ChatCompletionRequest,
+    ChoicePlan,
     ChunkWriter,
+    CompletionRequest,
     SimHTTPError,
     error_body,
-    forced_tool,
     new_id,
     output_text,
+    parse_chat,
+    parse_completion,
+    plan_chat,
     tool_call,
     usage,
-    validate_chat,
-    validate_common,
 )
 from gateway.sim.replica import Fault, Replica
-from gateway.tokenizer import prompt_text, render_chat, token_array
+from gateway.sim.structured import SchemaError
+from gateway.tokenizer import VOCAB_SIZE, render_chat, token_array
 
 EOS_TOKEN_ID = 154827
 
@@ -59,7 +65,11 @@ class SimServer:
         ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
         if ctype != "application/json":
             raise SimHTTPError(400, f"Unsupported Content-Type: {ctype or 'missing'}. Expected application/json.")
-        raw = await request.body()
+        raw = bytearray()
+        async for part in request.stream():  # bounded: a huge body is refused before it is all in memory
+            raw += part
+            if len(raw) > MAX_BODY_BYTES:
+                raise SimHTTPError(400, f"Request body exceeds the simulator's limit of {MAX_BODY_BYTES} bytes.", "BadRequestError")
         try:
             body = orjson.loads(raw)
         except orjson.JSONDecodeError as e:
@@ -123,39 +133,28 @@ class SimServer:
         except SimHTTPError as e:
             return _err(e.status, e.message, e.type)
 
-    def _prompt(self, body: dict[str, Any], chat: bool) -> np.ndarray:
-        if chat:
-            validate_chat(body)
-            return token_array(render_chat(body["messages"], body.get("tools")))
-        prompt = body.get("prompt")
-        if prompt is None:
-            raise SimHTTPError(400, "1 validation error for CompletionRequest\nprompt\n  Field required")
-        if prompt in ("", []) or prompt == [[]]:
-            raise SimHTTPError(400, "Prompt cannot be empty", "BadRequestError")
-        text = prompt_text(prompt)
-        if text is not None:
-            return token_array(text)
-        if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in prompt):
-            return np.asarray(prompt, dtype=np.uint32)
-        if isinstance(prompt, list) and prompt and all(isinstance(p, list) for p in prompt):
-            flat = [t for p in prompt for t in p]  # batches are concatenated: the simulator serves one sequence
-            if all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in flat):
-                return np.asarray(flat, dtype=np.uint32)
-        raise SimHTTPError(400, "1 validation error for CompletionRequest\nprompt\n  Input should be a valid string or list of token ids")
+    def _prompt(self, body: dict[str, Any], chat: bool) -> tuple[ChatCompletionRequest | CompletionRequest, list[np.ndarray]]:
+        """The validated request and its prompts as token arrays (one, or one per prompt of a completions batch)."""
+        if not chat:
+            return parse_completion(body, VOCAB_SIZE)
+        req = parse_chat(body, VOCAB_SIZE)
+        try:
+            text = render_chat(body["messages"], body.get("tools"))
+        except orjson.JSONEncodeError:  # nested past orjson's depth limit (SGLang: RecursionError -> 400)
+            raise SimHTTPError(400, "Tool or message content is too deeply nested.", "BadRequestError") from None
+        return req, [token_array(text)]
 
     async def _generate(self, request: Request, body: dict[str, Any], chat: bool) -> Response:
         rep, cfg = self.replica, self.replica.cfg
-        _, n, stream = validate_common(body)
-        tokens = self._prompt(body, chat)
-        prompt_len = len(tokens)
-        max_tokens = body.get("max_completion_tokens") if chat else None
+        req, seqs = self._prompt(body, chat)
+        n, stream = req.n, req.stream
+        prompt_len = max(len(t) for t in seqs)  # the context checks hold for every prompt of a batch
+        max_tokens = req.max_completion_tokens if isinstance(req, ChatCompletionRequest) else None
         if max_tokens is None:
-            max_tokens = body.get("max_tokens", None if chat else 16)
-        if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int)):
-            raise SimHTTPError(400, "1 validation error for request\nmax_tokens\n  Input should be a valid integer")
-        if max_tokens is not None and max_tokens <= 0:
-            raise SimHTTPError(400, "max_tokens must be positive.", "BadRequestError")
+            max_tokens = req.max_tokens
         ctx = cfg.context_length
+        if chat and max_tokens is not None and max_tokens > ctx:
+            raise SimHTTPError(400, f"max_completion_tokens is too large: {max_tokens}.This model supports at most {ctx} completion tokens.", "BadRequestError")
         if prompt_len >= ctx:
             raise SimHTTPError(400, f"The input ({prompt_len} tokens) is longer than the model's context length ({ctx} tokens).", "BadRequestError")
         if max_tokens is not None and prompt_len + max_tokens > ctx:
@@ -186,24 +185,55 @@ class SimServer:
                 return _queue_full_stream()
             return _err(503, "The request queue is full.", "503")
 
-        tool = forced_tool(body) if chat else None
-        ignore_eos = bool(body.get("ignore_eos", False))
-        lengths = [
-            (min(max_tokens or 24, 24), "tool_calls") if tool else rep.output_len(int(tokens[:64].sum()), i, max_tokens, ignore_eos, body.get("seed"))
-            for i in range(n)
-        ]
-        for out_len, _ in lengths:
-            if not rank.rank.can_hold(prompt_len, out_len):
-                raise SimHTTPError(400, f"Input length ({prompt_len} tokens) plus output exceeds the KV pool ({cfg.max_total_num_tokens} tokens).", "BadRequestError")
+        plans, lengths, tokens = self._plan(req, seqs, max_tokens)
         namespace = f"{body.get('cache_salt') or ''}\x00{body.get('extra_key') or ''}"
         rid = body.get("rid") if isinstance(body.get("rid"), str) else new_id()
         sub = rep.submit(rank, tokens, namespace, lengths, rid, priority=priority)
-        ctx_ = _Ctx(self, sub, body, chat, prompt_len, lengths, tool, rid, fault)
+        ctx_ = _Ctx(self, sub, body, chat, sum(len(t) for t in seqs), lengths, plans, rid, fault, n)
         if fault and fault.kind == "hang":
             return EventStreamResponse(ctx_.hang, ctx_.never, on_close=ctx_.close) if stream else await ctx_.hang_plain(request)
         if stream:
             return EventStreamResponse(ctx_.first_chunk, ctx_.stream_rest, on_close=ctx_.close)
         return await ctx_.collect(request)
+
+    def _plan(self, req: ChatCompletionRequest | CompletionRequest, seqs: list[np.ndarray], max_tokens: int | None
+              ) -> tuple[list[ChoicePlan | None], list[tuple[int, str]], list[np.ndarray]]:
+        """Per choice (prompt-major, as SGLang indexes them: choice = prompt * n + j): what it says, how many tokens
+        and why it ends, and its prompt. Bounded: all choices together may not generate more than one rank's KV pool
+        holds, so no single request can keep the simulator busy for long."""
+        rep, cfg = self.replica, self.replica.cfg
+        plans: list[ChoicePlan | None] = []
+        lengths: list[tuple[int, str]] = []
+        tokens: list[np.ndarray] = []
+        for seq in seqs:
+            key = zlib.crc32(seq.tobytes())
+            for j in range(req.n):
+                plan = None
+                if isinstance(req, ChatCompletionRequest):
+                    rng = random.Random(f"{cfg.seed}|{key}|{req.seed!r}|{j}")
+                    try:
+                        plan = plan_chat(req, rng)
+                    except SchemaError as e:
+                        raise SimHTTPError(400, f"Invalid schema: {e}", "BadRequestError") from None
+                if plan is not None:
+                    cap = max_tokens if max_tokens is not None else cfg.context_length - len(seq)
+                    if plan.tokens > cap:
+                        plan = plan.truncated(cap)
+                        lengths.append((cap, "length"))
+                    else:
+                        lengths.append((plan.tokens, "stop"))
+                else:
+                    lengths.append(rep.output_len(int(seq[:64].sum()), j, max_tokens, req.ignore_eos, req.seed))
+                plans.append(plan)
+                tokens.append(seq)
+        for seq, (out_len, _) in zip(tokens, lengths):
+            if not rep.ranks[0].rank.can_hold(len(seq), out_len):
+                raise SimHTTPError(400, f"Input length ({len(seq)} tokens) plus output exceeds the KV pool ({cfg.max_total_num_tokens} tokens).", "BadRequestError")
+        total = sum(out for out, _ in lengths)
+        if len(lengths) > 1 and total > cfg.max_total_num_tokens:
+            raise SimHTTPError(400, f"The {len(lengths)} choices would generate {total} tokens, more than the KV pool "
+                               f"({cfg.max_total_num_tokens} tokens) holds.", "BadRequestError")
+        return plans, lengths, tokens
 
     # -- info endpoints --------------------------------------------------------------------------------------
     async def models(self, request: Request) -> Response:
@@ -476,7 +506,8 @@ class _Ctx:
     """One generation call: turns rank events into SGLang responses (non-streaming or SSE)."""
 
     def __init__(self, srv: SimServer, sub: Any, body: dict[str, Any], chat: bool, prompt_len: int,
-                 lengths: list[tuple[int, str]], tool: str | None, rid: str, fault: Fault | None) -> None:
+                 lengths: list[tuple[int, str]], plans: list[ChoicePlan | None], rid: str, fault: Fault | None,
+                 n_per_prompt: int = 1) -> None:
         self.srv = srv
         self.rep = srv.replica
         self.sub = sub
@@ -484,7 +515,9 @@ class _Ctx:
         self.chat = chat
         self.prompt_len = prompt_len
         self.n = len(lengths)
-        self.tool = tool
+        self.n_per_prompt = n_per_prompt
+        self.plans = plans
+        self.calls_begun: list[set[int]] = [set() for _ in range(self.n)]
         self.fault = fault
         self.model = body.get("model", "default") if isinstance(body.get("model"), str) else "default"
         self.writer = ChunkWriter(rid, self.model, self.rep.cfg.sse_style, chat)
@@ -523,12 +556,48 @@ class _Ctx:
         self.last_time[idx] = ev.time
 
     def _usage(self) -> dict[str, Any]:
-        return usage(self.prompt_len, sum(self.generated), self.sub.cached, self.rep.cfg.enable_cache_report)
+        # SGLang counts a prompt once per prompt, not per choice: its first choice (index % n == 0) carries it
+        cached = sum(r.cached for r in self.sub.requests[:: self.n_per_prompt])
+        return usage(self.prompt_len, sum(self.generated), cached, self.rep.cfg.enable_cache_report)
+
+    def _calls(self, idx: int) -> bool:
+        plan = self.plans[idx]
+        return plan is not None and bool(plan.calls)
+
+    def _take(self, idx: int, n_tokens: int) -> list[tuple[int, str]]:
+        plan = self.plans[idx]
+        assert plan is not None
+        start = self.generated[idx]
+        self.generated[idx] += n_tokens
+        return plan.pieces[start : start + n_tokens]
 
     def _text(self, idx: int, n_tokens: int) -> str:
+        if self.plans[idx] is not None:
+            return "".join(text for _, text in self._take(idx, n_tokens))
         start = self.generated[idx]
         self.generated[idx] += n_tokens
         return output_text(self.base + idx, start, n_tokens)
+
+    def _call_deltas(self, idx: int, n_tokens: int) -> list[bytes]:
+        """Tool-call deltas as SGLang streams them: a call's first delta carries its id, name and empty arguments;
+        later deltas carry argument fragments with null id and name."""
+        plan = self.plans[idx]
+        assert plan is not None
+        groups: list[tuple[int, str]] = []
+        for call, text in self._take(idx, n_tokens):
+            if groups and groups[-1][0] == call:
+                groups[-1] = (call, groups[-1][1] + text)
+            else:
+                groups.append((call, text))
+        out = []
+        for call, text in groups:
+            if call not in self.calls_begun[idx]:
+                self.calls_begun[idx].add(call)
+                call_id, name, _ = plan.calls[call]
+                out.append(self.writer.chat_delta(idx, {"tool_calls": [tool_call(call_id, call, name, "")]}))
+            if text:
+                out.append(self.writer.chat_delta(idx, {"tool_calls": [tool_call(None, call, None, text)]}))
+        return out
 
     # -- non-streaming ---------------------------------------------------------------------------------------
     async def collect(self, request: Request) -> Response:
@@ -539,7 +608,7 @@ class _Ctx:
         return res  # type: ignore[no-any-return]
 
     async def _collect(self) -> Response:
-        texts = [""] * self.n
+        texts: list[list[str]] = [[] for _ in range(self.n)]
         done = 0
         if self.fault and self.fault.kind in ("reset_after_chunks", "reset_before_headers", "hang_after_first"):
             return _Reset()
@@ -547,7 +616,7 @@ class _Ctx:
             idx, ev = await self._next()
             self._observe(idx, ev)
             if ev.kind in (EventKind.FIRST, EventKind.TOKENS):
-                texts[idx] += self._text(idx, ev.tokens)
+                texts[idx].append(self._text(idx, ev.tokens))
             elif ev.kind is EventKind.FINISH:
                 self.finish[idx] = ev.reason
                 done += 1
@@ -560,15 +629,17 @@ class _Ctx:
         for i in range(self.n):
             reason = self.finish[i]
             matched = EOS_TOKEN_ID if reason == "stop" else None
+            text = "".join(texts[i])
             if self.chat:
-                msg: dict[str, Any] = {"role": "assistant", "content": texts[i], "reasoning_content": None, "tool_calls": None}
-                if self.tool:
+                msg: dict[str, Any] = {"role": "assistant", "content": text, "reasoning_content": None, "tool_calls": None}
+                plan = self.plans[i]
+                if plan is not None and plan.calls:
                     msg["content"] = None
-                    msg["tool_calls"] = [tool_call(self.tool, 0)]
-                    matched = None
+                    msg["tool_calls"] = [tool_call(cid, k, name, args) for k, (cid, name, args) in enumerate(plan.calls)]
+                    reason, matched = "tool_calls", None
                 choices.append({"index": i, "message": msg, "logprobs": None, "finish_reason": reason, "matched_stop": matched})
             else:
-                choices.append({"index": i, "text": texts[i], "logprobs": None, "finish_reason": reason, "matched_stop": matched})
+                choices.append({"index": i, "text": text, "logprobs": None, "finish_reason": reason, "matched_stop": matched})
         return _json({"id": self.writer.rid, "object": "chat.completion" if self.chat else "text_completion",
                       "created": created, "model": self.model, "choices": choices, "usage": self._usage(),
                       "metadata": {"weight_version": "default"}})
@@ -606,9 +677,9 @@ class _Ctx:
                     yield w.chat_delta(idx, {"role": "assistant", "content": ""})
                     if self.fault and self.fault.kind == "hang_after_first":
                         await asyncio.Event().wait()
-                    if self.tool:
-                        self.generated[idx] += ev.tokens
-                        yield w.chat_delta(idx, {"tool_calls": [tool_call(self.tool, 0)]})
+                    if self._calls(idx):
+                        for chunk in self._call_deltas(idx, ev.tokens):
+                            yield chunk
                     else:
                         yield self._content(idx, ev.tokens)
                 else:
@@ -616,13 +687,14 @@ class _Ctx:
                 if until_first:
                     return
             elif ev.kind is EventKind.TOKENS:
-                if self.tool:
-                    self.generated[idx] += ev.tokens
+                if self._calls(idx):
+                    for chunk in self._call_deltas(idx, ev.tokens):
+                        yield chunk
                     continue
                 yield self._content(idx, ev.tokens, ev_finish=None if self.chat else (ev.reason or None))
             elif ev.kind is EventKind.FINISH:
-                self.finish[idx] = "tool_calls" if self.tool else ev.reason
-                matched = EOS_TOKEN_ID if ev.reason == "stop" else None
+                self.finish[idx] = "tool_calls" if self._calls(idx) else ev.reason
+                matched = EOS_TOKEN_ID if self.finish[idx] == "stop" else None
                 if self.chat:
                     yield w.chat_delta(idx, {}, self.finish[idx], matched)
                 elif not self.finish_shown[idx]:  # a 1-token completion: no text chunk carried the reason
