@@ -27,6 +27,7 @@ from gateway.backends.transport import asyncio_transport
 from gateway.config import ConfigError, GatewayConfig
 from gateway.typed import sha256_hex_list
 from gateway.dispatch.dispatcher import Dispatcher
+from gateway.dispatch.quarantine import Quarantine
 from gateway.observability.logging import setup_logging
 from gateway.observability.metrics import GatewayMetrics
 from gateway.observability.tracing import build_tracer
@@ -116,7 +117,9 @@ def create_app(config: GatewayConfig, *, span_exporter: Any = None, transport: h
         state = AppState(
             config=config, registry=registry, policies=policies, control=control, limiter=limiter, budget=budget,
             metrics=metrics, http=http,
-            backends=backends, router=router, dispatcher=Dispatcher(config, backends, metrics, feedback),
+            backends=backends, router=router, dispatcher=Dispatcher(
+                config, backends, metrics, feedback, tracer=tracer,
+                quarantine=Quarantine(config.retry.quarantine_ttl_s, redis_client, rc.redis_prefix, rc.redis_timeout_s)),
             health=health, feedback=feedback, tracer=tracer, tracer_provider=provider,
             concurrency=ConcurrencyLimiter(redis_client, rc.redis_prefix, rc.concurrency_lease_s, rc.limits_redis_timeout_s),
         )
@@ -141,6 +144,7 @@ def create_app(config: GatewayConfig, *, span_exporter: Any = None, transport: h
             await health.stop()
             await poller.stop()
             await feedback.drain()
+            await state.dispatcher.quarantine.drain()
             if isinstance(loads, RedisLoadTracker):
                 await loads.stop()
             if redis_client is not None:

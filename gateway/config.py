@@ -157,6 +157,13 @@ class RetryPolicy(_Strict):
     backoff_initial: float = Field(default=0.02, ge=0)
     backoff_max: float = Field(default=0.5, ge=0)
     jitter: float = Field(default=0.05, ge=0)
+    quarantine_ttl_s: float = Field(default=300.0, gt=0, le=86_400, description="a body that timed out or broke the "
+                                    "connection on two replicas is refused this long (shared through Redis if set)")
+    content_evidence_s: float = Field(default=60.0, gt=0, description="a 5xx on two replicas is the request's fault "
+                                      "only if both served another request successfully within this window")
+    stall_s: float = Field(default=5.0, gt=0, description="a replica that answered nothing this long while streamed "
+                           "requests are overdue for a first byte is ejected (dispatch/ejection.py)")
+    stall_min_requests: int = Field(default=2, ge=1, description="overdue requests (distinct bodies) needed to eject")
 
 
 class CircuitBreaker(_Strict):

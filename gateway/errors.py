@@ -7,6 +7,7 @@ GatewayError
 ├── PermissionDenied      403 permission_error / model_not_allowed
 ├── ModelNotFound         404 invalid_request_error / model_not_found
 ├── RequestTooLarge       413 invalid_request_error / request_too_large
+├── RequestQuarantined    422 invalid_request_error / request_quarantined (a body that hung two replicas)
 ├── RateLimited           429 rate_limit_error / rate_limit_exceeded (+ Retry-After, x-ratelimit-*)
 ├── QuotaExceeded         429 insufficient_quota (budget spent; x-should-retry: false, Retry-After = period reset)
 ├── UpstreamError         502 server_error / upstream_error
@@ -86,6 +87,14 @@ class RequestTooLarge(GatewayError):
     status = 413
     type = "invalid_request_error"
     code = "request_too_large"
+
+
+class RequestQuarantined(GatewayError):
+    """A body that timed out or broke the connection on two replicas: refused for a while (x-should-retry false)."""
+
+    status = 422
+    type = "invalid_request_error"
+    code = "request_quarantined"
 
 
 class RateLimited(GatewayError):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from gateway.upstreams import Target
@@ -14,7 +14,7 @@ class AttemptFailed(Exception):
     otherwise the request itself is at fault (upstream 4xx) and the error goes back to the client."""
 
     def __init__(self, message: str, *, retryable: bool, status: int | None = None, timeout: bool = False,
-                 connect: bool = False, overloaded: bool = False, param: str | None = None) -> None:
+                 connect: bool = False, overloaded: bool = False, param: str | None = None, stalled: bool = False) -> None:
         super().__init__(message)
         self.message = message
         self.retryable = retryable
@@ -23,6 +23,7 @@ class AttemptFailed(Exception):
         self.connect = connect
         self.overloaded = overloaded
         self.param = param
+        self.stalled = stalled  # cut short because the replica was ejected as hung (`dispatch/ejection.py`)
 
 
 @dataclass
@@ -42,6 +43,7 @@ class UpstreamCall:
     stream: bool
     request_id: str
     first_byte_timeout: float
+    headers: dict[str, str] = field(default_factory=dict)  # extra request headers (W3C traceparent)
 
 
 class Backend(Protocol):

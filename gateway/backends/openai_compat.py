@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -19,17 +20,38 @@ from gateway.upstreams import Target
 RETRYABLE_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 
 
+# Upstream error text reaches clients, logs and traces: keep its class and first lines, never request content.
+# pydantic's "[type=..., input_value=<the client's input>, input_type=...]" and long quoted strings are the echoes.
+_PYDANTIC_INPUT = re.compile(r"\s*\[type=[^,\]]*(?:,\s*input_value=.*?)?(?:,\s*input_type=[^\]]*)?\]", re.S)
+_QUOTED = re.compile(r"'[^'\n]{40,}'|\"[^\"\n]{40,}\"")
+MAX_UPSTREAM_TEXT = 300
+
+
+def sanitize_upstream_text(text: str) -> str:
+    """Bounded, single-line upstream error text with echoed input removed."""
+    t = _QUOTED.sub("'…'", _PYDANTIC_INPUT.sub("", text))
+    lines = [ln.strip() for ln in t.splitlines() if ln.strip() and not ln.strip().startswith("For further information")]
+    t = "; ".join(lines[:4])
+    return t if len(t) <= MAX_UPSTREAM_TEXT else t[:MAX_UPSTREAM_TEXT - 1] + "…"
+
+
 def upstream_message(status: int, raw: bytes) -> tuple[str, str | None]:
-    """The message (and param) of an upstream error body: OpenAI's nested shape, SGLang's flat one, or text."""
+    """The message (and param) of an upstream error body: OpenAI's nested shape, SGLang's flat one, or text;
+    sanitised (`sanitize_upstream_text`)."""
+    msg, param = _raw_message(status, raw)
+    return sanitize_upstream_text(msg) or f"upstream returned HTTP {status}", param if isinstance(param, str) else None
+
+
+def _raw_message(status: int, raw: bytes) -> tuple[str, object]:
     try:
         obj = orjson.loads(raw)
     except orjson.JSONDecodeError:
-        text = raw.decode("utf-8", "replace").strip()
-        return (text[:500] or f"upstream returned HTTP {status}"), None
+        text = raw[:4096].decode("utf-8", "replace").strip()
+        return (text or f"upstream returned HTTP {status}"), None
     if isinstance(obj, dict):
         err = obj.get("error", obj)
         if isinstance(err, dict):
-            return str(err.get("message") or f"upstream returned HTTP {status}"), err.get("param")
+            return str(err.get("message") or err.get("detail") or f"upstream returned HTTP {status}"), err.get("param")
         if isinstance(err, str):
             return err, None
     return f"upstream returned HTTP {status}", None
@@ -50,7 +72,7 @@ class HttpBackend:
         )
 
     async def open(self, target: Target, call: UpstreamCall) -> Opened:
-        headers = {"content-type": "application/json", "x-request-id": call.request_id}
+        headers = {"content-type": "application/json", "x-request-id": call.request_id, **call.headers}
         if target.api_key:
             headers["authorization"] = f"Bearer {target.api_key}"
         headers.update(target.pin_headers())  # DP rank pinning by header (SGLang 0.5.13+), when so configured
@@ -201,6 +223,6 @@ def _inband_error(payload: bytes) -> tuple[str, int]:
         err: Any = orjson.loads(payload)["error"]
         code = err.get("code")
         status = code if isinstance(code, int) else 500
-        return str(err.get("message", "upstream error")), status
+        return sanitize_upstream_text(str(err.get("message", "upstream error"))) or "upstream error", status
     except (orjson.JSONDecodeError, KeyError, AttributeError, TypeError):
         return "upstream sent an error event", 500

@@ -1,5 +1,12 @@
 """Passive circuit breaker per replica: closed -> open after N consecutive failures -> half-open after a
-cooldown (one trial request) -> closed on success, open again on failure. The clock is injected."""
+cooldown (one trial request) -> closed on success, open again on failure. The clock is injected.
+
+Blast radius: it opens only on replica-level evidence. A failure carries the fingerprint of the request body that
+met it, or None for evidence about the replica itself (connection refused, overload, a body another replica served);
+N consecutive failures open the breaker only when they come from at least `min_distinct` different sources, so one
+tenant replaying one bad body cannot close a replica to everyone. Failures the dispatcher judges the request's fault
+never reach the breaker at all. `trip` opens it at once (a replica that stopped answering, `ejection.py`).
+"""
 
 from __future__ import annotations
 
@@ -15,13 +22,19 @@ class BreakerState(str, Enum):
 
 
 class CircuitBreaker:
-    def __init__(self, failure_threshold: int, cooldown_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, failure_threshold: int, cooldown_s: float, clock: Callable[[], float] = time.monotonic,
+                 min_distinct: int = 2) -> None:
         self.failure_threshold = failure_threshold
         self.cooldown_s = cooldown_s
         self.clock = clock
+        self.min_distinct = min_distinct
         self.state = BreakerState.CLOSED
         self.failures = 0
         self.opened_at = 0.0
+        self.reason = ""  # why it last opened (failures | stalled)
+        self.last_success_at = float("-inf")
+        self._sources: set[str] = set()  # distinct body fingerprints among the consecutive failures
+        self._replica_level = 0  # failures that are evidence about the replica whatever the body
         self._trial_in_flight = False
 
     def available(self) -> bool:
@@ -45,16 +58,39 @@ class CircuitBreaker:
 
     def success(self) -> None:
         self.failures = 0
+        self._sources.clear()
+        self._replica_level = 0
         self._trial_in_flight = False
         self.state = BreakerState.CLOSED
+        self.last_success_at = self.clock()
 
-    def failure(self) -> None:
+    def failure(self, source: str | None = None) -> None:
+        """One failed attempt; `source`: the body's fingerprint, None when the failure is about the replica itself."""
         self._trial_in_flight = False
         self.failures += 1
-        if self.state is BreakerState.HALF_OPEN or self.failures >= self.failure_threshold:
-            self.state = BreakerState.OPEN
-            self.opened_at = self.clock()
+        if source is None:
+            self._replica_level += 1
+        elif len(self._sources) < self.min_distinct:
+            self._sources.add(source)
+        distinct = self._replica_level + len(self._sources)
+        if self.state is BreakerState.HALF_OPEN or (
+                self.failures >= self.failure_threshold and distinct >= min(self.min_distinct, self.failure_threshold)):
+            self._open("failures")
+
+    def trip(self, reason: str) -> None:
+        """Open now, whatever the count (replica-level evidence strong enough on its own)."""
+        self._trial_in_flight = False
+        self._open(reason)
 
     def release(self) -> None:
-        """The request ended without a verdict on the replica (e.g. the client left)."""
+        """The request ended without a verdict on the replica (the client left, or the request was at fault)."""
         self._trial_in_flight = False
+
+    def answered_within(self, seconds: float) -> bool:
+        """Has the replica served a request successfully in the last `seconds`? (it is up for other traffic)"""
+        return self.clock() - self.last_success_at <= seconds
+
+    def _open(self, reason: str) -> None:
+        self.state = BreakerState.OPEN
+        self.opened_at = self.clock()
+        self.reason = reason
