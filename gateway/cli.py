@@ -1,4 +1,4 @@
-"""The `gateway` command: serve, demo, sim, check, admin, policies."""
+"""The `gateway` command: serve, demo, sim, check, admin, policies, replay."""
 
 from __future__ import annotations
 
@@ -48,6 +48,13 @@ def build_parser() -> argparse.ArgumentParser:
     p_pol = sub.add_parser("policies", help="tenant policy tools: check a directory, print the JSON Schema")
     schema_cli.add_arguments(p_pol)
     p_pol.set_defaults(func=schema_cli.run)
+
+    from gateway.replay import cli as replay_cli
+
+    p_replay = sub.add_parser("replay", help="replay a trace through this router on the virtual clock (or over --http)",
+                              description=replay_cli.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    replay_cli.add_arguments(p_replay)
+    p_replay.set_defaults(func=replay_cli.run)
 
     return parser
 

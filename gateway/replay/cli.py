@@ -1,0 +1,132 @@
+"""`gateway replay TRACE`: what-if a trace ran through this router against a given fleet, on the virtual clock.
+
+    gateway replay trace.jsonl --nodes 2                      # 2 MI355X nodes (4 TP4 ranks, 2.4M-token KV each)
+    gateway replay trace.jsonl --nodes 4 --speed 2 --compare  # this router, round-robin, least-loaded, 2 unshared
+    gateway replay trace.jsonl --config deploy/gateway.example.yaml --policy least_loaded --json out.json
+
+The fleet is a gateway config's model (SGLang replicas simulated as MI355X TP4 ranks, hosted endpoints as B200
+replicas) or `--nodes N [--b200 M]`. The routing is the shipped engine (`routing/engine.py`) built from the config's
+`routing:` section (defaults without a config), `--policy` overriding it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import asdict
+from typing import Any
+
+from gateway.config import ConfigError, Routing, load_config
+from gateway.replay.bounds import ideal_hit_rate, lru_hit_rate
+from gateway.replay.run import HEADERS, ReplayResult, nodes_targets, replay, targets_from_config
+from gateway.replay.trace import TraceError, read_trace
+
+POLICIES = ("prefix_sla_cost", "round_robin", "least_loaded")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("trace", help="Mooncake JSONL (512-token hash_ids) or a gateway recording")
+    fleet = p.add_mutually_exclusive_group()
+    fleet.add_argument("--config", help="a gateway config: its model's pools are the fleet, its routing section the router")
+    fleet.add_argument("--nodes", type=int, default=None, help="simulated MI355X nodes, 2 TP4 ranks each (default 2)")
+    p.add_argument("--b200", type=int, default=0, help="with --nodes: B200 replicas priced per token (the spill pool)")
+    p.add_argument("--model", help="with --config: which model's pools (default: the first)")
+    p.add_argument("--policy", choices=POLICIES, help="override the routing policy")
+    p.add_argument("--compare", action="store_true",
+                   help="one table: this router, round_robin, least_loaded and 2 instances with unshared state")
+    p.add_argument("--instances", type=int, default=1, help="gateway instances (requests dealt round-robin)")
+    p.add_argument("--unshared", action="store_true", help="instances keep per-process index and load (no Redis)")
+    p.add_argument("--speed", type=float, default=1.0, help="k > 1 compresses arrivals k times, k < 1 stretches them")
+    p.add_argument("--limit", type=int, default=None, help="only the first N requests")
+    p.add_argument("--sla-ms", type=float, default=None, help="TTFT SLA (default: the config's routing.ttft_sla_ms)")
+    p.add_argument("--branches", action="store_true", help="also print where the hits go, per decision branch")
+    p.add_argument("--json", dest="json_out", help="write the results as JSON here")
+    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--http", metavar="BASE_URL", help="replay open-loop against a live OpenAI-compatible endpoint")
+    p.add_argument("--api-key", default="sk-demo", help="with --http")
+    p.add_argument("--http-model", default="glm-5.2", help="with --http: the model name to request")
+    p.add_argument("--concurrency", type=int, default=256, help="with --http: most requests in flight")
+
+
+def _table(headers: list[str], rows: list[list[Any]]) -> str:
+    cells = [headers] + [[str(c) for c in r] for r in rows]
+    w = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    line = lambda r: "| " + " | ".join(c.ljust(w[i]) for i, c in enumerate(r)) + " |"  # noqa: E731
+    return "\n".join([line(cells[0]), "|" + "|".join("-" * (x + 2) for x in w) + "|"] + [line(r) for r in cells[1:]])
+
+
+def branch_table(r: ReplayResult) -> str:
+    total = sum(b["prompt"] for b in r.branches.values()) or 1
+    rows = []
+    for name, b in sorted(r.branches.items(), key=lambda kv: -kv[1]["prompt"]):
+        p = b["prompt"] or 1
+        rows.append([name, int(b["requests"]), f"{b['prompt'] / total * 100:.1f}%", f"{b['cached'] / p * 100:.1f}%",
+                     f"{b['predicted'] / p * 100:.1f}%", f"{b['best'] / p * 100:.1f}%"])
+    return _table(["branch", "requests", "prompt tokens", "realized hit", "predicted hit", "best candidate held"], rows)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        return _run(args)
+    except (TraceError, ConfigError, ValueError) as e:
+        print(f"gateway replay: error: {e}", file=sys.stderr)
+        return 2
+
+
+def _run(args: argparse.Namespace) -> int:
+    trace = read_trace(args.trace, args.limit)
+    if args.speed <= 0:
+        raise ValueError("--speed must be > 0")
+    if args.http:
+        from gateway.replay.http import replay_http
+
+        return replay_http(trace, args)
+    if args.config:
+        cfg = load_config(args.config)
+        targets, routing = targets_from_config(cfg, args.model), cfg.routing
+        fleet_label = f"{args.config} ({len(targets)} targets)"
+    else:
+        nodes = args.nodes if args.nodes is not None else 2
+        targets, routing = nodes_targets(nodes, args.b200), Routing()
+        fleet_label = f"{nodes} MI355X nodes ({2 * nodes} TP4 ranks)" + (f" + {args.b200} B200" if args.b200 else "")
+    if not targets:
+        raise ValueError("the fleet has no targets")
+    if args.sla_ms:
+        routing = routing.model_copy(update={"ttft_sla_ms": args.sla_ms})
+    if args.compare:
+        runs = [("prefix_sla_cost", 1, True), ("round_robin", 1, True), ("least_loaded", 1, True),
+                ("prefix_sla_cost", 2, False)]
+    else:
+        runs = [(args.policy or routing.policy, args.instances, not args.unshared)]
+    kv = sum(c.max_total_num_tokens for i, c in targets if i.prefix_cache)
+    bounds = ideal_hit_rate(trace), lru_hit_rate(trace, kv)
+    results = []
+    for policy, instances, shared in runs:
+        bar = None
+        if not args.no_progress:
+            from tqdm import tqdm  # light, and already used by the load tests
+
+            bar = tqdm(total=len(trace), desc=f"{policy} x{instances}", unit="req", file=sys.stderr, leave=False)
+        t0 = time.perf_counter()
+        r = replay(trace, targets, routing.model_copy(update={"policy": policy}), instances=instances, shared=shared,
+                   speed=args.speed, progress=bar.update if bar else None, bounds=bounds)
+        if bar:
+            bar.close()
+        print(f"  {r.label}: {time.perf_counter() - t0:.1f} s wall", file=sys.stderr)
+        results.append(r)
+    span = trace[-1].timestamp_ms / 1000 / args.speed
+    print(f"\n{args.trace}: {len(trace)} requests over {span:.0f} s (speed {args.speed:g}) on {fleet_label}; "
+          f"TTFT SLA {routing.ttft_sla_ms / 1000:.2f} s; ideal hit {bounds[0] * 100:.1f}%, LRU bound "
+          f"{bounds[1] * 100:.1f}% at {kv / 1e6:.1f}M KV tokens")
+    print(_table(HEADERS, [r.row() for r in results]))
+    if args.branches:
+        for r in results:
+            print(f"\n{r.label}: where the hits go")
+            print(branch_table(r))
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump({"trace": args.trace, "requests": len(trace), "speed": args.speed, "fleet": fleet_label,
+                       "results": [asdict(r) for r in results]}, f, indent=1)
+    return 0
