@@ -20,6 +20,8 @@ def build_parser() -> argparse.ArgumentParser:
     p_serve.add_argument("--host", default="127.0.0.1")
     p_serve.add_argument("--port", type=int, default=8080)
     p_serve.add_argument("--drain-timeout", type=float, default=120.0, help="seconds in-flight requests get after SIGTERM")
+    p_serve.add_argument("--drain-delay", type=float, default=None, help="seconds /readyz answers 503 after SIGTERM "
+                         "before the listener closes (default: the config's shutdown.readiness_drain_s, 5)")
     p_serve.set_defaults(func=serve_mod.serve)
 
     p_demo = sub.add_parser("demo", help="a simulated MI355X pool behind the gateway, in-memory state")
@@ -27,7 +29,8 @@ def build_parser() -> argparse.ArgumentParser:
     p_demo.add_argument("--port", type=int, default=8080)
     p_demo.add_argument("--api-key", default="sk-demo")
     p_demo.add_argument("--replicas", type=int, default=2)
-    p_demo.add_argument("--sim-port", type=int, default=30000)
+    p_demo.add_argument("--sim-port", type=int, default=0,
+                        help="first replica port (replicas use SIM_PORT..SIM_PORT+N-1); 0: free ports the OS picks")
     p_demo.add_argument("--time-scale", type=float, default=1.0)
     p_demo.set_defaults(func=serve_mod.demo)
 

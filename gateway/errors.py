@@ -6,6 +6,7 @@ GatewayError
 ├── AuthenticationFailed  401 invalid_request_error / invalid_api_key
 ├── PermissionDenied      403 permission_error / model_not_allowed
 ├── ModelNotFound         404 invalid_request_error / model_not_found
+├── RequestTimeout        408 invalid_request_error / request_timeout (the body did not arrive in time)
 ├── RequestTooLarge       413 invalid_request_error / request_too_large
 ├── RequestQuarantined    422 invalid_request_error / request_quarantined (a body that hung two replicas)
 ├── RateLimited           429 rate_limit_error / rate_limit_exceeded (+ Retry-After, x-ratelimit-*)
@@ -81,6 +82,12 @@ class ModelNotFound(GatewayError):
     status = 404
     type = "invalid_request_error"
     code = "model_not_found"
+
+
+class RequestTimeout(GatewayError):
+    status = 408
+    type = "invalid_request_error"
+    code = "request_timeout"
 
 
 class RequestTooLarge(GatewayError):

@@ -9,22 +9,41 @@ from typing import Any
 
 from gateway.app import create_admin_app, create_app
 from gateway.config import ConfigError, hash_key, load_config, parse_config
-from gateway.servers import make_server, serve_all
+from gateway.servers import free_ports, make_server, serve_all, taken_port_error
 
 
-async def _serve_gateway(app: Any, host: str, port: int, drain_timeout: float, extra: list[Any] | None = None,
-                         on_started: Any = None) -> None:
-    """Serve until SIGTERM/SIGINT; then stop accepting, report not-ready, and let in-flight streams finish (the
-    simulated replicas of the demo stop after the gateway has drained)."""
-    server = make_server(app, host, port, timeout_graceful_shutdown=drain_timeout, timeout_keep_alive=75)
+async def _serve_gateway(app: Any, host: str, port: int, drain_timeout: float, drain_delay: float = 0.0,
+                         extra: list[Any] | None = None, on_started: Any = None) -> None:
+    """Serve until SIGTERM/SIGINT, then shut down in the order load balancers expect:
 
-    def stop() -> None:
-        st = getattr(app.state, "gateway", None)
-        if st is not None:
-            st.draining = True
+    1. `/readyz` answers 503 for `drain_delay` seconds while every request is still served (the balancer notices
+       and stops sending; a second signal skips the wait);
+    2. the listener closes (uvicorn stops accepting; idle keep-alive connections are closed);
+    3. in-flight requests and streams run to completion, up to `drain_timeout` seconds;
+    then the simulated replicas of the demo (`extra`) stop."""
+    server = make_server(app, host, port, timeout_graceful_shutdown=drain_timeout, timeout_keep_alive=75,
+                         openai_errors=True)
+    loop = asyncio.get_running_loop()
+    pending: list[asyncio.TimerHandle] = []
+
+    def stop_now() -> None:
+        for h in pending:
+            h.cancel()
         server.should_exit = True
 
-    await serve_all([server] + (extra or []), on_started=on_started, on_signal=stop)
+    def on_signal() -> None:
+        st = getattr(app.state, "gateway", None)
+        if st is None or st.draining or drain_delay <= 0:  # second signal, or no delay asked: stop accepting now
+            if st is not None:
+                st.draining = True
+            stop_now()
+            return
+        st.draining = True
+        print(f"gateway: draining; /readyz answers 503, the listener closes in {drain_delay:g} s", file=sys.stderr,
+              flush=True)
+        pending.append(loop.call_later(drain_delay, stop_now))
+
+    await serve_all([server] + (extra or []), on_started=on_started, on_signal=on_signal)
 
 
 def serve(a: argparse.Namespace) -> int:
@@ -34,6 +53,12 @@ def serve(a: argparse.Namespace) -> int:
     except ConfigError as e:
         print(f"config error:\n{e}", file=sys.stderr)
         return 2
+    taken = taken_port_error("gateway serve", a.host, [a.port], "--port") or (
+        taken_port_error("gateway serve", a.host, [cfg.admin.port], "admin.port in the config")
+        if cfg.admin.port is not None else None)
+    if taken:
+        print(taken, file=sys.stderr)
+        return 2
     extra = []
     if cfg.admin.port is not None:
         extra.append(make_server(create_admin_app(app), a.host, cfg.admin.port))
@@ -42,7 +67,8 @@ def serve(a: argparse.Namespace) -> int:
         admin = f", admin API on http://{a.host}:{cfg.admin.port}/admin" if cfg.admin.port is not None else ""
         print(f"gateway listening on http://{a.host}:{a.port}{admin}", file=sys.stderr, flush=True)
 
-    asyncio.run(_serve_gateway(app, a.host, a.port, a.drain_timeout, extra=extra, on_started=started))
+    delay = cfg.shutdown.readiness_drain_s if a.drain_delay is None else a.drain_delay
+    asyncio.run(_serve_gateway(app, a.host, a.port, a.drain_timeout, delay, extra=extra, on_started=started))
     return 0
 
 
@@ -73,7 +99,12 @@ def demo(a: argparse.Namespace) -> int:
     from gateway.sim.replica import Replica
     from gateway.sim.server import create_sim_app
 
-    sim_ports = [a.sim_port + i for i in range(a.replicas)]
+    taken = taken_port_error("gateway demo", a.host, [a.port], "--port")
+    sim_ports = free_ports("127.0.0.1", a.replicas) if not a.sim_port else [a.sim_port + i for i in range(a.replicas)]
+    taken = taken or taken_port_error("gateway demo", "127.0.0.1", sim_ports, "--sim-port (or 0 for free ports)")
+    if taken:
+        print(taken, file=sys.stderr)
+        return 2
     cfg_sim = profile("mi355x-glm52-tp4", time_scale=a.time_scale, enable_cache_report=True)  # as `--enable-cache-report`
     sims = [make_server(create_sim_app(Replica(cfg_sim.with_overrides(seed=i), name=f"mi355x-{i}")), "127.0.0.1", p,
                         timeout_keep_alive=5) for i, p in enumerate(sim_ports)]

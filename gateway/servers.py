@@ -5,10 +5,32 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+import socket
 from collections.abc import Generator
 from typing import Any
 
+import orjson
 import uvicorn
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from gateway.errors import InvalidRequest
+
+
+class OpenAIErrorProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol, but a request the HTTP parser refuses (a negative or duplicated Content-Length,
+    a malformed request line...) gets the OpenAI error shape instead of uvicorn's plain text, so a client SDK can
+    read it. Only the gateway's listener uses it: the simulator answers like SGLang (uvicorn's own text)."""
+
+    def send_400_response(self, msg: str) -> None:
+        err = InvalidRequest(f"{msg} The HTTP request could not be parsed (check Content-Length and the request line).",
+                             code="invalid_http_request")
+        body = orjson.dumps(err.body())
+        head = [b"HTTP/1.1 400 Bad Request\r\n"]
+        head += [name + b": " + value + b"\r\n" for name, value in self.server_state.default_headers]
+        head += [b"content-type: application/json\r\n", b"content-length: %d\r\n" % len(body),
+                 b"connection: close\r\n", b"\r\n"]
+        self.transport.write(b"".join(head) + body)
+        self.transport.close()
 
 
 class _Server(uvicorn.Server):
@@ -23,7 +45,7 @@ def make_server(app: Any, host: str, port: int, **kw: Any) -> uvicorn.Server:
         host=host,
         port=port,
         loop="uvloop",
-        http="httptools",
+        http=OpenAIErrorProtocol if kw.pop("openai_errors", False) else "httptools",
         log_level=kw.pop("log_level", "warning"),
         access_log=False,
         lifespan="on",
@@ -55,3 +77,35 @@ async def serve_all(servers: list[uvicorn.Server], on_started: Any = None, on_si
     await tasks[0]
     stop_all()
     await asyncio.gather(*tasks[1:])
+
+
+def port_in_use(host: str, port: int) -> bool:
+    """Whether binding (host, port) would fail, checked with SO_REUSEADDR as uvicorn binds (so a port in TIME_WAIT
+    is not reported as taken)."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def free_ports(host: str, n: int) -> list[int]:
+    """n ports the OS has free right now (held together while choosing, so they are distinct)."""
+    socks = [socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind((host, 0))
+        return [int(s.getsockname()[1]) for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def taken_port_error(prog: str, host: str, ports: list[int], flag: str) -> str | None:
+    """A one-line message naming the first taken port and the flag that chooses another, or None."""
+    for p in ports:
+        if port_in_use(host, p):
+            return f"{prog}: port {p} on {host} is already in use; choose another with {flag}"
+    return None

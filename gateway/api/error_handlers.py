@@ -34,6 +34,12 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        if request.url.path.startswith("/v1/") and exc.status_code in (404, 405):
+            try:  # the key first: a probe without one learns nothing about which paths exist
+                main = getattr(request.app.state, "main", request.app)
+                main.state.gateway.policies.index.identify(request.headers.get("authorization"))
+            except GatewayError as e:
+                return to_response(e)
         err = GatewayError(str(exc.detail) if exc.status_code != 404 else f"Unknown path: {request.url.path}")
         err.status = exc.status_code
         err.type = "invalid_request_error"

@@ -1,4 +1,4 @@
-"""Liveness, readiness and Prometheus metrics."""
+"""Liveness (`/healthz`, alias `/health`), readiness and Prometheus metrics."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ router = APIRouter()
 
 
 @router.get("/healthz")
+@router.get("/health")  # the alias tools probe (guidellm, SGLang's own name for liveness)
 async def healthz() -> Response:
     return JSONResponse({"status": "ok"})
 

@@ -10,7 +10,7 @@ import sys
 import threading
 from typing import Any
 
-from gateway.servers import make_server, serve_all
+from gateway.servers import free_ports, make_server, serve_all, taken_port_error
 from gateway.sim.profiles import PROFILES, SGLANG_VERSIONS, ReplicaConfig, for_version, profile
 from gateway.sim.replica import Replica
 from gateway.sim.server import create_sim_app
@@ -18,7 +18,7 @@ from gateway.sim.server import create_sim_app
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--replicas", type=int, default=2, help="number of servers (ports PORT..PORT+N-1)")
-    p.add_argument("--port", type=int, default=30000)
+    p.add_argument("--port", type=int, default=30000, help="first port (SGLang's default); 0: free ports the OS picks")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--profile", default="mi355x-glm52-tp4", choices=sorted(PROFILES))
     p.add_argument("--served-model-name", default=None)
@@ -101,14 +101,19 @@ def _parse_value(raw: str) -> object:
 
 def run(a: argparse.Namespace) -> int:
     cfg = config_from_args(a)
+    ports = free_ports(a.host, a.replicas) if a.port == 0 else [a.port + i for i in range(a.replicas)]
+    taken = taken_port_error("gateway sim", a.host, ports, "--port (replicas use PORT..PORT+N-1; 0 picks free ports)")
+    if taken:
+        print(taken, file=sys.stderr)
+        return 2
     servers = []
     for i in range(a.replicas):
         rep = Replica(cfg.with_overrides(seed=cfg.seed + i), name=f"{cfg.profile}-{i}")
-        servers.append(make_server(create_sim_app(rep), a.host, a.port + i, timeout_keep_alive=5,
+        servers.append(make_server(create_sim_app(rep), a.host, ports[i], timeout_keep_alive=5,
                                    timeout_graceful_shutdown=SHUTDOWN_GRACE_S))
 
     def started() -> None:
-        urls = " ".join(f"http://{a.host}:{a.port + i}" for i in range(a.replicas))
+        urls = " ".join(f"http://{a.host}:{p}" for p in ports)
         print(f"simulated SGLang replicas ({cfg.profile}, time scale {cfg.time_scale}): {urls}", file=sys.stderr, flush=True)
 
     stop_on_signal(servers, SHUTDOWN_GRACE_S)

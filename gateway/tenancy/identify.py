@@ -16,11 +16,14 @@ class TenantIndex:
 
     def identify(self, authorization: str | None) -> Tenant:
         if not authorization:
-            raise AuthenticationFailed("Missing API key: send 'Authorization: Bearer <key>'.")
+            raise AuthenticationFailed("You didn't provide an API key. Send it in an Authorization header using "
+                                       "Bearer auth (Authorization: Bearer <key>).")
         scheme, _, key = authorization.partition(" ")
         if scheme.lower() != "bearer" or not key.strip():
             raise AuthenticationFailed("Malformed Authorization header: expected 'Bearer <key>'.")
         tenant = self._by_hash.get(hashlib.sha256(key.strip().encode()).hexdigest())
         if tenant is None:
-            raise AuthenticationFailed("Invalid API key.")
+            # OpenAI's wording: clients (litellm among them) classify a 401 as an authentication error by this text
+            raise AuthenticationFailed("Incorrect API key provided. Use a key issued for this gateway "
+                                       "(the key is not echoed back).")
         return tenant

@@ -21,11 +21,12 @@ import hmac
 import time
 from typing import Any, Literal, TypeVar
 
-from fastapi import APIRouter, Request
-from pydantic import BaseModel, Field, ValidationError
+from fastapi import APIRouter, Query, Request
+from pydantic import BaseModel, Field, ValidationError, field_validator
 from starlette.responses import JSONResponse, Response
 
 from gateway.api.openai.proxy import Exchange
+from gateway.api.openai.body import read_body
 from gateway.api.openai.validation import parse_json, validate
 from gateway.config import PerTokenPricing, error_location
 from gateway.control.state import PoolOverride, TenantOverride
@@ -66,8 +67,15 @@ def _who(request: Request) -> str:
     return f"token:{digest[:8]}" + (f" ({actor})" if actor else "")
 
 
+ADMIN_BODY_BYTES = 1 << 20  # admin bodies are small objects; bounded like the OpenAI surface's, in size and time
+
+
+async def _raw(request: Request) -> bytes:
+    return await read_body(request, ADMIN_BODY_BYTES, _state(request).config.timeouts.body_read)
+
+
 async def _body(request: Request, model: type[M]) -> M:
-    raw = await request.body()
+    raw = await _raw(request)
     try:
         return model.model_validate(parse_json(raw) if raw else {})
     except ValidationError as e:
@@ -97,7 +105,7 @@ def _replica(st: AppState, name: str) -> Any:
 
 # -- state --------------------------------------------------------------------------------------------------------
 @router.get("/state")
-async def state(request: Request, uncached_tokens: int = 8000) -> Response:
+async def state(request: Request, uncached_tokens: int = Query(8000, ge=0, le=10_000_000)) -> Response:
     """`predicted_ttft_s`: for a request with `uncached_tokens` to prefill, on this instance's view of the load."""
     _who(request)
     st = _state(request)
@@ -153,12 +161,30 @@ async def replica_action(name: str, action: str, request: Request) -> Response:
 
 
 # -- pools --------------------------------------------------------------------------------------------------------
+MAX_USD_PER_MTOK = 10_000.0  # far above any real price; a typo like 1e308 would make every cost comparison meaningless
+
+
+class PoolIn(Strict):
+    """A pool override as on-call sends it: bounded, so one typo cannot poison routing cost on every instance."""
+
+    weight: float | None = Field(default=None, ge=0, le=1000, description="0: no new traffic")
+    pricing: PerTokenPricing | None = None
+
+    @field_validator("pricing")
+    @classmethod
+    def _price(cls, v: PerTokenPricing | None) -> PerTokenPricing | None:
+        prices = [] if v is None else [v.input_per_mtok, v.output_per_mtok, v.cached_input_per_mtok or 0.0]
+        if any(p > MAX_USD_PER_MTOK for p in prices):
+            raise ValueError(f"prices must be at most {MAX_USD_PER_MTOK:g} $/Mtok")
+        return v
+
+
 @router.put("/pools/{name}")
 async def set_pool(name: str, request: Request) -> Response:
     who = _who(request)
     st = _state(request)
     _pool(st, name)
-    o = await _body(request, PoolOverride)
+    o = PoolOverride(**(await _body(request, PoolIn)).model_dump(exclude_none=True))
     base = next(p for p in st.config.pools if p.name == name).pricing
     if o.pricing is not None and not isinstance(base, PerTokenPricing):
         raise InvalidRequest("Only a per-token pool's price can be set here (self-hosted pools are priced by GPU-hour).",
@@ -178,7 +204,7 @@ async def clear_pool(name: str, request: Request) -> Response:
 # -- tenants ------------------------------------------------------------------------------------------------------
 class OverrideIn(Strict):
     ttl_s: float = Field(gt=0, le=7 * 86400, description="the override lapses on its own after this long")
-    ttft_sla_ms: float | None = Field(default=None, gt=0)
+    ttft_sla_ms: float | None = Field(default=None, gt=0, le=600_000, description="at most the SDK's 600 s timeout")
     pin_pool: str | None = None
     objective: Literal["cost", "latency"] | None = None
     on_sla_miss: Literal["spill", "shed"] | None = None
@@ -202,13 +228,15 @@ async def override_tenant(name: str, request: Request) -> Response:
 async def clear_override(name: str, request: Request) -> Response:
     who = _who(request)
     st = _state(request)
+    if name not in st.policies.index.tenants and name not in st.control.state.tenants:
+        raise NotFound(f"Unknown tenant {name!r}.", param="name")  # and nothing written to the audit log
     await _apply(st.control.override_tenant(who, name, None))
     return JSONResponse({"tenant": name, "override": None})
 
 
 # -- decisions, explain -------------------------------------------------------------------------------------------
 @router.get("/decisions")
-async def decisions(request: Request, limit: int = 50, tenant: str | None = None) -> Response:
+async def decisions(request: Request, limit: int = Query(50, ge=1, le=500), tenant: str | None = None) -> Response:
     _who(request)
     out = []
     for r in reversed(_proxy(request).recent):
@@ -230,7 +258,7 @@ async def explain(request: Request) -> Response:
     Body: {"tenant": name, "endpoint": "chat/completions"|"completions", "request": {...the OpenAI body...}}."""
     _who(request)
     st = _state(request)
-    body = parse_json(await request.body())
+    body = parse_json(await _raw(request), st.config.max_json_depth)
     base = st.policies.index.tenants.get(str(body.get("tenant")))
     if base is None:
         raise InvalidRequest("Unknown tenant.", param="tenant")
@@ -272,7 +300,7 @@ async def policies(request: Request) -> Response:
 
 
 @router.get("/audit")
-async def audit(request: Request, limit: int = 100) -> Response:
+async def audit(request: Request, limit: int = Query(100, ge=1, le=10_000)) -> Response:
     _who(request)
     st = _state(request)
     try:
