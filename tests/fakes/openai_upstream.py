@@ -21,6 +21,9 @@ class FakeOpenAI:
         self.error_body: dict[str, Any] = {"error": {"message": "provider says no", "type": "server_error", "code": None}}
         self.inband_error_after: int | None = None  # stream: send an error event after k chunks
         self.delay = 0.0
+        # the usage it reports (tests set garbage here: upstream usage is untrusted input)
+        self.usage: Any = {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10,
+                           "prompt_tokens_details": {"cached_tokens": 2}}
 
     def app(self) -> Starlette:
         return Starlette(routes=[
@@ -41,7 +44,7 @@ class FakeOpenAI:
             await asyncio.sleep(self.delay)
         if self.status != 200:
             return Response(orjson.dumps(self.error_body), status_code=self.status, media_type="application/json")
-        usage = {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10, "prompt_tokens_details": {"cached_tokens": 2}}
+        usage = self.usage
         head = {"id": "chatcmpl-fake", "created": 1, "model": body.get("model")}
         if not body.get("stream"):
             return Response(orjson.dumps({**head, "object": "chat.completion", "choices": [
