@@ -75,7 +75,7 @@ def classify(err: BaseException) -> str:
 
 
 class RedisGuard:
-    def __init__(self, what: str, *, retry_after: float = 1.0, hung_after: float = 1.0,
+    def __init__(self, what: str, *, retry_after: float = 1.0, hung_after: float = 3.0,
                  on_fallback: Callable[[str, str], None] | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.what, self.retry_after, self.hung_after = what, retry_after, hung_after

@@ -92,19 +92,22 @@ def start_sims(n: int = 2, prof: str = "mi355x-glm52-tp4", sglang_version: str =
 
 
 class RedisServer:
-    """A private redis-server on a free port (never the machine's shared one), ended by PID."""
+    """A private redis-server on a free port (never the machine's shared one), ended by PID. `appendonly`: with an
+    AOF (fsync every second, as deployed) in its directory, so a restart on the same directory keeps the data."""
 
-    def __init__(self, password: str | None = None) -> None:
+    def __init__(self, password: str | None = None, appendonly: bool = False) -> None:
         self.port = free_port()
         self.dir = tempfile.mkdtemp(prefix="gw-redis-")
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self.password = password
+        self.appendonly = appendonly
         self.start()
 
     def start(self) -> None:
         exe = shutil.which("redis-server") or "/usr/bin/redis-server"
         self.proc = subprocess.Popen(
-            [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", self.dir,
+            [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--dir", self.dir,
+             "--appendonly", "yes" if self.appendonly else "no", "--appendfsync", "everysec",
              *(["--requirepass", self.password] if self.password else [])],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -119,10 +122,11 @@ class RedisServer:
                     raise RuntimeError("redis-server did not start") from None
                 time.sleep(0.02)
 
-    def kill(self) -> None:
-        """Stop it (by our PID) but keep the port and directory, so start() brings it back empty."""
+    def kill(self, hard: bool = False) -> None:
+        """Stop it (by our PID) but keep the port and directory, so start() brings it back — empty, or from its AOF.
+        `hard`: SIGKILL, a crash (no shutdown flush: an AOF then holds what was fsynced, up to a second old)."""
         if self.proc.poll() is None:
-            self.proc.terminate()
+            self.proc.kill() if hard else self.proc.terminate()
             try:
                 self.proc.wait(5)
             except subprocess.TimeoutExpired:

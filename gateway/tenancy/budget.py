@@ -127,10 +127,12 @@ class MemoryBudgetLedger:
 
 # KEYS: per capped period: the period hash, its holds zset (rid -> deadline ms), its amounts hash (rid -> usd).
 # ARGV: n, rid, amount, now_ms, deadline_ms, ttl_s, then a cap per period. Returns {1, spent + reserved per period}
-# or {0, i, spent, reserved}.
+# or {0, i, spent, reserved}. Idempotent per rid: a retried reservation that already holds is not held twice.
 RESERVE_LUA = """
 local n, rid, amount, now, deadline, ttl = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5], tonumber(ARGV[6])
+local held = redis.call('HEXISTS', KEYS[3], rid) == 1  -- a retry of a reservation that did reach Redis
 for i = 1, n do
+  if held then break end
   local h, z, a = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
   local expired = redis.call('ZRANGEBYSCORE', z, '-inf', now)
   for _, x in ipairs(expired) do
@@ -148,11 +150,14 @@ end
 local out = {1}
 for i = 1, n do
   local h, z, a = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
-  local reserved = redis.call('HINCRBYFLOAT', h, 'reserved', amount)
-  redis.call('ZADD', z, deadline, rid)
-  redis.call('HSET', a, rid, amount)
-  for _, k in ipairs({h, z, a}) do redis.call('EXPIRE', k, ttl) end
-  table.insert(out, tostring(tonumber(redis.call('HGET', h, 'spent') or '0') + tonumber(reserved)))
+  if not held then
+    redis.call('HINCRBYFLOAT', h, 'reserved', amount)
+    redis.call('ZADD', z, deadline, rid)
+    redis.call('HSET', a, rid, amount)
+    for _, k in ipairs({h, z, a}) do redis.call('EXPIRE', k, ttl) end
+  end
+  local reserved = tonumber(redis.call('HGET', h, 'reserved') or '0')
+  table.insert(out, tostring(tonumber(redis.call('HGET', h, 'spent') or '0') + reserved))
 end
 return out
 """

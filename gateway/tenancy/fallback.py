@@ -1,9 +1,11 @@
 """Rate limits and budgets shared through Redis, with a local fallback that never loses spend.
 
-A call goes to Redis within `timeout`. A saturated connection pool is waited on and retried inside that time: a
-busy instance is not an outage (`gateway/shared_redis.py` tells them apart). Only when Redis is away (refused,
-reset, loading, or hung — see `RedisGuard`) is the call served by this instance's in-memory state, counted in
-`gateway_shared_state_fallbacks_total{what,reason}` and logged; Redis is tried again a second later.
+A call goes to Redis, each attempt bounded by `timeout`. A slow attempt (a saturated connection pool, a late reply)
+is retried: a busy instance is not an outage (`gateway/shared_redis.py` tells them apart). Only when Redis is away
+(refused, reset, loading, or no answer to anyone for `hung_after` — see `RedisGuard`) is the call served by this
+instance's in-memory state, counted in `gateway_shared_state_fallbacks_total{what,reason}` and logged; Redis is
+tried again a second later. Retries are idempotent: a reservation is keyed by request id, a rate-limit take by an
+attempt id, so an attempt whose reply was lost is never counted twice.
 
 Local state is conservative: while Redis is away an instance may use only its **share** — the budget remaining
 when Redis last answered (or the cap, if it never did) times `share()`, by default 1 / the instances alive then;
@@ -19,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -58,25 +61,25 @@ class _Fallback:
         self.shared, self.local, self.guard, self.timeout = shared, local, guard, timeout
         self.share = share or FleetShare(fixed=1.0)
 
-    async def _try(self, call: Callable[[Any], Awaitable[T]]) -> Any:
-        """`call(shared)`'s result, or `_LOCAL` (counted) when Redis is away or stayed too busy for `timeout`."""
+    async def _try(self, call: Callable[[Any], Awaitable[T]], retry_slow: bool = True) -> Any:
+        """`call(shared)`'s result, or `_LOCAL` (counted) when Redis is away. A slow call (a timeout, a saturated
+        pool) is retried while Redis is not judged away (`RedisGuard`: no success at all for `hung_after`), each
+        attempt bounded by `timeout`; with `retry_slow=False` it is answered locally at once instead."""
         if self.shared is None:
             return _LOCAL
         if not self.guard.available:
             self.guard.fallback("away")
             return _LOCAL
-        start = time.monotonic()
-        deadline = start + self.timeout
         while True:
+            start = time.monotonic()
             try:
-                async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                async with asyncio.timeout(self.timeout):
                     out = await call(self.shared)
                 self.guard.succeeded()
                 return out
             except REDIS_ERRORS as e:
                 reason = self.guard.failed(e, start)
-                # saturation: wait a little and try again while the call has time (the pool wait was the real wait)
-                if reason == "saturated" and deadline - time.monotonic() > 0.02:
+                if reason in ("timeout", "saturated") and retry_slow and self.guard.available:
                     await asyncio.sleep(0.01)
                     continue
                 self.guard.fallback(reason)
@@ -90,14 +93,15 @@ def _local_bucket(b: Bucket, share: float) -> Bucket:
 
 class FallbackRateLimiter(_Fallback):
     async def take(self, buckets: list[Bucket]) -> Admission:
-        out = await self._try(lambda impl: impl.take(buckets))
+        attempt = uuid.uuid4().hex  # one id for every retry of this admission: it is taken once
+        out = await self._try(lambda impl: impl.take(buckets, attempt))
         if out is not _LOCAL:
             return out  # type: ignore[no-any-return]
         return await self.local.take([_local_bucket(b, self.share()) for b in buckets])  # type: ignore[no-any-return]
 
     async def adjust(self, bucket: Bucket, delta: float) -> None:
         # a token-bucket correction is soft state (it refills within a minute): not queued, applied where it can be
-        if await self._try(lambda impl: impl.adjust(bucket, delta)) is _LOCAL:
+        if await self._try(lambda impl: impl.adjust(bucket, delta), retry_slow=False) is _LOCAL:
             await self.local.adjust(_local_bucket(bucket, self.share()), delta)
 
 
@@ -143,7 +147,7 @@ class FallbackBudgetLedger(_Fallback):
         if self.shared is None:
             await self.local.settle(r, usage)
             return
-        if await self._try(lambda impl: impl.settle(r, usage)) is _LOCAL:
+        if await self._try(lambda impl: impl.settle(r, usage), retry_slow=False) is _LOCAL:  # queued: replayed within a second
             self.pending.append((r, usage))
             if usage is not None:  # also this instance's own: counted against its share for the rest of the outage
                 await self.local.settle(r, usage)

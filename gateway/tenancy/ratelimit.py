@@ -4,13 +4,15 @@ A bucket holds up to one minute's allowance and refills continuously, so a tenan
 average with bursts up to `limit`. Both buckets of a request are checked and taken in one atomic step (all or
 nothing). Tokens are taken at admission from an estimate (prompt + max output), then settled with the real usage.
 
-Redis: one EVAL per admission on Redis's own clock (instances' clocks never matter). Memory: the same arithmetic in
+Redis: one EVAL per admission on Redis's own clock (instances' clocks never matter); retried admissions are
+idempotent (an attempt marker kept a minute). Memory: the same arithmetic in
 process (the embedded default, and the fallback while Redis is away: limits then hold per instance).
 """
 
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -84,8 +86,11 @@ class MemoryRateLimiter:
         self._state[bucket.key] = (min(float(bucket.limit), self._level(bucket, now) + delta), now)
 
 
-# KEYS: bucket keys. ARGV: n, then per bucket: limit, per_ms, cost. Returns {ok, wait_ms, level1, level2, ...}.
+# KEYS: bucket keys, then the attempt's marker. ARGV: n, then per bucket: limit, per_ms, cost. Returns {ok, wait_ms,
+# level1, level2, ...}; a retry of an attempt that already ran (its reply lost) gets the first answer, taking nothing.
 TAKE_LUA = """
+local done = redis.call('GET', KEYS[#KEYS])
+if done then return cjson.decode(done) end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local n = tonumber(ARGV[1])
@@ -110,6 +115,7 @@ for i = 1, n do
   redis.call('PEXPIRE', KEYS[i], 120000)
   table.insert(out, tostring(levels[i]))
 end
+redis.call('SET', KEYS[#KEYS], cjson.encode(out), 'PX', 60000)
 return out
 """
 
@@ -134,11 +140,13 @@ class RedisRateLimiter:
         self._take = client.register_script(TAKE_LUA)
         self._adjust = client.register_script(ADJUST_LUA)
 
-    async def take(self, buckets: list[Bucket]) -> Admission:
+    async def take(self, buckets: list[Bucket], attempt: str | None = None) -> Admission:
+        """`attempt`: an id shared by retries of one admission (a retry whose first try did reach Redis takes nothing)."""
         args: list[float | int] = [len(buckets)]
         for b in buckets:
             args += [b.limit, b.per_ms, b.cost]
-        out = await self._take(keys=[self.p + b.key for b in buckets], args=args)
+        marker = f"{self.p}take:{attempt or uuid.uuid4().hex}"
+        out = await self._take(keys=[self.p + b.key for b in buckets] + [marker], args=args)
         return Admission(int(out[0]) == 1, tuple(float(x) for x in out[2:]), float(out[1]) / 1000.0)
 
     async def adjust(self, bucket: Bucket, delta: float) -> None:
