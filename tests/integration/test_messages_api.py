@@ -154,3 +154,24 @@ def test_mid_stream_failure_raises_in_the_sdk_and_is_an_error_event_on_the_wire(
             httpx.post(u + "/_sim/fault", json={"kind": "clear"})
     events = [ln for ln in body.splitlines() if ln.startswith("event: ")]
     assert events[-1] == "event: error" and "message_stop" not in body
+
+
+def test_tenant_limits_apply_through_the_bridge_as_rate_limit_error():
+    """The bridge is the chat path: a tenant's requests/min cap refuses the third request, in Anthropic's shape, and
+    the Responses API counts against the same bucket."""
+    sims, _ = start_sims(1)
+    gw = start_gateway(config([sglang_pool("mi355x", sims.urls)], tenants=[
+        {"name": "tenant-a", "api_key_hashes": [hash_key(KEY_A)], "models": ["glm-5.2"],
+         "rate_limits": {"requests_per_minute": 2}}]))
+    try:
+        c = anthropic.Anthropic(base_url=gw.urls[0], api_key=KEY_A, max_retries=0)
+        c.messages.create(model="glm-5.2", max_tokens=2, messages=MSG)
+        httpx.post(gw.urls[0] + "/v1/responses", headers={"authorization": f"Bearer {KEY_A}"},
+                   json={"model": "glm-5.2", "input": "x", "max_output_tokens": 2}).raise_for_status()
+        with pytest.raises(anthropic.RateLimitError) as e:
+            c.messages.create(model="glm-5.2", max_tokens=2, messages=MSG)
+        assert e.value.body["error"]["type"] == "rate_limit_error"
+        assert e.value.response.headers.get("retry-after")
+    finally:
+        gw.stop()
+        sims.stop()

@@ -136,3 +136,15 @@ def test_stream_failure_is_an_error_event():
 def test_error_shapes_and_statuses(status, kind, out):
     assert error_status(status) == out
     assert error_body(status, "m") == {"type": "error", "error": {"type": kind, "message": "m"}}
+
+
+def test_engine_reasoning_becomes_a_thinking_block():
+    chat = {"choices": [{"message": {"content": "ok", "reasoning_content": "hmm"}, "finish_reason": "stop"}]}
+    assert [b["type"] for b in from_chat(chat, "glm", None)["content"]] == ["thinking", "text"]
+    s = MessagesStream("glm", 1, None)
+    evs = events(s.start() + s.chunk(_chunk({"reasoning_content": "hm"})) + s.chunk(_chunk({"content": "ok"}))
+                 + s.chunk(_chunk(finish="stop")) + s.done())
+    assert [e["type"] for e in evs[2:8]] == ["content_block_start", "content_block_delta", "content_block_stop",
+                                             "content_block_start", "content_block_delta", "content_block_stop"]
+    assert evs[2]["content_block"]["type"] == "thinking" and evs[3]["delta"] == {"type": "thinking_delta", "thinking": "hm"}
+    assert evs[5]["index"] == 1 and evs[-2]["delta"]["stop_reason"] == "end_turn"

@@ -209,3 +209,24 @@ def test_memory_store_ttl_per_tenant_cap_and_isolation():
         assert not await store.delete("a", "r3")
 
     asyncio.run(run())
+
+
+def test_engine_reasoning_becomes_a_reasoning_item_before_the_message():
+    """SGLang's reasoning parser splits thinking into `reasoning_content`; it is output as a reasoning item (stream
+    and not), and dropped again when the turn is continued (the engine's template drops past reasoning)."""
+    req = parse_request({"model": "m", "input": "x", "stream": True}, [], LIMIT)
+    s = ResponsesStream("resp_1", req)
+    raw = s.start() + s.chunk(_chunk({"reasoning_content": "think"})) + s.chunk(_chunk({"reasoning_content": "ing"})) \
+        + s.chunk(_chunk({"content": "answer"})) + s.chunk(_chunk(finish="stop")) + s.done()
+    types = [e["type"] for e in events(raw)]
+    assert types[2:6] == ["response.output_item.added", "response.reasoning_text.delta", "response.reasoning_text.delta",
+                          "response.reasoning_text.done"]
+    assert types.index("response.reasoning_text.done") < types.index("response.output_text.delta")
+    out = s.final["output"]
+    assert [o["type"] for o in out] == ["reasoning", "message"]
+    assert out[0]["content"] == [{"type": "reasoning_text", "text": "thinking"}]
+    non_stream = from_chat({"choices": [{"message": {"content": "answer", "reasoning_content": "thinking"},
+                                         "finish_reason": "stop"}]}, "r", 0, 1, req)
+    assert [o["type"] for o in non_stream["output"]] == ["reasoning", "message"]
+    assert items_to_messages(history_of({"response": non_stream, "input_items": req.input_items})) == \
+        [{"role": "user", "content": "x"}, {"role": "assistant", "content": "answer"}]

@@ -21,7 +21,7 @@ class MessagesStream:
         self.stops = stops
         self.msg_id = new_id("msg")
         self.index = -1  # the open content block's index
-        self.block: str | None = None  # "text" or the chat tool-call index of the open tool_use block, as "tool:N"
+        self.block: str | None = None  # "thinking", "text", or the open tool_use block's chat tool-call index as "tool:N"
         self.finish: str | None = None
         self.matched: Any = None
         self.usage: dict[str, Any] | None = None
@@ -59,6 +59,11 @@ class MessagesStream:
         choice = choices[0]
         delta = choice.get("delta") or {}
         out = b""
+        thought = delta.get("reasoning_content")
+        if isinstance(thought, str) and thought:
+            if self.block != "thinking":
+                out += self._open("thinking", {"type": "thinking", "thinking": "", "signature": ""})
+            out += self._delta({"type": "thinking_delta", "thinking": thought})
         text = delta.get("content")
         if isinstance(text, str) and text:
             if self.block != "text":

@@ -268,6 +268,8 @@ def from_chat(chat: dict[str, Any], model: str, stops: list[str] | None) -> dict
     choice = choices[0] if choices and isinstance(choices[0], dict) else {}
     msg = choice.get("message") or {}
     content: list[dict[str, Any]] = []
+    if isinstance(msg.get("reasoning_content"), str) and msg["reasoning_content"]:  # the engine's reasoning parser
+        content.append({"type": "thinking", "thinking": msg["reasoning_content"], "signature": ""})
     if isinstance(msg.get("content"), str) and msg["content"]:
         content.append({"type": "text", "text": msg["content"]})
     for call in msg.get("tool_calls") or []:

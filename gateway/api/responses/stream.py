@@ -25,6 +25,7 @@ class ResponsesStream:
         self.output: list[dict[str, Any]] = []  # finished items, in output order
         self.items: dict[int, dict[str, Any]] = {}  # output_index -> finished item
         self.text: dict[str, Any] | None = None  # the open message item: {"item", "index", "buf"}
+        self.thought: dict[str, Any] | None = None  # the open reasoning item (engine `reasoning_content`), same shape
         self.calls: dict[int, dict[str, Any]] = {}  # chat tool-call index -> open function_call item state
         self.finish_reason: str | None = None
         self.usage: dict[str, Any] | None = None
@@ -54,9 +55,12 @@ class ResponsesStream:
         choice = choices[0]
         delta = choice.get("delta") or {}
         out = b""
+        thought = delta.get("reasoning_content")
+        if isinstance(thought, str) and thought:
+            out += self._reasoning_delta(thought)
         text = delta.get("content")
         if isinstance(text, str) and text:
-            out += self._text_delta(text)
+            out += self._close_reasoning() + self._text_delta(text)
         for call in delta.get("tool_calls") or []:
             if isinstance(call, dict):
                 out += self._call_delta(call)
@@ -98,7 +102,7 @@ class ResponsesStream:
         out = b""
         st = self.calls.get(idx)
         if st is None:
-            out += self._close_text()  # a model turn's text precedes its calls; the message item is finished
+            out += self._close_reasoning() + self._close_text()  # a turn's thinking and text precede its calls
             item = function_call_item({"id": call.get("id"), "function": {"name": fn.get("name"), "arguments": ""}},
                                       new_id("fc"), status="in_progress")
             st = self.calls[idx] = {"item": item, "index": self._next_index, "buf": [], "open": True}
@@ -109,6 +113,30 @@ class ResponsesStream:
             st["buf"].append(args)
             out += self._ev("response.function_call_arguments.delta", item_id=st["item"]["id"],
                             output_index=st["index"], delta=args)
+        return out
+
+    def _reasoning_delta(self, text: str) -> bytes:
+        out = b""
+        if self.thought is None:
+            item = {"type": "reasoning", "id": new_id("rs"), "summary": [], "content": [], "status": "in_progress"}
+            self.thought = {"item": item, "index": self._next_index, "buf": []}
+            self._next_index += 1
+            out += self._ev("response.output_item.added", output_index=self.thought["index"], item=item)
+        self.thought["buf"].append(text)
+        return out + self._ev("response.reasoning_text.delta", item_id=self.thought["item"]["id"],
+                              output_index=self.thought["index"], content_index=0, delta=text)
+
+    def _close_reasoning(self) -> bytes:
+        if self.thought is None:
+            return b""
+        t, self.thought = self.thought, None
+        full = "".join(t["buf"])
+        item = {"type": "reasoning", "id": t["item"]["id"], "summary": [],
+                "content": [{"type": "reasoning_text", "text": full}], "status": "completed"}
+        out = self._ev("response.reasoning_text.done", item_id=item["id"], output_index=t["index"], content_index=0,
+                       text=full)
+        out += self._ev("response.output_item.done", output_index=t["index"], item=item)
+        self._place(t["index"], item)
         return out
 
     def _close_text(self) -> bytes:
@@ -127,7 +155,7 @@ class ResponsesStream:
         return out
 
     def _close_all(self) -> bytes:
-        out = self._close_text()
+        out = self._close_reasoning() + self._close_text()
         for st in sorted(self.calls.values(), key=lambda s: s["index"]):
             if not st["open"]:
                 continue

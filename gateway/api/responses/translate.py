@@ -344,7 +344,7 @@ def output_from_chat(choice: dict[str, Any]) -> list[dict[str, Any]]:
     reasoning = msg.get("reasoning_content")
     if isinstance(reasoning, str) and reasoning:
         out.append({"type": "reasoning", "id": new_id("rs"), "summary": [],
-                    "content": [{"type": "reasoning_text", "text": reasoning}]})
+                    "content": [{"type": "reasoning_text", "text": reasoning}], "status": "completed"})
     text = msg.get("content")
     if isinstance(text, str) and (text or not msg.get("tool_calls")):
         out.append(message_item(text))
