@@ -75,6 +75,13 @@ def test_overlays_render_and_validate_against_the_kubernetes_schemas(overlay):
     assert mounted <= set(cms)
     if overlay == "dev":
         assert {s["metadata"]["name"] for s in by_kind(docs, "Secret")} == {"gateway-secrets"}
+        # the bundled Redis holds the budget ledgers: an AOF on a claimed volume, so a restarted pod keeps them
+        (redis,) = [d for d in by_kind(docs, "Deployment") if d["metadata"]["name"] == "gateway-redis"]
+        rpod = redis["spec"]["template"]["spec"]
+        args = rpod["containers"][0]["args"]
+        assert args[args.index("--appendonly") + 1] == "yes" and "/data" in args
+        claims = {v["persistentVolumeClaim"]["claimName"] for v in rpod["volumes"] if "persistentVolumeClaim" in v}
+        assert claims and claims <= {d["metadata"]["name"] for d in by_kind(docs, "PersistentVolumeClaim")}
     (sm,) = by_kind(docs, "ServiceMonitor")
     assert sm["spec"]["endpoints"][0]["port"] in {p["name"] for s in by_kind(docs, "Service") for p in s["spec"]["ports"]}
     # the config and policies carried by the ConfigMaps load in the gateway, as the pod would load them
@@ -106,8 +113,11 @@ def test_compose_names_only_files_in_this_repo_and_public_images():
             assert (DEPLOY / svc["build"]["context"] / svc["build"]["dockerfile"]).is_file()
         for vol in svc.get("volumes", []):
             src = vol.split(":")[0]
-            assert (DEPLOY / src).exists(), f"{name}: {src}"
+            assert (DEPLOY / src).exists() or src in (compose.get("volumes") or {}), f"{name}: {src}"
     assert {"redis", "sim-mi355x", "sim-b200", "gateway-1", "gateway-2", "otel-collector"} <= set(compose["services"])
+    redis = compose["services"]["redis"]  # budgets live in Redis: it persists (AOF) on a named volume
+    assert redis["command"][redis["command"].index("--appendonly") + 1] == "yes"
+    assert any(v.split(":")[0] in (compose.get("volumes") or {}) for v in redis["volumes"])
     assert all(p.startswith("127.0.0.1:") for s in compose["services"].values() for p in s.get("ports", []))
     # the config the gateways mount loads, with the policies directory mounted beside it
     cfg = load_config(DEPLOY / "compose" / "gateway.yaml")
