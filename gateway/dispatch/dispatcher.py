@@ -81,7 +81,7 @@ class Dispatcher:
         """`parent`: the request's span (or an OTel Context) the attempt spans hang under; default the current one."""
         endpoint, stream, request_id = req.endpoint, req.stream, req.request_id
         bp = BodyPrint(body)
-        if self.quarantine.blocked(bp):
+        if await self.quarantine.blocked(bp):
             self.metrics.quarantine_refusals.inc()
             raise RequestQuarantined(
                 "This request body timed out or broke the connection on two model server replicas and is refused for "
@@ -166,10 +166,11 @@ class Dispatcher:
         # SUSPECT_5XX: the replica or the body; a second replica decides
         window = self.cfg.retry.content_evidence_s
         if tries.suspect_5xx and all(t.breaker.answered_within(window) for t in [*tries.suspect_5xx, target]):
+            replicas = len(tries.suspect_5xx) + 1
             target.breaker.release()
             self._release_suspects(tries)
             self.metrics.request_caused_failures.labels(target.pool).inc()
-            return content_error(e, len(tries.suspect_5xx) + 1)
+            return content_error(e, replicas)
         target.breaker.release()
         tries.suspect_5xx.append(target)
         return None
@@ -179,14 +180,19 @@ class Dispatcher:
         tries.suspect_5xx.clear()  # their breakers' slots were released when they failed; no verdict now
 
     def _quarantine(self, bp: BodyPrint, tries: _Tries) -> GatewayError:
+        """The body timed out or broke the connection on two replicas: refused for the TTL from now on (422); this
+        request gets the timeout/upstream error it met, saying so (x-should-retry false)."""
         self.metrics.poison_quarantined.inc()
         log.warning("quarantined a request body for %.0f s: it timed out or broke the connection on %d replicas "
                     "(fingerprint %s)", self.quarantine.ttl_s, tries.hangs, bp.key)
         self.quarantine.add_soon(bp)  # the local mirror at once, the shared set in the background
-        return RequestQuarantined(
-            f"This request timed out or broke the connection on {tries.hangs} model server replicas; to protect the "
-            f"service the same body is refused for {self.quarantine.ttl_s:.0f} s. Change the request (e.g. smaller n, "
-            "max_tokens or prompt) rather than retrying it.", should_retry=False)
+        err = final_error(tries.errors)
+        err.message += (f" It timed out or broke the connection on {tries.hangs} replicas, so the same request body "
+                        f"is now refused for {self.quarantine.ttl_s:.0f} s; change it (e.g. smaller n, max_tokens or "
+                        "prompt) rather than retrying.")
+        err.should_retry = False
+        err.retry_after = None
+        return err
 
     def _log_credentials(self, target: Target, e: AttemptFailed) -> None:
         now = time.monotonic()

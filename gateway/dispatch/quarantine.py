@@ -68,9 +68,12 @@ class Quarantine:
         self._tasks: set[asyncio.Task[None]] = set()
         self._redis_ok = True
 
-    def blocked(self, p: BodyPrint) -> bool:
-        """Is this body quarantined? Local lookup only; an empty quarantine costs no fingerprint."""
-        self._maybe_sync()
+    async def blocked(self, p: BodyPrint) -> bool:
+        """Is this body quarantined? The local mirror, refreshed from Redis at most every `sync_s` (one request a
+        second pays that round trip, bounded by `timeout`); an empty quarantine costs no fingerprint."""
+        if self.redis is not None and self.clock() - self._last_sync >= self.sync_s:
+            self._last_sync = self.clock()
+            await self._sync(self._last_sync)
         if not self._local:
             return False
         expiry = self._local.get(p.key)
@@ -117,20 +120,13 @@ class Quarantine:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def _maybe_sync(self) -> None:
-        if self.redis is None:
-            return
-        now = self.clock()
-        if now - self._last_sync < self.sync_s:
-            return
-        self._last_sync = now
-        self._spawn(self._sync(now))
-
     async def _sync(self, now: float) -> None:
         try:
-            async with asyncio.timeout(self.timeout * 5):
-                await self.redis.zremrangebyscore(self.key, "-inf", now)
-                items = await self.redis.zrangebyscore(self.key, now, "+inf", withscores=True)
+            async with asyncio.timeout(self.timeout):
+                async with self.redis.pipeline(transaction=False) as pipe:
+                    pipe.zremrangebyscore(self.key, "-inf", now)
+                    pipe.zrangebyscore(self.key, now, "+inf", withscores=True)
+                    _, items = await pipe.execute()
         except (RedisError, OSError, TimeoutError) as e:
             self._failed(e)
             return
