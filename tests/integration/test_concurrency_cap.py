@@ -65,6 +65,8 @@ def test_burst_on_one_instance_admits_at_most_the_cap(hosted):
         check(responses, fake, 5)
         st = gw.app.state.gateway
         assert st.concurrency.inflight("capped") == 0  # every slot given back exactly once
+        gauge = httpx.get(gw.urls[0] + "/metrics").text
+        assert 'gateway_inflight_requests{tenant="capped"} 0.0' in gauge
         # and the cap is usable again
         fake.delay = 0.0
         assert httpx.post(gw.urls[0] + "/v1/chat/completions", headers={"authorization": f"Bearer {KEY}"},

@@ -306,14 +306,26 @@ def _mix(u: str, fake: FakeOpenAI, sim_urls: list[str], gw: Any) -> None:
                                       headers={"authorization": f"Bearer {KEY_A}"}, timeout=0.2)
             assert post_timeout is None
     m = gw.app.state.gateway.metrics
-    real, m.tokens = m.tokens, Broken()  # an accounting step that raises
+    real, m.tokens = m.tokens, Broken()  # an accounting step that raises: 300 requests, 30 at a time
     try:
-        for stream in (False, True):
-            r = c.chat.completions.create(model="glm-5.2", messages=MSG, max_tokens=3, stream=stream)
-            if stream:
-                list(r)
+        statuses = asyncio.run(_broken_burst(u))
+        assert statuses == [200] * 300
     finally:
         m.tokens = real
+
+
+async def _broken_burst(u: str, n: int = 300) -> list[int]:
+    sem = asyncio.Semaphore(30)
+    async with httpx.AsyncClient(base_url=u, headers={"authorization": f"Bearer {KEY_A}"}, timeout=30) as c:
+        async def one(i: int) -> int:
+            async with sem:
+                if i % 2:
+                    async with c.stream("POST", "/v1/chat/completions", json=chat(stream=True)) as s:
+                        body = b"".join([b async for b in s.aiter_bytes()])
+                        return s.status_code if body.endswith(b"data: [DONE]\n\n") else -1
+                return (await c.post("/v1/chat/completions", json=chat())).status_code
+
+        return list(await asyncio.gather(*(one(i) for i in range(n))))
 
 
 @pytest.mark.parametrize("shared", ["memory", "redis"])
