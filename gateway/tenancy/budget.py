@@ -188,8 +188,8 @@ return 1
 """
 
 PERIOD_TTL_S = {"day": 3 * 86400, "month": 40 * 86400}
-# how long a settlement stays recognisable as done: longer than any replay wait (an outage), short enough that the
-# markers of a busy fleet stay small (~100 B each: 150 req/s -> ~55 MB)
+# how long a settlement stays recognisable as done: longer than a replay waits (an outage), short enough that a busy
+# fleet's markers (one small key per request) stay a small part of Redis's memory
 SETTLED_TTL_S = 3600
 
 
