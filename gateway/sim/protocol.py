@@ -14,7 +14,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
 
 from gateway.sim.structured import SchemaError, check_schema, generate
-from gateway.tokenizer import CHARS_PER_TOKEN, token_array
+from gateway.tokenizer import CHARS_PER_TOKEN, count_tokens, token_array
 
 # Output text: token j of a completion is WORDS[(base + j * 7919) % len(WORDS)], so text is a pure function
 # of (seed, prompt, choice index) and exactly `completion_tokens` words long.
@@ -249,7 +249,13 @@ def parse_chat(body: dict[str, Any], vocab: int) -> ChatCompletionRequest:
     return req
 
 
-def parse_completion(body: dict[str, Any], vocab: int) -> tuple[CompletionRequest, list[np.ndarray]]:
+def check_prompt_len(n_tokens: int, context_length: int) -> None:
+    """SGLang's first context check; run on the token count before tokenizing, so an oversized prompt costs nothing."""
+    if n_tokens >= context_length:
+        raise _bad(f"The input ({n_tokens} tokens) is longer than the model's context length ({context_length} tokens).")
+
+
+def parse_completion(body: dict[str, Any], vocab: int, context_length: int) -> tuple[CompletionRequest, list[np.ndarray]]:
     """The request and its prompts as token arrays: one per prompt of a batch (`["a", "b"]`, `[[1, 2], [3]]`)."""
     if body.get("prompt") is None:
         raise SimHTTPError(400, "1 validation error for CompletionRequest\nprompt\n  Field required")
@@ -264,6 +270,8 @@ def parse_completion(body: dict[str, Any], vocab: int) -> tuple[CompletionReques
     # would be a zero-token sequence (a real tokenizer adds BOS; this one does not)
     if not prompt or (isinstance(prompt, list) and any(isinstance(p, (str, list)) and not p for p in prompt)):
         raise _bad("Prompt cannot be empty")
+    for p in [prompt] if isinstance(prompt, str) or isinstance(prompt[0], int) else prompt:
+        check_prompt_len(count_tokens(p) if isinstance(p, str) else len(p), context_length)
     if isinstance(prompt, str):
         seqs = [token_array(prompt)]
     elif isinstance(prompt[0], str):

@@ -31,6 +31,7 @@ from gateway.sim.protocol import (
     new_id,
     output_text,
     parse_chat,
+    check_prompt_len,
     parse_completion,
     plan_chat,
     tool_call,
@@ -38,7 +39,7 @@ from gateway.sim.protocol import (
 )
 from gateway.sim.replica import Fault, Replica
 from gateway.sim.structured import SchemaError
-from gateway.tokenizer import VOCAB_SIZE, render_chat, token_array
+from gateway.tokenizer import VOCAB_SIZE, count_tokens, render_chat, token_array
 
 EOS_TOKEN_ID = 154827
 
@@ -135,13 +136,15 @@ class SimServer:
 
     def _prompt(self, body: dict[str, Any], chat: bool) -> tuple[ChatCompletionRequest | CompletionRequest, list[np.ndarray]]:
         """The validated request and its prompts as token arrays (one, or one per prompt of a completions batch)."""
+        ctx = self.replica.cfg.context_length
         if not chat:
-            return parse_completion(body, VOCAB_SIZE)
+            return parse_completion(body, VOCAB_SIZE, ctx)
         req = parse_chat(body, VOCAB_SIZE)
         try:
             text = render_chat(body["messages"], body.get("tools"))
         except orjson.JSONEncodeError:  # nested past orjson's depth limit (SGLang: RecursionError -> 400)
             raise SimHTTPError(400, "Tool or message content is too deeply nested.", "BadRequestError") from None
+        check_prompt_len(count_tokens(text), ctx)
         return req, [token_array(text)]
 
     async def _generate(self, request: Request, body: dict[str, Any], chat: bool) -> Response:
