@@ -54,7 +54,7 @@ class SSEPayloads:
 
     def feed(self, data: bytes) -> list[bytes]:
         self._buf += data
-        out = []
+        out: list[bytes] = []
         while True:
             end = self._buf.find(b"\n\n")
             if end < 0:

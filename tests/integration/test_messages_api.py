@@ -140,12 +140,14 @@ def test_mid_stream_failure_raises_in_the_sdk_and_is_an_error_event_on_the_wire(
         httpx.post(u + "/_sim/fault", json={"kind": "reset_after_chunks", "n": 3, "count": 1})
     try:
         got = []
-        with pytest.raises(anthropic.APIStatusError) as e:
-            with client.messages.stream(model="glm-5.2", max_tokens=200, messages=MSG, extra_body=FULL) as s:
-                for ev in s:
-                    got.append(ev.type)
+        with pytest.raises(anthropic.APIStatusError) as e, \
+                client.messages.stream(model="glm-5.2", max_tokens=200, messages=MSG, extra_body=FULL) as s:
+            for ev in s:
+                got.append(ev.type)
         assert "message_start" in got and "message_stop" not in got
         assert e.value.body["error"]["type"] == "api_error"
+        for u in urls:  # the same prompt goes to the same replica (affinity), whose one-shot fault is spent
+            httpx.post(u + "/_sim/fault", json={"kind": "reset_after_chunks", "n": 3, "count": 1})
         with httpx.stream("POST", stack["url"] + "/v1/messages", headers={"x-api-key": KEY_A},
                           json={"model": "glm-5.2", "max_tokens": 200, "messages": MSG, "stream": True, **FULL}) as r:
             body = b"".join(r.iter_bytes()).decode()

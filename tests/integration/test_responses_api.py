@@ -4,6 +4,7 @@ SGLang replicas (cache report on, as `--enable-cache-report`), with stored respo
 from __future__ import annotations
 
 import asyncio
+import itertools
 
 import httpx
 import openai
@@ -27,7 +28,7 @@ def _cfg(urls: list[str], **extra):
 
 @pytest.fixture(scope="module")
 def stack():
-    sims, reps = start_sims(2, enable_cache_report=True)
+    sims, _ = start_sims(2, enable_cache_report=True)
     gw = start_gateway(_cfg(sims.urls))
     yield {"gw": gw, "sims": sims, "base": gw.urls[0] + "/v1"}
     gw.stop()
@@ -93,7 +94,7 @@ def test_five_turn_chain_stays_on_one_replica_with_growing_cached_tokens(client)
         replicas.append(r.headers["x-gateway-replica"])
         cached.append(resp.usage.input_tokens_details.cached_tokens)
     assert len(set(replicas)) == 1, replicas
-    assert cached[1] > 0 and all(b > a for a, b in zip(cached[1:], cached[2:])), cached
+    assert cached[1] > 0 and all(b > a for a, b in itertools.pairwise(cached[1:])), cached
     items = client.responses.input_items.list(prev, order="asc", limit=100).data
     assert [i.type for i in items] == ["message"] * 9  # 5 user turns and 4 assistant answers, in order
 

@@ -13,7 +13,14 @@ from starlette.responses import Response
 
 from gateway.api.chat_bridge import TranslatedStream, json_body, passthrough_headers, read_json, with_bearer
 from gateway.api.messages.stream import MessagesStream
-from gateway.api.messages.translate import error_body, error_status, from_chat, from_gateway_error, input_tokens, to_chat
+from gateway.api.messages.translate import (
+    error_body,
+    error_status,
+    from_chat,
+    from_gateway_error,
+    input_tokens,
+    to_chat,
+)
 from gateway.errors import GatewayError, ModelNotFound
 from gateway.state import AppState
 
@@ -34,7 +41,7 @@ def _error(err: GatewayError, request: Request) -> Response:
 
 def _render_stream_error(status: int, body: dict[str, Any], headers: list[tuple[bytes, bytes]]) -> Response:
     """A chat-path error before the stream committed (OpenAI-shaped) as an Anthropic error."""
-    err = body.get("error") if isinstance(body.get("error"), dict) else {}
+    err: dict[str, Any] = body["error"] if isinstance(body.get("error"), dict) else {}
     resp = _json(error_body(status, str(err.get("message") or "upstream error")), error_status(status))
     resp.raw_headers.extend(headers)
     return resp
@@ -54,7 +61,7 @@ async def create_message(request: Request) -> Response:
         body = await read_json(request, st.config.max_body_bytes)
         chat = to_chat(body)
         stops = chat.get("stop")
-        out = await request.app.state.proxy.handle(with_bearer(request, _api_key(request)), "chat/completions",
+        out: Response = await request.app.state.proxy.handle(with_bearer(request, _api_key(request)), "chat/completions",
                                                    body=chat)
     except GatewayError as e:
         return _error(e, request)

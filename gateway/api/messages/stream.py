@@ -27,7 +27,7 @@ class MessagesStream:
         self.usage: dict[str, Any] | None = None
 
     def start(self) -> bytes:
-        msg = {"id": self.msg_id, "type": "message", "role": "assistant", "model": self.model, "content": [],
+        msg: dict[str, Any] = {"id": self.msg_id, "type": "message", "role": "assistant", "model": self.model, "content": [],
                "stop_reason": None, "stop_sequence": None,
                "usage": {"input_tokens": self.estimated_input, "output_tokens": 0, "cache_read_input_tokens": 0,
                          "cache_creation_input_tokens": 0}}

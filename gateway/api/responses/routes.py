@@ -73,7 +73,7 @@ async def create_response(request: Request) -> Response:
         history = history_of(await _load(store, tenant, prev, "previous_response_id"))
     req = parse_request(body, history, st.config.responses.auto_truncate_input_tokens)
     resp_id, created = new_id("resp"), int(time.time())
-    out = await proxy.handle(request, "chat/completions", body=req.chat)
+    out: Response = await proxy.handle(request, "chat/completions", body=req.chat)
     if req.stream:
         translator = ResponsesStream(resp_id, req)
 

@@ -103,7 +103,7 @@ class RedisResponseStore:
 
         try:
             return await asyncio.wait_for(coro, self.timeout)
-        except (asyncio.TimeoutError, redis.exceptions.RedisError, OSError) as e:
+        except (TimeoutError, redis.exceptions.RedisError, OSError) as e:
             raise NoCapacity("The response store is unavailable; retry shortly.", retry_after=1) from e
 
     async def put(self, tenant: str, resp_id: str, record: bytes) -> bool:

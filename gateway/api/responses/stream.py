@@ -11,8 +11,16 @@ from collections.abc import Callable
 from typing import Any
 
 from gateway.api.chat_bridge import sse_event
-from gateway.api.responses.translate import (ResponsesRequest, error_code, function_call_item, message_item, new_id,
-                                             response_object, status_for, usage_from_chat)
+from gateway.api.responses.translate import (
+    ResponsesRequest,
+    error_code,
+    function_call_item,
+    message_item,
+    new_id,
+    response_object,
+    status_for,
+    usage_from_chat,
+)
 
 
 class ResponsesStream:

@@ -291,7 +291,7 @@ def parse_request(body: dict[str, Any], history: list[dict[str, Any]], auto_trun
     fmt = chat_response_format(body.get("text"))
     if fmt is not None:
         chat["response_format"] = fmt
-    text = body.get("text") if isinstance(body.get("text"), dict) else {}
+    text: dict[str, Any] = body["text"] if isinstance(body.get("text"), dict) else {}
     echo = {
         "instructions": instructions, "max_output_tokens": max_out, "metadata": metadata or {},
         "parallel_tool_calls": body.get("parallel_tool_calls", True), "previous_response_id": body.get("previous_response_id"),
