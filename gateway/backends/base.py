@@ -24,6 +24,7 @@ class AttemptFailed(Exception):
         self.overloaded = overloaded
         self.param = param
         self.stalled = stalled  # cut short because the replica was ejected as hung (`dispatch/ejection.py`)
+        self.replica_answered = False  # set by the dispatcher: the replica answered other requests meanwhile
 
 
 @dataclass

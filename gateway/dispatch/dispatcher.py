@@ -8,7 +8,8 @@ evidence reaches the breaker:
 - the request's fault (upstream 4xx, an engine 5xx that blames the input, the same 5xx on two replicas serving
   other traffic): a 4xx to the client, no further attempt, no breaker failure;
 - the gateway's upstream credentials (401/403): the rest of that pool is skipped; a 502 that says so, logged;
-- a timeout or broken connection: at most one other replica; twice -> the body is quarantined (422);
+- a timeout or broken connection: at most one other replica; twice -> the body is quarantined (422 from then on);
+  it counts against the breaker only if the replica answered no one else while this request waited;
 - refused connection, overload, a 5xx the same body did not meet elsewhere: the breaker, the next candidate.
 
 Bounded by max_attempts and the total deadline. Every error raised after an attempt carries `attempts`, `target`
@@ -158,7 +159,11 @@ class Dispatcher:
             return None
         if cause is Cause.HANG:
             tries.hangs += 1
-            if not e.stalled:  # an ejected replica's breaker is already open
+            if e.stalled:
+                pass  # an ejected replica's breaker is already open
+            elif e.replica_answered:
+                target.breaker.release()  # it served others while this one waited: about this request, not the replica
+            else:
                 target.breaker.failure(bp.key)
             if tries.hangs >= 2:
                 return self._quarantine(bp, tries)
@@ -220,7 +225,7 @@ class Dispatcher:
     async def _attempt(self, target: Target, call: UpstreamCall, attempt: Attempt, bp: BodyPrint, n: int,
                        parent: Any) -> Opened:
         span = self._start_span(target, call, n, parent)
-        w: Waiting = self.stalls.begin(target, bp, call.stream, attempt.ttft)
+        w: Waiting = self.stalls.begin(target, bp, call.stream, getattr(attempt, "ttft", 0.0))
         try:
             async with w.timeout:
                 opened = await self.backends[target.kind].open(target, call)
@@ -232,6 +237,8 @@ class Dispatcher:
         except AttemptFailed as e:
             if e.status is not None:
                 self.stalls.answered(target)
+            elif e.timeout:
+                e.replica_answered = self.stalls.answered_since(target, w.started)
             self._end_span(span, e)
             raise
         except BaseException:

@@ -59,6 +59,9 @@ class StallDetector:
         """The replica answered something (a first byte, a body, an HTTP error): it is alive."""
         self._answered[target.name] = self.clock()
 
+    def answered_since(self, target: Any, t: float) -> bool:
+        return self._answered.get(target.name, float("-inf")) > t
+
     def end(self, w: Waiting) -> None:
         if w.timer is not None:
             w.timer.cancel()

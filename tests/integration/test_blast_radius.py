@@ -2,6 +2,8 @@
 are the gateway's: neither may close replicas to everyone (real simulator over loopback, the openai SDK)."""
 
 import os
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import openai
@@ -124,6 +126,38 @@ def test_504_after_every_attempt_timed_out_names_the_attempts():
                        json={"model": "glm-5.2", "messages": MSG, "max_tokens": 2}, timeout=10)
         assert r.status_code == 504 and r.json()["error"]["code"] == "timeout"
         assert r.headers["x-gateway-attempts"] == "1" and r.headers["x-should-retry"] == "false"
+    finally:
+        gw.stop()
+        sims.stop()
+
+
+def test_timeouts_on_a_replica_that_serves_others_are_not_held_against_it():
+    """Tenant A's requests (three different bodies) each hang until the first-byte timeout while tenant B's requests
+    on the same replica are answered: the replica is alive, so its breaker counts nothing. The same timeout on a
+    replica that answered no one in the meantime does count."""
+    sims, _ = start_sims(1)
+    gw = start_gateway(config([sglang_pool("p", sims.urls)], tenants=_tenants(), timeouts={"first_byte": 1.0},
+                              health={"enabled": False}))
+    try:
+        b = OpenAI(base_url=gw.urls[0] + "/v1", api_key=KEY_B, max_retries=0)
+
+        def a_request(i: int) -> int:
+            httpx.post(sims.urls[0] + "/_sim/fault", json={"kind": "hang", "count": 1})
+            return httpx.post(gw.urls[0] + "/v1/chat/completions", headers={"authorization": f"Bearer {KEY_A}"},
+                              json={"model": "glm-5.2", "messages": [{"role": "user", "content": f"slow {i}"}],
+                                    "max_tokens": 2}, timeout=10).status_code
+
+        with ThreadPoolExecutor(1) as pool:
+            for i in range(3):
+                status = pool.submit(a_request, i)
+                time.sleep(0.3)  # A's request is waiting on the replica
+                b.chat.completions.create(model="glm-5.2", messages=MSG, max_tokens=2)  # answered meanwhile
+                assert status.result() == 504
+        breaker = gw.call(lambda: (gw.app.state.gateway.registry.get("p-0").breaker.failures,
+                                   gw.app.state.gateway.registry.get("p-0").breaker.state.value))
+        assert breaker == (0, "closed")
+        assert a_request(99) == 504  # nobody else answered while it waited: replica-level evidence
+        assert gw.call(lambda: gw.app.state.gateway.registry.get("p-0").breaker.failures) == 1
     finally:
         gw.stop()
         sims.stop()
