@@ -200,7 +200,7 @@ class Rank:
         cfg, cache = self.cfg, self.cache
         ps = cfg.page_size
         path: list[Node] = [] if cfg.disable_radix_cache else cache.match(req.keys, now)
-        cached = min(len(path) * ps, req.prompt_len - 1) // ps * ps
+        cached = max(0, min(len(path) * ps, req.prompt_len - 1) // ps * ps)  # never negative, even for 0 tokens
         path = path[: cached // ps]
         need = (req.prompt_len - cached) + req.output_len
         free = cfg.max_total_num_tokens - cache.total_tokens - self.reserved
