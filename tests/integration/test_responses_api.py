@@ -12,7 +12,7 @@ import pytest
 from openai import AsyncOpenAI, OpenAI
 
 from gateway.config import hash_key
-from tests.helpers import start_sims
+from tests.helpers import RedisServer, start_sims, wait_until
 from tests.integration.gateway_fixtures import KEY_A, KEY_B, config, sglang_pool, start_gateway
 
 FULL = {"ignore_eos": True}  # the simulator then generates exactly max_output_tokens
@@ -218,3 +218,37 @@ def test_stored_responses_are_shared_through_redis(redis_server):
         for g in gws:
             g.stop()
         sims.stop()
+
+
+def test_store_down_reads_are_503_writes_are_skipped_answers_still_served():
+    """Redis gone: a chain cannot be continued from a guess (503 with Retry-After, OpenAI shape), but a new turn is
+    still answered (its store write skipped); with Redis back, storing resumes."""
+    redis = RedisServer()
+    sims, _ = start_sims(1)
+    gw = start_gateway(_cfg(sims.urls, routing={"redis_url": redis.url}))
+    try:
+        c = OpenAI(base_url=gw.urls[0] + "/v1", api_key=KEY_A, max_retries=0)
+        r1 = c.responses.create(model="glm-5.2", input="before the outage", max_output_tokens=4)
+        redis.kill()
+        with pytest.raises(openai.InternalServerError) as e:
+            c.responses.create(model="glm-5.2", input="next", previous_response_id=r1.id, max_output_tokens=4)
+        assert e.value.status_code == 503 and e.value.response.headers.get("retry-after")
+        assert e.value.body["type"] == "service_unavailable_error"
+        with pytest.raises(openai.InternalServerError):
+            c.responses.retrieve(r1.id)
+        r2 = c.responses.create(model="glm-5.2", input="during the outage", max_output_tokens=4)
+        assert r2.output_text
+        redis.start()
+        wait_until(lambda: _stored(c, c.responses.create(model="glm-5.2", input="after", max_output_tokens=4)),
+                   timeout=10, what="storing to resume")
+    finally:
+        gw.stop()
+        sims.stop()
+        redis.stop()
+
+
+def _stored(c: OpenAI, r) -> bool:
+    try:
+        return c.responses.retrieve(r.id).id == r.id
+    except (openai.NotFoundError, openai.InternalServerError):
+        return False
