@@ -9,7 +9,15 @@ $(BIN)/gateway: pyproject.toml
 	$(BIN)/pip install -q -e '.[dev,litellm,otlp]'
 	touch $(BIN)/gateway
 
-setup: $(BIN)/gateway
+# The OpenAI Node SDK, for the test that a bad key is an AuthenticationError in every client. Without npm the
+# test is skipped (it says why); an existing install is kept, so setup stays idempotent.
+NODE_SDK := .node/node_modules/openai/package.json
+
+$(NODE_SDK):
+	@if command -v npm >/dev/null 2>&1; then npm install --prefix .node --no-audit --no-fund --silent openai@6; \
+	else echo "npm not found: the OpenAI Node SDK test will be skipped"; fi
+
+setup: $(BIN)/gateway $(NODE_SDK)
 
 demo: setup
 	$(BIN)/gateway demo
