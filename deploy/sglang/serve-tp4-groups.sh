@@ -6,6 +6,9 @@
 set -euo pipefail
 : "${MODEL:?}" "${BASE_PORT:?}" "${DEVICES_VAR:?}"
 SERVED=${SERVED:-zai-org/GLM-5.2}          # what the gateway's pool `model:` says
+# The gateway sends an explicit priority for every tenant class, so this is belt and braces: without it SGLang gives
+# a request that carries no `priority` the LOWEST value. 0.5.13+ only; on 0.5.9 run with DEFAULT_PRIORITY="".
+DEFAULT_PRIORITY=${DEFAULT_PRIORITY---default-priority-value 0}
 export SGLANG_ENABLE_SPEC_V2=1             # overlap scheduling for EAGLE/MTP
 
 for g in 0 1; do
@@ -21,7 +24,7 @@ for g in 0 1; do
     --tool-call-parser glm47 --reasoning-parser glm45 \
     --enable-cache-report \
     --enable-metrics \
-    --enable-priority-scheduling \
+    --enable-priority-scheduling $DEFAULT_PRIORITY \
     ${EXTRA_FLAGS:-} \
     > "sglang-$BASE_PORT-tp4-$g.log" 2>&1 &
 done
