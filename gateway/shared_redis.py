@@ -104,7 +104,7 @@ class RedisGuard:
         if started > self._last_success and (self._failing_since is None or started < self._failing_since):
             self._failing_since = started  # (a call that began before someone else's success was only slow)
         hung = self._failing_since is not None and now - self._failing_since >= self.hung_after
-        if reason in ("unavailable", "error") or (reason == "timeout" and hung):
+        if reason in ("unavailable", "error") or hung:  # slow for hung_after with no success at all: away too
             if self.available:
                 log.warning("redis unavailable (%s: %s): %s fall back to this instance", reason, type(err).__name__,
                             self.what)
