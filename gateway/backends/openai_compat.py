@@ -9,7 +9,12 @@ from typing import Any
 
 import httpx
 import orjson
-from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
+from tenacity import (
+    AsyncRetrying,
+    retry_if_exception_type,
+    stop_after_attempt,
+    wait_exponential_jitter,
+)
 
 from gateway.backends.base import AttemptFailed, Opened, UpstreamCall
 from gateway.backends.h1 import H1ConnectError, H1Dropped, H1Error, H1Pool
@@ -22,7 +27,7 @@ RETRYABLE_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 
 # Upstream error text reaches clients, logs and traces: keep its class and first lines, never request content.
 # pydantic's "[type=..., input_value=<the client's input>, input_type=...]" and long quoted strings are the echoes.
-_PYDANTIC_INPUT = re.compile(r"\s*\[type=[^,\]]*(?:,\s*input_value=.*?)?(?:,\s*input_type=[^\]]*)?\]", re.S)
+_PYDANTIC_INPUT = re.compile(r"\s*\[type=[^,\]]*(?:,\s*input_value=.*?)?(?:,\s*input_type=[^\]]*)?\]", re.DOTALL)
 _QUOTED = re.compile(r"'[^'\n]{40,}'|\"[^\"\n]{40,}\"")
 MAX_UPSTREAM_TEXT = 300
 

@@ -32,7 +32,14 @@ from gateway.config import GatewayConfig
 from gateway.dispatch.ejection import StallDetector, Waiting
 from gateway.dispatch.feedback import Attempt, Feedback
 from gateway.dispatch.quarantine import BodyPrint, Quarantine
-from gateway.dispatch.retry_policy import Cause, classify, client_error, content_error, credentials_error, final_error
+from gateway.dispatch.retry_policy import (
+    Cause,
+    classify,
+    client_error,
+    content_error,
+    credentials_error,
+    final_error,
+)
 from gateway.dispatch.upstream_body import adapt_body
 from gateway.errors import GatewayError, NoCapacity, RequestQuarantined, UpstreamTimeout
 from gateway.observability.metrics import GatewayMetrics

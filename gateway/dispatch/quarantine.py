@@ -31,7 +31,7 @@ VOLATILE_FIELDS = frozenset({"stream", "stream_options", "user", "metadata", "se
 class BodyPrint:
     """A request body and its fingerprint, computed on first use."""
 
-    __slots__ = ("body", "_key")
+    __slots__ = ("_key", "body")
 
     def __init__(self, body: dict[str, Any]) -> None:
         self.body = body

@@ -20,7 +20,13 @@ import re
 from enum import Enum
 
 from gateway.backends.base import AttemptFailed
-from gateway.errors import GatewayError, NoCapacity, UpstreamError, UpstreamTimeout, upstream_client_error
+from gateway.errors import (
+    GatewayError,
+    NoCapacity,
+    UpstreamError,
+    UpstreamTimeout,
+    upstream_client_error,
+)
 
 
 class Cause(str, Enum):

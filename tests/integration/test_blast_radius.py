@@ -12,7 +12,13 @@ from openai import OpenAI
 
 from gateway.config import hash_key
 from tests.helpers import start_sims
-from tests.integration.gateway_fixtures import KEY_A, KEY_B, config, sglang_pool, start_gateway
+from tests.integration.gateway_fixtures import (
+    KEY_A,
+    KEY_B,
+    config,
+    sglang_pool,
+    start_gateway,
+)
 
 MSG = [{"role": "user", "content": "blast radius"}]
 

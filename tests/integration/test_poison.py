@@ -17,7 +17,7 @@ POISON = {"model": "glm-5.2", "messages": [{"role": "user", "content": "the body
 
 def _metric(url: str, name: str) -> float:
     for ln in httpx.get(url + "/metrics").text.splitlines():
-        if ln.startswith(name + " ") or ln.startswith(name + "{"):
+        if ln.startswith((name + " ", name + "{")):
             return float(ln.split()[-1])
     return 0.0
 

@@ -6,11 +6,22 @@ import contextlib
 import pytest
 
 from gateway.backends.base import AttemptFailed
-from gateway.backends.openai_compat import MAX_UPSTREAM_TEXT, sanitize_upstream_text, upstream_message
+from gateway.backends.openai_compat import (
+    MAX_UPSTREAM_TEXT,
+    sanitize_upstream_text,
+    upstream_message,
+)
 from gateway.dispatch.circuit_breaker import CircuitBreaker
 from gateway.dispatch.ejection import StallDetector
 from gateway.dispatch.quarantine import BodyPrint, Quarantine, fingerprint
-from gateway.dispatch.retry_policy import Cause, classify, client_error, content_error, credentials_error, final_error
+from gateway.dispatch.retry_policy import (
+    Cause,
+    classify,
+    client_error,
+    content_error,
+    credentials_error,
+    final_error,
+)
 
 
 class Clock:
