@@ -157,8 +157,9 @@ class FallbackBudgetLedger(_Fallback):
         out = await self._try(lambda impl: impl.usage(tenant))
         if out is _LOCAL:
             out = await self.local.usage(tenant)
-            for day in out.values():
-                day["shared"] = False  # type: ignore[assignment]
+            if self.shared is not None:  # Redis is away: say these are this instance's figures only
+                for day in out.values():
+                    day["shared"] = False  # type: ignore[assignment]
             return out  # type: ignore[no-any-return]
         for kind, row in out.items():
             queued = [(r, u) for r, u in self.pending if r.tenant == tenant and r.periods.get(kind) == row["period"]]

@@ -55,7 +55,8 @@ def test_redis_crash_and_restart_the_ledger_equals_all_spend_served(fleet, caplo
     worst = 140e-6 + 4 * 3.2e-6  # a generous bound on one request's cost (~110 prompt tokens, 4 out)
     cap = 10 * worst
     cfg = config([{**sglang_pool("p", sims.urls), "pricing": PER_TOKEN}],
-                 tenants=[tenant("open", budget={"usd_per_day": 100.0}), tenant("capped", budget={"usd_per_day": cap})],
+                 tenants=[tenant("open", budget={"usd_per_day": 100.0}), tenant("capped", budget={"usd_per_day": cap}),
+                          tenant("rated", rate_limits={"requests_per_minute": 20})],
                  admin={"token_hashes": [hash_key(ADMIN)]},
                  routing={"redis_url": srv.url, "redis_prefix": "dur:"})
     a, b = start_gateway(cfg), start_gateway(cfg)
@@ -92,6 +93,12 @@ def test_redis_crash_and_restart_the_ledger_equals_all_spend_served(fleet, caplo
                 assert body["error"]["code"] == "insufficient_quota"
         assert all(n >= 1 for n in during["capped"]) and sum(during["capped"]) < 16
         assert sum(served["capped"]) <= cap  # the shares held the cap without Redis
+        t0, rated = time.monotonic(), [0, 0]
+        for i in range(30):  # 20/min shared by two instances: each admits its half, not a whole minute's worth
+            status, body = ask(gws[i % 2], "rated", i)
+            assert status in (200, 429)
+            rated[i % 2] += status == 200
+        assert all(10 <= n <= 10 + (time.monotonic() - t0) * 10 / 60 + 1 for n in rated), rated
         assert any("budgets fall back" in r.getMessage() for r in caplog.records)
         assert sum(g.call(lambda g=g: len(g.app.state.gateway.budget.pending)) for g in gws) >= 10
 
