@@ -20,6 +20,14 @@ def to_response(err: GatewayError) -> Response:
     return Response(orjson.dumps(err.body()), status_code=err.status, media_type="application/json", headers=err.headers())
 
 
+def reencode_error(exc: Exception, path: object) -> InvalidRequest:
+    """A client body the upstream encoder refuses is the client's 400, not a 500. Parsing bounds JSON depth well
+    below orjson's limit (`validation.MAX_JSON_DEPTH`) so this should not happen; if it does, it is logged."""
+    log.warning("request body could not be re-encoded on %s: %s", path, exc)
+    return InvalidRequest(f"The request body cannot be re-encoded for the upstream ({exc}); simplify its nesting.",
+                          code="invalid_body")
+
+
 def install(app: FastAPI) -> None:
     @app.exception_handler(GatewayError)
     async def gateway_error(request: Request, exc: GatewayError) -> Response:
@@ -45,6 +53,10 @@ def install(app: FastAPI) -> None:
         err.type = "invalid_request_error"
         err.code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
         return to_response(err)
+
+    @app.exception_handler(orjson.JSONEncodeError)
+    async def reencode(request: Request, exc: orjson.JSONEncodeError) -> Response:
+        return to_response(reencode_error(exc, request.url.path))
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> Response:

@@ -10,10 +10,12 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import orjson
+
 from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
 
-from gateway.api.error_handlers import to_response
+from gateway.api.error_handlers import reencode_error, to_response
 from gateway.errors import GatewayError
 
 log = logging.getLogger("gateway.errors")
@@ -39,6 +41,8 @@ class FastPath:
             response = await self.app.state.proxy.handle(request, endpoint)
         except GatewayError as e:
             response = to_response(e)
+        except orjson.JSONEncodeError as e:
+            response = to_response(reencode_error(e, scope.get("path")))
         except Exception:  # noqa: BLE001 - the fast path's only broad catch, mirroring error_handlers.unexpected
             log.exception("unhandled error on %s", scope.get("path"))
             response = to_response(GatewayError("The gateway hit an internal error."))

@@ -39,6 +39,7 @@ def gw(sims):
     st = ServerThread([app])
     # the gateway's own listener (as `gateway serve` builds it): parser errors in the OpenAI shape
     st.servers = [make_server(app, "127.0.0.1", st.ports[0], timeout_keep_alive=5, openai_errors=True)]
+    st.app = app
     st.start()
     yield st
     st.stop()
@@ -215,3 +216,30 @@ def test_deleting_an_unknown_tenants_override_is_404_without_an_audit_entry(gw):
     assert err["param"] == "name"
     assert _admin(gw, "GET", "/admin/audit").json()["entries"] == before
     assert _admin(gw, "DELETE", "/admin/tenants/tenant-a/override").status_code == 200  # a known tenant: still fine
+
+
+def test_an_encoder_failure_on_the_path_is_a_400_not_a_500(gw):
+    """Defence in depth behind the depth bound: should re-encoding a body ever fail (orjson's 254-level limit),
+    the client gets a 400 in the OpenAI shape. Injected: the handler re-encodes a 300-level structure."""
+    import orjson
+
+    proxy = gw.app.state.proxy
+    original = proxy.handle
+
+    async def reencoding_handle(request, endpoint):
+        deep: list = []
+        for _ in range(300):
+            deep = [deep]
+        orjson.dumps(deep)  # raises orjson.JSONEncodeError (a TypeError)
+        return await original(request, endpoint)
+
+    proxy.handle = reencoding_handle
+    try:
+        r = httpx.post(gw.urls[0] + "/v1/chat/completions", headers=AUTH,
+                       json={"model": "glm-5.2", "messages": MSG, "max_tokens": 3})
+    finally:
+        proxy.handle = original
+    err = _openai_error(r, 400)
+    assert err["code"] == "invalid_body"
+    assert httpx.post(gw.urls[0] + "/v1/chat/completions", headers=AUTH,
+                      json={"model": "glm-5.2", "messages": MSG, "max_tokens": 3}).status_code == 200
