@@ -195,6 +195,34 @@ def test_agents_sdk_runs_a_tool_using_agent_to_completion(stack):
     assert kinds[:2] == ["ToolCallItem", "ToolCallOutputItem"] and kinds[-1] == "MessageOutputItem"
 
 
+def test_agents_sdk_streamed_run_completes(stack):
+    """`Runner.run_streamed` consumes the typed event stream itself (and fails a run whose stream ends otherwise
+    than `response.completed`), so this checks the event sequence against the SDK's own accumulator."""
+    from agents import Agent, ModelSettings, OpenAIResponsesModel, Runner, function_tool, set_tracing_disabled
+
+    set_tracing_disabled(True)
+    seen: list[str] = []
+
+    @function_tool
+    def lookup(query: str) -> str:
+        """Look a topic up."""
+        seen.append(query)
+        return "Prefix caches keep the KV of shared prompt prefixes."
+
+    async def run() -> tuple[object, list[str]]:
+        client = AsyncOpenAI(base_url=stack["base"], api_key=KEY_A, max_retries=0)
+        agent = Agent(name="researcher", instructions="Use the lookup tool, then answer.", tools=[lookup],
+                      model=OpenAIResponsesModel(model="glm-5.2", openai_client=client),
+                      model_settings=ModelSettings(tool_choice="required", max_tokens=4000))
+        result = Runner.run_streamed(agent, "What is a prefix cache?", max_turns=4)
+        kinds = [ev.type async for ev in result.stream_events()]
+        return result, kinds
+
+    result, kinds = asyncio.run(run())
+    assert seen and isinstance(result.final_output, str) and result.final_output
+    assert "raw_response_event" in kinds and "run_item_stream_event" in kinds
+
+
 def test_stored_responses_are_shared_through_redis(redis_server):
     """Two gateway instances on one Redis: a turn stored by one is retrieved and continued on the other."""
     sims, _ = start_sims(1, enable_cache_report=True)
