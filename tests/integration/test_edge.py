@@ -243,3 +243,23 @@ def test_an_encoder_failure_on_the_path_is_a_400_not_a_500(gw):
     assert err["code"] == "invalid_body"
     assert httpx.post(gw.urls[0] + "/v1/chat/completions", headers=AUTH,
                       json={"model": "glm-5.2", "messages": MSG, "max_tokens": 3}).status_code == 200
+
+
+def test_pool_caps_apply_through_the_gateway():
+    """Per-pool limits reach the edge: an sglang pool caps n at 8 by default (max_n raises it), and a pool's
+    context_tokens bounds max_tokens; both are 400s naming the field, and in-range requests are served."""
+    sims, _ = start_sims(1)
+    pool = {**sglang_pool("p", sims.urls), "context_tokens": 4096}
+    g = start_gateway(config([pool]))
+    try:
+        c = OpenAI(base_url=g.urls[0] + "/v1", api_key=KEY_A, max_retries=0)
+        with pytest.raises(openai.BadRequestError) as e:
+            c.chat.completions.create(model="glm-5.2", messages=MSG, max_tokens=3, n=9)
+        assert e.value.body["param"] == "n"
+        with pytest.raises(openai.BadRequestError) as e:
+            c.completions.create(model="glm-5.2", prompt="x", max_tokens=4097)
+        assert e.value.body["param"] == "max_tokens"
+        assert len(c.chat.completions.create(model="glm-5.2", messages=MSG, max_tokens=3, n=8).choices) == 8
+    finally:
+        g.stop()
+        sims.stop()
