@@ -41,12 +41,11 @@ from gateway.routing.registry import build_engine
 from gateway.state import AppState
 from gateway.control.plane import ControlPlane
 from gateway.control.store import MemoryControlStore, RedisControlStore
-from gateway.tenancy.budget import MemoryBudgetLedger, RedisBudgetLedger
 from gateway.tenancy.concurrency import ConcurrencyLimiter
-from gateway.tenancy.fallback import FallbackBudgetLedger, FallbackRateLimiter
+from gateway.shared_redis import RedisGuard, build_client, default_max_connections
+from gateway.tenancy.fallback import build_limits
 from gateway.tenancy.policy_loader import PolicyError
 from gateway.tenancy.policy_store import PolicyStore
-from gateway.tenancy.ratelimit import MemoryRateLimiter, RedisRateLimiter
 from gateway.upstreams import UpstreamRegistry
 
 
@@ -79,24 +78,23 @@ def create_app(config: GatewayConfig, *, span_exporter: Any = None, transport: h
         health = HealthChecker(registry, http, config.health, metrics)
         rc = config.routing
         redis_client = None
+        fell_back = lambda what, reason: metrics.shared_state_fallbacks.labels(what, reason).inc()  # noqa: E731
         if rc.redis_url:
-            import redis.asyncio as aioredis
-
-            redis_client = aioredis.from_url(rc.redis_url, socket_connect_timeout=rc.redis_timeout_s * 5,
-                                             password=redis_pw)
+            # a bounded pool that waits for a free connection: saturation is not an outage (shared_redis.py)
+            redis_client = build_client(rc.redis_url, password=redis_pw, connect_timeout=rc.redis_timeout_s * 5,
+                                        max_connections=rc.redis_max_connections or default_max_connections(rc.expected_inflight),
+                                        pool_timeout=rc.redis_pool_timeout_s)
             index = RedisPrefixIndex(redis_client, prefix=rc.redis_prefix, timeout=rc.redis_timeout_s,
-                                     on_rtt=metrics.redis_rtt.observe)
-            loads = RedisLoadTracker(redis_client, prefix=rc.redis_prefix, timeout=rc.redis_timeout_s)
+                                     on_rtt=metrics.redis_rtt.observe, guard=RedisGuard("prefix index", on_fallback=fell_back))
+            loads = RedisLoadTracker(redis_client, prefix=rc.redis_prefix, timeout=rc.redis_timeout_s,
+                                     guard=RedisGuard("load", on_fallback=fell_back))
             loads.start()
             control_store: MemoryControlStore | RedisControlStore = RedisControlStore(redis_client, rc.redis_prefix)
         else:
             index, loads = MemoryPrefixIndex(), MemoryLoadTracker()
             control_store = MemoryControlStore()
-        shared = dict(timeout=rc.limits_redis_timeout_s, retry_after=1.0)
-        limiter = FallbackRateLimiter(redis_client and RedisRateLimiter(redis_client, rc.redis_prefix), MemoryRateLimiter(),
-                                      what="rate limits", **shared)
-        budget = FallbackBudgetLedger(redis_client and RedisBudgetLedger(redis_client, rc.redis_prefix), MemoryBudgetLedger(),
-                                      what="budgets", **shared)
+        limiter, budget = build_limits(redis_client, rc, fell_back)  # settlements Redis missed are queued and replayed
+        metrics.settlements_pending.set_function(lambda: len(budget.pending))
 
         async def reload_event(_: dict[str, Any]) -> None:
             try:
@@ -129,6 +127,7 @@ def create_app(config: GatewayConfig, *, span_exporter: Any = None, transport: h
         app.state.responses_store = build_response_store(config.responses, redis_client, rc.redis_prefix,
                                                          rc.limits_redis_timeout_s)
         health.start()
+        budget.start()
         state.concurrency.start()
         if config.health.enabled:
             poller.start()
@@ -144,6 +143,7 @@ def create_app(config: GatewayConfig, *, span_exporter: Any = None, transport: h
             await health.stop()
             await poller.stop()
             await feedback.drain()
+            await budget.stop()  # after the proxy's settlements: a last replay of anything still queued
             await state.dispatcher.quarantine.drain()
             if isinstance(loads, RedisLoadTracker):
                 await loads.stop()

@@ -197,9 +197,25 @@ class Routing(_Strict):
     redis_timeout_s: float = Field(default=0.1, gt=0, description="prefix index and load: past it, this instance's view")
     limits_redis_timeout_s: float = Field(default=1.0, gt=0,
                                           description="rate limits and budgets: past it, enforced per instance")
+    expected_inflight: int = Field(default=256, ge=1, description="requests in flight per instance this instance is "
+                                   "sized for; the Redis pool's default size follows from it")
+    redis_max_connections: int | None = Field(default=None, ge=2, le=10_000, description="Redis connections per "
+                                              "instance (default: max(32, expected_inflight / 2)); more calls wait")
+    redis_pool_timeout_s: float = Field(default=0.5, gt=0, description="wait for a free Redis connection; running "
+                                        "out of it is saturation (retried), never taken for Redis being away")
+    limits_fallback_share: float | None = Field(default=None, gt=0, le=1, description="while Redis is away, the "
+                                                "share of a budget's remainder (and of a rate limit) one instance may "
+                                                "use alone (default: 1 / the instances alive when it was last seen)")
     load_poll_s: float = Field(default=1.0, gt=0, description="engine /v1/loads reconciliation period")
     concurrency_lease_s: float = Field(default=30.0, ge=1, le=600, description="fleet-wide max_concurrent: a slot "
                                        "not renewed for this long (its instance died) is freed")
+
+    @model_validator(mode="after")
+    def _pool_wait(self) -> Routing:
+        if self.redis_pool_timeout_s >= self.limits_redis_timeout_s:
+            raise ValueError("redis_pool_timeout_s: must be below limits_redis_timeout_s (a saturated pool is waited "
+                             "on, and retried, within it)")
+        return self
 
 
 class Shutdown(_Strict):

@@ -66,15 +66,6 @@ class GatewayMetrics:
                                                ["pool"], registry=r)
         self.ejections = Counter("gateway_replica_ejections", "Replicas taken out of routing by the dispatcher",
                                  ["pool", "replica", "reason"], registry=r)
-        self.poison_quarantined = Counter("gateway_poison_quarantined", "Request bodies quarantined after timing out "
-                                          "or breaking the connection on two replicas", registry=r)
-        self.quarantine_refusals = Counter("gateway_quarantine_refusals", "Requests refused because their body is "
-                                           "quarantined", registry=r)
-        self.request_caused_failures = Counter("gateway_request_caused_failures", "Upstream failures judged the "
-                                               "request's fault (returned as 4xx, not counted against the replica)",
-                                               ["pool"], registry=r)
-        self.ejections = Counter("gateway_replica_ejections", "Replicas taken out of routing by the dispatcher",
-                                 ["pool", "replica", "reason"], registry=r)
         self.breaker_open = Gauge("gateway_replica_circuit_open", "1 while the circuit breaker is open", ["pool", "replica"], registry=r)
 
     def render(self) -> bytes:
