@@ -355,7 +355,7 @@ def plan_chat(req: ChatCompletionRequest, rng: random.Random) -> ChoicePlan | No
         calls, pieces = [], []
         for i, t in enumerate(chosen):
             schema = t.function.parameters if t.function.parameters is not None else {"type": "object", "properties": {}}
-            args = orjson.dumps(generate(schema, rng)).decode()
+            args = _dumps(generate(schema, rng))
             calls.append((new_call_id(), t.function.name, args))
             pieces += _pieces(args, i)
         return ChoicePlan(calls, pieces)
@@ -363,7 +363,14 @@ def plan_chat(req: ChatCompletionRequest, rng: random.Random) -> ChoicePlan | No
     if rf is None or rf.type not in ("json_object", "json_schema"):
         return None
     schema = rf.json_schema.schema_ if rf.type == "json_schema" and rf.json_schema else _JSON_OBJECT
-    return ChoicePlan([], _pieces(orjson.dumps(generate(schema, rng)).decode(), -1))
+    return ChoicePlan([], _pieces(_dumps(generate(schema, rng)), -1))
+
+
+def _dumps(value: Any) -> str:
+    try:
+        return orjson.dumps(value).decode()
+    except orjson.JSONEncodeError as e:  # e.g. a const or enum nested past orjson's depth limit
+        raise SchemaError(f"the generated value cannot be written as JSON: {e}") from None
 
 
 # -- bodies --------------------------------------------------------------------------------------------------

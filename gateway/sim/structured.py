@@ -85,6 +85,8 @@ class _Gen:
             merged = {k: v for k, v in s.items() if k != "allOf"}
             for p in parts:
                 p = self._resolve(p["$ref"]) if isinstance(p, dict) and "$ref" in p else p
+                if p is False:
+                    raise SchemaError("'allOf' with a false schema admits no value")
                 if isinstance(p, dict):
                     merged = _merge(merged, p)
             return self.value(merged, depth + 1)
@@ -124,7 +126,7 @@ class _Gen:
         for name in required:  # required but not described: any value the additional schema allows
             if name not in out:
                 out[name] = self.value(extra if isinstance(extra, dict) else {}, depth + 1)
-        want = s.get("minProperties", 0)
+        want = _int(s.get("minProperties", 0))
         i = 0
         while len(out) < want and extra is not False and i < 64:
             out.setdefault(f"{self.rng.choice(_WORDS)}_{i}", self.value(extra if isinstance(extra, dict) else {}, depth + 1))
@@ -137,7 +139,9 @@ class _Gen:
         if hi < lo:
             raise SchemaError("maxItems is less than minItems")
         n = lo if depth >= SOFT_DEPTH else self.rng.randint(lo, min(hi, max(lo, 3)))
-        prefix = s.get("prefixItems") or []
+        prefix = s.get("prefixItems", [])
+        if not isinstance(prefix, list):
+            raise SchemaError("'prefixItems' must be an array")
         items = s.get("items", {})
         out: list[Any] = []
         tries = 0
@@ -191,7 +195,9 @@ class _Gen:
         if isinstance(s.get("multipleOf"), int):
             return self._integer(s, depth)
         lo, hi = _bounds(s, integer=False)
-        return round(lo + (hi - lo) * self.rng.random(), 3) if hi > lo else lo
+        r = self.rng.random()
+        v = round(lo * (1 - r) + hi * r, 3)  # no hi - lo: it overflows to inf for bounds near ±1e308
+        return v if lo <= v <= hi else lo
 
     def _boolean(self, s: dict[str, Any], depth: int) -> bool:
         return self.rng.random() < 0.5
@@ -224,8 +230,8 @@ def _bounds(s: dict[str, Any], integer: bool) -> tuple[Any, Any]:
         lo = hi - 100
     elif hi is None:
         hi = lo + 100
-    if integer:
-        lo, hi = int(-(-lo // 1)), int(hi // 1)
+    if integer:  # JSON integers as int64, what every client (and orjson) can carry
+        lo, hi = max(int(-(-lo // 1)), -(2**63)), min(int(hi // 1), 2**63 - 1)
     if hi < lo:
         raise SchemaError("minimum is greater than maximum")
     return lo, hi
