@@ -49,7 +49,7 @@ async def run_until_disconnect(receive: Receive, work: Awaitable[Any]) -> tuple[
     task.cancel()
     try:
         await task
-    except (asyncio.CancelledError, Exception):  # noqa: BLE001 - the client is gone; nothing to report to
+    except (asyncio.CancelledError, Exception):  # noqa: BLE001, S110 - the client is gone; nothing to report to
         pass
     return True, None
 
@@ -74,7 +74,7 @@ class EventStreamResponse(Response):
         # No content-length: the body is chunked and its end is the stream's end. `headers` is read at commit
         # time, so `first()` may still add to it (e.g. which replica answered).
         self.raw_headers = [(b"content-type", b"text/event-stream; charset=utf-8")]
-        self._headers = headers if headers is not None else {}
+        self._extra_headers = headers if headers is not None else {}
         self._first = first
         self._rest = rest
         self._on_close = on_close
@@ -90,7 +90,7 @@ class EventStreamResponse(Response):
             if isinstance(first, Response):
                 await first(scope, receive, send)
                 return
-            self.raw_headers += [(k.lower().encode("latin-1"), str(v).encode("latin-1")) for k, v in self._headers.items()]
+            self.raw_headers += [(k.lower().encode("latin-1"), str(v).encode("latin-1")) for k, v in self._extra_headers.items()]
             self.raw_headers.extend([(b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")])
             await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
             await send({"type": "http.response.body", "body": first, "more_body": True})
@@ -127,5 +127,5 @@ class EventStreamResponse(Response):
                     res = self._on_close(disconnected)
                     if res is not None:
                         await res
-                except Exception:  # noqa: BLE001 - the response is decided; its bookkeeping must not break the connection
+                except Exception:  # the response is decided; its bookkeeping must not break the connection
                     log.exception("stream close callback failed")

@@ -90,7 +90,7 @@ def test_fleet_scope_admits_at_most_the_cap_across_two_instances(hosted, redis_s
 
 def test_instance_scope_is_per_instance(hosted, redis_server):
     """The contrast that makes the fleet test meaningful: in instance scope two instances admit up to 5 each."""
-    fake, url = hosted
+    _, url = hosted
     cfg = cap_config(url, "instance", redis_server.url)
     a, b = start_gateway(cfg), start_gateway(cfg)
     try:

@@ -11,7 +11,6 @@ import time
 from typing import Any
 
 import httpx
-import openai
 import orjson
 import pytest
 from openai import OpenAI
@@ -345,7 +344,7 @@ def test_load_view_returns_to_zero_after_any_mix_of_outcomes(shared, redis_serve
         for gw in gws:
             _mix(gw.urls[0], fake, sims.urls, gw)
         for gw in gws:
-            wait_until(lambda: idle(gw), timeout=10, what=f"{shared} load view back to 0")
+            wait_until(lambda gw=gw: idle(gw), timeout=10, what=f"{shared} load view back to 0")
         prompt = [{"role": "user", "content": "a fresh prompt about routing " * 80}]
         routes = [post(gws[-1].urls[0], chat(messages=prompt)).headers["x-gateway-route"] for _ in range(2)]
         assert routes == ["cold_ring", "prefix_hit"], routes

@@ -98,11 +98,11 @@ class Accounting:
     def _step(self, name: str, fn: Callable[..., None], *args: Any) -> None:
         try:
             fn(*args)
-        except Exception:  # noqa: BLE001 - the documented second broad catch: a step's failure stays in that step
+        except Exception:  # the documented second broad catch: a step's failure stays in that step
             log.exception("accounting step %s failed", name)
             try:
                 self.state.metrics.accounting_failures.labels(name).inc()
-            except Exception:  # noqa: BLE001 - even the failure counter must not escape
+            except Exception:  # noqa: BLE001, S110 - even the failure counter must not escape; the failure is logged above
                 pass
 
     # -- a request refused before its exchange existed ----------------------------------------------------------
@@ -147,8 +147,8 @@ class Accounting:
             if d is not None:
                 try:
                     await d.opened.close()  # for a client that left mid-stream this cancels the upstream request
-                except Exception:  # noqa: BLE001 - closing a broken upstream connection can fail; nothing to do
-                    pass
+                except Exception:  # closing a broken upstream connection can fail; nothing more to do
+                    log.debug("closing the upstream of %s failed", ex.request_id, exc_info=True)
         finally:
             ctx = _Ctx(ex, now)
             for name, step in (("usage", self._usage), ("metrics", self._metrics), ("sla", self._sla),
@@ -161,9 +161,9 @@ class Accounting:
             self.state.feedback.finished(ex.dispatched.attempt, failed=ex.reason not in CLEAN_ENDS)
 
     def _release_slot(self, ex: Exchange) -> None:
-        self.state.metrics.inflight.labels(ex.tenant.name).dec()
         if ex.slot is not None:
             self.state.concurrency.release(ex.slot)
+        self.state.metrics.inflight.labels(ex.tenant.name).dec()
 
     def _usage(self, c: _Ctx) -> None:
         ex, d = c.ex, c.ex.dispatched

@@ -7,7 +7,7 @@ reservation, so usage per tenant is recorded even without a cap (the worst case 
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 from gateway.api.openai.exchange import Exchange
 from gateway.api.openai.validation import ParsedRequest
@@ -45,7 +45,7 @@ async def reserve(state: AppState, ex: Exchange) -> None:
 
 def seconds_to_reset(period: str) -> int:
     """Seconds until the budget period ends (UTC midnight / the first of next month)."""
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     if period == "day":
         end = (now + timedelta(days=1)).replace(hour=0, minute=0, second=0, microsecond=0)
     else:

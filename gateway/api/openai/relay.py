@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
-from typing import Any
 
 import orjson
 from opentelemetry import trace

@@ -35,7 +35,7 @@ def _count(v: Any, anomalies: list[str]) -> int:
     if v > MAX_TOKENS:
         anomalies.append("out_of_range")
         return MAX_TOKENS
-    return v
+    return int(v)
 
 
 def clean_usage(raw: Any) -> tuple[dict[str, Any] | None, list[str]]:
