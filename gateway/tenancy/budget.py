@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Protocol
 
 import redis.asyncio as aioredis
@@ -28,7 +28,7 @@ USAGE_FIELDS = ("requests", "prompt_tokens", "cached_tokens", "completion_tokens
 
 
 def periods(now: float) -> dict[str, str]:
-    d = datetime.fromtimestamp(now, tz=timezone.utc)
+    d = datetime.fromtimestamp(now, tz=UTC)
     return {"day": d.strftime("%Y-%m-%d"), "month": d.strftime("%Y-%m")}
 
 

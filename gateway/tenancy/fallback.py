@@ -29,10 +29,23 @@ from typing import Any, TypeVar
 from gateway.background import BackgroundTask
 from gateway.config import Routing
 from gateway.shared_redis import REDIS_ERRORS, RedisGuard
-from gateway.tenancy.budget import (USAGE_FIELDS, MemoryBudgetLedger, Refusal, Reservation, RedisBudgetLedger, Usage,
-                                    budget_caps, periods)
+from gateway.tenancy.budget import (
+    USAGE_FIELDS,
+    MemoryBudgetLedger,
+    RedisBudgetLedger,
+    Refusal,
+    Reservation,
+    Usage,
+    budget_caps,
+    periods,
+)
 from gateway.tenancy.policy_schema import Tenant
-from gateway.tenancy.ratelimit import Admission, Bucket, MemoryRateLimiter, RedisRateLimiter
+from gateway.tenancy.ratelimit import (
+    Admission,
+    Bucket,
+    MemoryRateLimiter,
+    RedisRateLimiter,
+)
 
 log = logging.getLogger("gateway.shared_state")
 T = TypeVar("T")

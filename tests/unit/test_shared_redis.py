@@ -10,7 +10,12 @@ import pytest
 from redis.exceptions import BusyLoadingError, ConnectionError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from gateway.shared_redis import PoolSaturated, RedisGuard, classify, default_max_connections
+from gateway.shared_redis import (
+    PoolSaturated,
+    RedisGuard,
+    classify,
+    default_max_connections,
+)
 
 
 class Clock:
