@@ -9,8 +9,8 @@ $(BIN)/gateway: pyproject.toml
 	$(BIN)/pip install -q -e '.[dev,litellm,otlp]'
 	touch $(BIN)/gateway
 
-# The OpenAI Node SDK, for the test that a bad key is an AuthenticationError in every client. Without npm the
-# test is skipped (it says why); an existing install is kept, so setup stays idempotent.
+# The OpenAI Node SDK, for the test that a bad key is an AuthenticationError in every client (skipped, saying why,
+# where node is not installed). An existing install is kept, so setup stays idempotent.
 NODE_SDK := .node/node_modules/openai/package.json
 
 $(NODE_SDK):

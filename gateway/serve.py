@@ -61,7 +61,7 @@ def serve(a: argparse.Namespace) -> int:
         return 2
     extra = []
     if cfg.admin.port is not None:
-        extra.append(make_server(create_admin_app(app), a.host, cfg.admin.port))
+        extra.append(make_server(create_admin_app(app), a.host, cfg.admin.port, openai_errors=True))
 
     def started() -> None:
         admin = f", admin API on http://{a.host}:{cfg.admin.port}/admin" if cfg.admin.port is not None else ""
