@@ -91,6 +91,8 @@ class TranslatedStream(Response):
         self.render_error = render_error
         self.on_end = on_end  # awaited after the last byte (e.g. store the finished response)
         self.background = None
+        self.status_code = 200  # what it will be if the chat path commits; its own headers go out as sent
+        self.raw_headers = []
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         parser = SSEPayloads()

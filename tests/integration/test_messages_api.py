@@ -177,3 +177,23 @@ def test_tenant_limits_apply_through_the_bridge_as_rate_limit_error():
     finally:
         gw.stop()
         sims.stop()
+
+
+def test_overloaded_upstreams_are_529_overloaded_error_stream_or_not(stack, client):
+    """Every replica answering 503: the chat path's 503 becomes Anthropic's 529 (the SDK's OverloadedError), also
+    for a stream refused before its first byte."""
+    for stream in (False, True):
+        for u in stack["sims"].urls:
+            httpx.post(u + "/_sim/fault", json={"kind": "status", "status": 503, "count": 10})
+        try:
+            with pytest.raises(anthropic.OverloadedError) as e:
+                if stream:
+                    with client.messages.stream(model="glm-5.2", max_tokens=4, messages=MSG) as s:
+                        s.get_final_message()
+                else:
+                    client.messages.create(model="glm-5.2", max_tokens=4, messages=MSG)
+        finally:
+            for u in stack["sims"].urls:
+                httpx.post(u + "/_sim/fault", json={"kind": "clear"})
+        assert e.value.body["error"]["type"] == "overloaded_error"
+        assert e.value.response.headers.get("retry-after")
