@@ -600,7 +600,7 @@ class _Ctx:
                 out.append(self.writer.chat_delta(idx, {"tool_calls": [tool_call(call_id, call, name, "")]}))
             if text:
                 out.append(self.writer.chat_delta(idx, {"tool_calls": [tool_call(None, call, None, text)]}))
-        return out
+        return [self._with_usage(c) for c in out]
 
     # -- non-streaming ---------------------------------------------------------------------------------------
     async def collect(self, request: Request) -> Response:
@@ -717,12 +717,16 @@ class _Ctx:
             matched = EOS_TOKEN_ID if ev_finish == "stop" else None
             self.finish_shown[idx] = ev_finish is not None
             chunk = self.writer.text(idx, text, ev_finish, matched)
-        if self.continuous:
-            obj = orjson.loads(chunk[6:])
-            obj["usage"] = {"prompt_tokens": self.prompt_len, "completion_tokens": sum(self.generated),
-                            "total_tokens": self.prompt_len + sum(self.generated)}
-            chunk = ChunkWriter.sse(obj)
-        return chunk
+        return self._with_usage(chunk)
+
+    def _with_usage(self, chunk: bytes) -> bytes:
+        """With `continuous_usage_stats`, content and tool-call chunks carry the running usage (no cache details)."""
+        if not self.continuous:
+            return chunk
+        obj = orjson.loads(chunk[6:])
+        obj["usage"] = {"prompt_tokens": self.prompt_len, "completion_tokens": sum(self.generated),
+                        "total_tokens": self.prompt_len + sum(self.generated)}
+        return ChunkWriter.sse(obj)
 
     async def hang(self) -> bytes:
         await asyncio.Event().wait()
