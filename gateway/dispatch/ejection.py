@@ -25,7 +25,7 @@ from gateway.dispatch.circuit_breaker import BreakerState
 from gateway.dispatch.quarantine import BodyPrint
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Waiting:
     target: Any
     body: BodyPrint

@@ -124,7 +124,9 @@ def test_quarantine_memory_expires_and_costs_nothing_when_empty():
         assert not await q.blocked(bp) and bp._key is None  # empty quarantine: no fingerprint computed
         await q.add(bp)
         assert await q.blocked(BodyPrint({"prompt": "x", "model": "m", "stream": True}))
-        assert not await q.blocked(BodyPrint({"model": "m", "prompt": "y"}))
+        assert not await q.blocked(BodyPrint({"model": "m", "prompt": "y"}))  # same shape, other content
+        other = BodyPrint({"model": "m", "prompt": "x", "n": 2})
+        assert not await q.blocked(other) and other._key is None  # another shape: screened by the probe alone
         clock.t = 1061.0
         assert not await q.blocked(bp)
 
