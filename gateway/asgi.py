@@ -95,30 +95,48 @@ class EventStreamResponse(Response):
             await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
             await send({"type": "http.response.body", "body": first, "more_body": True})
 
-            stall = self._stall
             loop = asyncio.get_running_loop()
-            timer = asyncio.timeout(None)
+            sending_since: float | None = None  # when the send in progress began (None: not sending)
+            stalled = False
 
             async def pump() -> None:
-                # one timer for the whole stream, armed only while a send is blocked on the client (not while
-                # waiting for the upstream): uvicorn's send waits for the socket to drain
-                async with timer:
-                    async for chunk in self._rest():
-                        if stall is not None:
-                            timer.reschedule(loop.time() + stall)
-                        await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                        timer.reschedule(None)
+                nonlocal sending_since
+                async for chunk in self._rest():
+                    sending_since = loop.time()
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                    sending_since = None
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
 
+            task = asyncio.ensure_future(pump())
+            # A watchdog, not a timer re-armed per chunk (costly next to the rest of a chunk's work): it wakes once
+            # per `stall_timeout` and cuts the stream if one send (uvicorn's waits for the socket to drain) has been
+            # blocked that long. Waiting for the upstream is not a stall: that is the idle timeout's business.
+            watchdog: asyncio.TimerHandle | None = None
+            if self._stall is not None:
+                limit = self._stall
+
+                def check() -> None:
+                    nonlocal watchdog, stalled
+                    since, now = sending_since, loop.time()
+                    if since is not None and now - since >= limit:
+                        stalled = True
+                        task.cancel()
+                        return
+                    watchdog = loop.call_at((since if since is not None else now) + limit, check)
+
+                watchdog = loop.call_at(loop.time() + limit, check)
             try:
-                disconnected, _ = await run_until_disconnect(receive, pump())
-            except TimeoutError:
-                if not timer.expired():
+                disconnected, _ = await run_until_disconnect(receive, task)
+            except asyncio.CancelledError:
+                if not stalled:
                     raise
                 disconnected = True
                 if self._on_stall is not None:
                     self._on_stall()
                 raise AbortConnection("client stopped reading") from None
+            finally:
+                if watchdog is not None:
+                    watchdog.cancel()
         except OSError:
             disconnected = True
         finally:
