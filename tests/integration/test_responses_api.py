@@ -280,3 +280,13 @@ def _stored(c: OpenAI, r) -> bool:
         return c.responses.retrieve(r.id).id == r.id
     except (openai.NotFoundError, openai.InternalServerError):
         return False
+
+
+def test_malformed_ids_are_404_without_touching_the_store(stack):
+    h = {"authorization": f"Bearer {KEY_A}"}
+    for rid in ("not-an-id", "resp_abc:def", "resp_" + "a" * 200):
+        r = httpx.get(f"{stack['base']}/responses/{rid}", headers=h)
+        assert r.status_code == 404 and r.json()["error"]["type"] == "invalid_request_error", rid
+    r = httpx.post(stack["base"] + "/responses", headers=h, json={"model": "glm-5.2", "input": "x",
+                                                                  "previous_response_id": "../../etc"})
+    assert r.status_code == 404 and r.json()["error"]["param"] == "previous_response_id"

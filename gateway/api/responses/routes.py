@@ -4,6 +4,7 @@ Responses API shares with chat, so the gateway's error handlers render them."""
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Any
 
@@ -19,6 +20,7 @@ from gateway.errors import GatewayError, InvalidRequest
 from gateway.state import AppState
 
 router = APIRouter()
+_ID = re.compile(r"^resp_[A-Za-z0-9]{1,64}$")
 
 
 class ResponseNotFound(GatewayError):
@@ -39,7 +41,14 @@ def _ctx(request: Request) -> tuple[AppState, Any, ResponseStore, str]:
     return st, request.app.state.proxy, request.app.state.responses_store, tenant.name
 
 
+def _check_id(resp_id: str, param: str | None = None) -> None:
+    """Ids are the gateway's own (`resp_<hex>`): anything else names no stored response (and never reaches a key)."""
+    if not _ID.match(resp_id):
+        raise ResponseNotFound(f"No response found with id '{resp_id[:128]}'.", param=param)
+
+
 async def _load(store: ResponseStore, tenant: str, resp_id: str, param: str | None = None) -> dict[str, Any]:
+    _check_id(resp_id, param)
     raw = await store.get(tenant, resp_id)
     if raw is None:
         raise ResponseNotFound(f"No response found with id '{resp_id}'.", param=param)
@@ -99,6 +108,7 @@ async def get_response(resp_id: str, request: Request) -> Response:
 @router.delete("/v1/responses/{resp_id}")
 async def delete_response(resp_id: str, request: Request) -> Response:
     _, _, store, tenant = _ctx(request)
+    _check_id(resp_id)
     if not await store.delete(tenant, resp_id):
         raise ResponseNotFound(f"No response found with id '{resp_id}'.")
     return _json({"id": resp_id, "object": "response", "deleted": True})
