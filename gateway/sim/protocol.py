@@ -146,6 +146,7 @@ class CompletionRequest(_Common):
     max_tokens: int = 16
     logprobs: Optional[int] = None
     echo: bool = False
+    json_schema: Optional[str] = None  # SGLang's extension: a schema as a JSON string
 
 
 def _pydantic_message(e: ValidationError) -> str:
@@ -265,6 +266,11 @@ def parse_completion(body: dict[str, Any], vocab: int, context_length: int) -> t
         raise _bad("max_tokens must be positive")
     if req.logprobs is not None and not 0 <= req.logprobs <= MAX_TOP_LOGPROBS:
         raise _bad(f"logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {req.logprobs}.")
+    if req.json_schema is not None:
+        try:
+            check_schema(orjson.loads(req.json_schema))
+        except (orjson.JSONDecodeError, SchemaError) as e:
+            raise _bad(f"Invalid json_schema: {e}") from None
     prompt = req.prompt
     # SGLang: `not prompt or all(not p for p in prompt)`; the simulator also refuses an empty member of a batch, which
     # would be a zero-token sequence (a real tokenizer adds BOS; this one does not)
@@ -359,10 +365,21 @@ def plan_chat(req: ChatCompletionRequest, rng: random.Random) -> ChoicePlan | No
             calls.append((new_call_id(), t.function.name, args))
             pieces += _pieces(args, i)
         return ChoicePlan(calls, pieces)
+    return plan_json(req, rng)
+
+
+def plan_json(req: ChatCompletionRequest | CompletionRequest, rng: random.Random) -> ChoicePlan | None:
+    """JSON content for `response_format` (chat and completions) or completions' `json_schema`; None otherwise."""
+    schema: Any = None
+    if isinstance(req, CompletionRequest) and req.json_schema is not None:
+        schema = orjson.loads(req.json_schema)
     rf = req.response_format
-    if rf is None or rf.type not in ("json_object", "json_schema"):
+    if rf is not None and rf.type == "json_schema" and rf.json_schema is not None:
+        schema = rf.json_schema.schema_
+    elif rf is not None and rf.type == "json_object":
+        schema = _JSON_OBJECT
+    if schema is None:
         return None
-    schema = rf.json_schema.schema_ if rf.type == "json_schema" and rf.json_schema else _JSON_OBJECT
     return ChoicePlan([], _pieces(_dumps(generate(schema, rng)), -1))
 
 

@@ -34,6 +34,7 @@ from gateway.sim.protocol import (
     check_prompt_len,
     parse_completion,
     plan_chat,
+    plan_json,
     tool_call,
     usage,
 )
@@ -211,13 +212,11 @@ class SimServer:
         for seq in seqs:
             key = zlib.crc32(seq.tobytes())
             for j in range(req.n):
-                plan = None
-                if isinstance(req, ChatCompletionRequest):
-                    rng = random.Random(f"{cfg.seed}|{key}|{req.seed!r}|{j}")
-                    try:
-                        plan = plan_chat(req, rng)
-                    except SchemaError as e:
-                        raise SimHTTPError(400, f"Invalid schema: {e}", "BadRequestError") from None
+                rng = random.Random(f"{cfg.seed}|{key}|{req.seed!r}|{j}")
+                try:
+                    plan = plan_chat(req, rng) if isinstance(req, ChatCompletionRequest) else plan_json(req, rng)
+                except SchemaError as e:
+                    raise SimHTTPError(400, f"Invalid schema: {e}", "BadRequestError") from None
                 if plan is not None:
                     cap = max_tokens if max_tokens is not None else cfg.context_length - len(seq)
                     if plan.tokens > cap:

@@ -201,3 +201,22 @@ def test_gateway_sim_exits_on_sigterm_with_work_in_flight():
         if proc.poll() is None:
             proc.kill()
             proc.wait(5)
+
+
+def test_completions_structured_output(sim):
+    """SGLang's completions take `json_schema` (a JSON string) or `response_format`: the text is JSON for it, and
+    completion_tokens follow the text (4 characters a token)."""
+    import jsonschema
+
+    url, _ = sim
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 1}}, "required": ["n"],
+              "additionalProperties": False}
+    for extra in ({"json_schema": json.dumps(schema)},
+                  {"response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}}):
+        b = _post(url, COMP, {"prompt": "count", "max_tokens": 64, **extra}).json()
+        text = b["choices"][0]["text"]
+        jsonschema.validate(json.loads(text), schema)
+        assert b["choices"][0]["finish_reason"] == "stop" and b["usage"]["completion_tokens"] == -(-len(text) // 4)
+    assert _post(url, COMP, {"prompt": "x", "json_schema": "{not json"}).status_code == 400
+    cut = _post(url, COMP, {"prompt": "count", "max_tokens": 1, "json_schema": json.dumps(schema)}).json()
+    assert cut["choices"][0]["finish_reason"] == "length" and len(cut["choices"][0]["text"]) == 4
