@@ -96,7 +96,7 @@ def test_a_5xx_the_same_body_does_not_meet_elsewhere_counts_against_the_replica(
         sims.stop()
 
 
-def test_wrong_upstream_key_is_a_502_about_the_gateways_credentials():
+def test_wrong_upstream_key_is_a_502_about_the_gateways_credentials(caplog):
     """A pool configured with a wrong key for its SGLang servers (--api-key): clients get a 502 that names the
     gateway's upstream credentials, never a 401 that blames their own key; the replicas stay routable."""
     sims, _ = start_sims(2, api_key="right-key")
@@ -116,6 +116,9 @@ def test_wrong_upstream_key_is_a_502_about_the_gateways_credentials():
             assert e.value.response.headers["x-gateway-attempts"] == "1"  # the pool's other replica shares the key
         states = gw.call(lambda: {t.name: t.breaker.state.value for t in gw.app.state.gateway.registry.targets})
         assert set(states.values()) == {"closed"}
+        oncall = [r.getMessage() for r in caplog.records if r.name == "gateway.dispatch" and r.levelname == "ERROR"]
+        assert len(oncall) == 1 and "credentials for pool p" in oncall[0]  # once a minute per pool, not per request
+        assert "wrong-key" not in " ".join(r.getMessage() for r in caplog.records)
     finally:
         os.environ.pop("H3_TEST_WRONG_UPSTREAM_KEY", None)
         gw.stop()

@@ -2,11 +2,15 @@
 at most two and then refused (shared through Redis); a replica that stops answering is taken out of routing within
 seconds, while one slow request ejects nothing."""
 
+import asyncio
 import threading
 import time
 
 import httpx
+import redis.asyncio as aioredis
 from openai import OpenAI
+
+from gateway.dispatch.quarantine import BodyPrint, Quarantine
 
 from tests.helpers import RedisServer, start_sims, wait_until
 from tests.integration.gateway_fixtures import KEY_A, config, sglang_pool, start_gateway
@@ -152,3 +156,27 @@ def test_one_slow_request_ejects_no_replica():
     finally:
         gw.stop()
         sims.stop()
+
+
+def test_quarantine_survives_redis_going_away():
+    """Redis killed: a quarantine still holds on this instance, and adding to it neither raises nor waits long."""
+    server = RedisServer()
+
+    async def go():
+        client = aioredis.from_url(server.url, socket_connect_timeout=0.2)
+        q = Quarantine(60.0, client, "t:", timeout=0.2)
+        first, second = BodyPrint({"model": "m", "prompt": "a"}), BodyPrint({"model": "m", "prompt": "b"})
+        await q.add(first)
+        assert await q.blocked(first)
+        server.kill()
+        t0 = time.monotonic()
+        await q.add(second)
+        q._last_sync = float("-inf")  # force the next check to try Redis
+        assert await q.blocked(second) and await q.blocked(first)
+        assert time.monotonic() - t0 < 2.0
+        await client.aclose()
+
+    try:
+        asyncio.run(go())
+    finally:
+        server.stop()
