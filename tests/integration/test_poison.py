@@ -11,7 +11,6 @@ import redis.asyncio as aioredis
 from openai import OpenAI
 
 from gateway.dispatch.quarantine import BodyPrint, Quarantine
-
 from tests.helpers import RedisServer, start_sims, wait_until
 from tests.integration.gateway_fixtures import KEY_A, config, sglang_pool, start_gateway
 
