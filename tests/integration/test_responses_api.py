@@ -290,3 +290,15 @@ def test_malformed_ids_are_404_without_touching_the_store(stack):
     r = httpx.post(stack["base"] + "/responses", headers=h, json={"model": "glm-5.2", "input": "x",
                                                                   "previous_response_id": "../../etc"})
     assert r.status_code == 404 and r.json()["error"]["param"] == "previous_response_id"
+
+
+def test_input_tokens_counts_what_a_create_would_send(client):
+    """Counted with the history expanded, the same prompt the engine then reports."""
+    r1 = client.responses.create(model="glm-5.2", input="count me " * 50, max_output_tokens=4)
+    counted = client.responses.input_tokens.count(model="glm-5.2", input="and this", previous_response_id=r1.id,
+                                                  instructions="Be brief.", tools=[TOOL])
+    r2 = client.responses.create(model="glm-5.2", input="and this", previous_response_id=r1.id,
+                                 instructions="Be brief.", tools=[TOOL], max_output_tokens=4)
+    assert counted.input_tokens == r2.usage.input_tokens > r1.usage.input_tokens
+    with pytest.raises(openai.NotFoundError):
+        client.responses.input_tokens.count(model="no-such-model", input="x")

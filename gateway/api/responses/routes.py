@@ -16,8 +16,9 @@ from gateway.api.chat_bridge import TranslatedStream, json_body, passthrough_hea
 from gateway.api.responses.store import ResponseStore
 from gateway.api.responses.stream import ResponsesStream
 from gateway.api.responses.translate import ResponsesRequest, from_chat, history_of, new_id, parse_request
-from gateway.errors import GatewayError, InvalidRequest
+from gateway.errors import GatewayError, InvalidRequest, ModelNotFound
 from gateway.state import AppState
+from gateway.tokenizer import count_tokens, render_chat
 
 router = APIRouter()
 _ID = re.compile(r"^resp_[A-Za-z0-9]{1,64}$")
@@ -97,6 +98,26 @@ async def create_response(request: Request) -> Response:
     response = from_chat(chat, resp_id, created, int(time.time()), req)
     await _store(store, tenant, req, history, response)
     return _json(response, headers=passthrough_headers(out))
+
+
+@router.post("/v1/responses/input_tokens")
+async def count_input_tokens(request: Request) -> Response:
+    """The prompt a create with this body would send (history expanded), counted by the gateway's token rule; only
+    for a model this key may use."""
+    st, _, store, tenant = _ctx(request)
+    body = await read_json(request, st.config.max_body_bytes)
+    history: list[dict[str, Any]] = []
+    prev = body.get("previous_response_id")
+    if prev is not None:
+        if not isinstance(prev, str) or not prev:
+            raise InvalidRequest("'previous_response_id' must be a non-empty string.", param="previous_response_id")
+        history = history_of(await _load(store, tenant, prev, "previous_response_id"))
+    req = parse_request({"input": [], **body, "stream": False}, history, st.config.responses.auto_truncate_input_tokens,
+                        allow_empty_input=True)
+    if req.model not in st.policies.index.identify(request.headers.get("authorization")).models:
+        raise ModelNotFound(f"The model '{req.model}' does not exist or you do not have access to it.", param="model")
+    return _json({"object": "response.input_tokens",
+                  "input_tokens": count_tokens(render_chat(req.chat["messages"], req.chat.get("tools")))})
 
 
 @router.get("/v1/responses/{resp_id}")

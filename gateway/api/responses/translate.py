@@ -65,7 +65,7 @@ def _number(body: dict[str, Any], name: str, lo: float, hi: float) -> float | No
 
 
 # -- input items ---------------------------------------------------------------------------------------------
-def normalize_input(raw: Any) -> list[dict[str, Any]]:
+def normalize_input(raw: Any, allow_empty: bool = False) -> list[dict[str, Any]]:
     """The request's `input` as a list of typed items with ids (a string is one user message)."""
     if isinstance(raw, str):
         return [{"type": "message", "id": new_id("msg"), "role": "user",
@@ -99,7 +99,7 @@ def normalize_input(raw: Any) -> list[dict[str, Any]]:
         else:
             raise _bad(f"{where}: input items of type {kind!r} are not supported by this gateway "
                        "(supported: message, function_call, function_call_output, reasoning).", f"{where}.type")
-    if not out:
+    if not out and not allow_empty:
         raise _bad("'input' must not be empty.", "input")
     return out
 
@@ -232,7 +232,8 @@ def chat_response_format(text: Any) -> dict[str, Any] | None:
 
 
 # -- request -------------------------------------------------------------------------------------------------
-def parse_request(body: dict[str, Any], history: list[dict[str, Any]], auto_truncate_tokens: int) -> ResponsesRequest:
+def parse_request(body: dict[str, Any], history: list[dict[str, Any]], auto_truncate_tokens: int,
+                  allow_empty_input: bool = False) -> ResponsesRequest:
     """`history`: the stored items of the previous_response_id chain (its input items then its output)."""
     for name, why in UNSUPPORTED.items():
         if body.get(name) is not None and body.get(name) is not False:
@@ -265,7 +266,7 @@ def parse_request(body: dict[str, Any], history: list[dict[str, Any]], auto_trun
     reasoning = body.get("reasoning")
     if reasoning is not None and not isinstance(reasoning, dict):
         raise _bad("'reasoning' must be an object.", "reasoning")
-    input_items = normalize_input(body["input"])
+    input_items = normalize_input(body["input"], allow_empty_input)
     tools = chat_tools(body.get("tools"))
     tool_choice = chat_tool_choice(body.get("tool_choice"))
     if tool_choice not in (None, "auto", "none") and not tools:
