@@ -148,6 +148,24 @@ def test_limits_for_takes_the_narrowest_pool():
     assert limits_for(cfg2, ["s", "h"]) == RequestLimits(max_n=16, context_tokens=131072)
 
 
+def test_limits_for_uses_the_servers_reported_context_unless_configured():
+    """Without `context_tokens` in the config, the smallest context_length the pool's servers reported in
+    /server_info bounds max_tokens; servers that have not reported (None) do not count; the config wins."""
+    from gateway.upstreams import UpstreamRegistry
+
+    cfg = parse_config(config([sglang_pool("s", ["http://127.0.0.1:1", "http://127.0.0.1:2"])]))
+    reg = UpstreamRegistry(cfg)
+    assert limits_for(cfg, ["s"], reg).context_tokens is None
+    reg.by_pool["s"][0].context_tokens = 202752
+    assert limits_for(cfg, ["s"], reg).context_tokens == 202752
+    reg.by_pool["s"][1].context_tokens = 65536
+    assert limits_for(cfg, ["s"], reg).context_tokens == 65536
+    cfg2 = parse_config(config([{**sglang_pool("s", ["http://127.0.0.1:1"]), "context_tokens": 8192}]))
+    reg2 = UpstreamRegistry(cfg2)
+    reg2.by_pool["s"][0].context_tokens = 65536
+    assert limits_for(cfg2, ["s"], reg2).context_tokens == 8192
+
+
 def _nested(depth: int) -> bytes:
     return b'{"model":"m","x":' + b"[" * (depth - 1) + b"]" * (depth - 1) + b"}"
 

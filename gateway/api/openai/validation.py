@@ -46,14 +46,18 @@ class RequestLimits:
     context_tokens: int | None = None
 
 
-def limits_for(config: GatewayConfig, pools: Iterable[str]) -> RequestLimits:
-    """The narrowest limits of the pools a request may be dispatched to (any of them may end up serving it)."""
+def limits_for(config: GatewayConfig, pools: Iterable[str], registry: Any = None) -> RequestLimits:
+    """The narrowest limits of the pools a request may be dispatched to (any of them may end up serving it). The
+    context is the pool's configured `context_tokens`, else (given the `UpstreamRegistry`) the smallest
+    `context_length` its SGLang servers reported in /server_info."""
     caps, contexts = [MAX_N], []
     for name in pools:
         p = config.pool(name)
         caps.append(p.max_n if p.max_n is not None else DEFAULT_MAX_N_SELF_HOSTED if p.kind == "sglang" else MAX_N)
         if p.context_tokens is not None:
             contexts.append(p.context_tokens)
+        elif registry is not None:
+            contexts += [t.context_tokens for t in registry.by_pool.get(name, []) if t.context_tokens]
     return RequestLimits(max_n=min(caps), context_tokens=min(contexts) if contexts else None)
 
 
