@@ -56,8 +56,13 @@ class GatewayError(Exception):
             secs = max(0.0, min(self.retry_after, 60.0))  # the SDK ignores Retry-After above 60 s
             h["retry-after"] = str(max(1, round(secs)))
             h["retry-after-ms"] = str(int(secs * 1000))
-        if self.should_retry is not None:
-            h["x-should-retry"] = "true" if self.should_retry else "false"
+        should = self.should_retry
+        if should is None and self.status >= 500:
+            # every 5xx says whether a retry can help (the SDK retries any 5xx otherwise): an overload passes; a
+            # 5xx that did not say is an internal error the same request would most likely meet again
+            should = self.status == 503
+        if should is not None:
+            h["x-should-retry"] = "true" if should else "false"
         return {**h, **self.extra_headers}
 
 

@@ -185,3 +185,12 @@ def test_stall_detector_needs_distinct_overdue_requests_and_silence():
 
     with pytest.raises(TimeoutError):  # the ejected attempts' first-byte waits are cut short
         asyncio.run(go())
+
+
+def test_every_5xx_says_whether_to_retry():
+    from gateway.errors import GatewayError, InvalidRequest, NoCapacity, UpstreamError
+
+    assert NoCapacity("busy", retry_after=1).headers()["x-should-retry"] == "true"
+    assert GatewayError("The gateway hit an internal error.").headers()["x-should-retry"] == "false"
+    assert UpstreamError("x", should_retry=True).headers()["x-should-retry"] == "true"
+    assert "x-should-retry" not in InvalidRequest("bad").headers()  # 4xx: the SDK already does not retry
