@@ -14,6 +14,8 @@ import httpx
 import orjson
 import pytest
 from openai import OpenAI
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind, StatusCode
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.config import hash_key
@@ -55,11 +57,12 @@ def stack():
     sims, reps = start_sims(2)
     fake = FakeOpenAI()
     hosted = ServerThread([fake.app()]).start()
-    gw = start_gateway(stack_config(sims.urls, hosted.urls[0], timeouts={"client_stall": 0.5}))
+    spans = InMemorySpanExporter()
+    gw = start_gateway(stack_config(sims.urls, hosted.urls[0], timeouts={"client_stall": 0.5}), span_exporter=spans)
     lines = Lines()
     logger = logging.getLogger("gateway.requests")
     logger.addHandler(lines)
-    yield {"gw": gw, "sims": sims, "reps": reps, "fake": fake, "lines": lines, "url": gw.urls[0]}
+    yield {"gw": gw, "sims": sims, "reps": reps, "fake": fake, "lines": lines, "url": gw.urls[0], "spans": spans}
     logger.removeHandler(lines)
     gw.stop()
     hosted.stop()
@@ -217,6 +220,16 @@ def test_upstream_rejection_is_logged_with_who_answered(stack):
     line = next(ln for ln in lines.records if ln["request_id"] == rid)
     assert (line["pool"], line["replica"], line["attempts"], line["reason"]) == ("h", "h", 1, "upstream_rejected")
     assert metric(u, "gateway_requests_total", pool="h", status="400", reason="upstream_rejected") >= 1
+    # the request span: SERVER, error status, the provider and model as served; the attempt span is its child
+    gw = stack["gw"]
+    gw.call(lambda: gw.app.state.gateway.tracer_provider.force_flush())
+    finished = stack["spans"].get_finished_spans()
+    span = next(s for s in finished if s.attributes.get("gateway.request_id") == rid)
+    assert span.kind == SpanKind.SERVER and span.status.status_code == StatusCode.ERROR
+    assert span.attributes["error.type"] == "400" and span.attributes["gen_ai.provider.name"] == "openai"
+    assert span.attributes["gen_ai.response.model"] == "hosted-glm" and "gen_ai.request.max_tokens" in span.attributes
+    children = [s for s in finished if s.parent is not None and s.parent.span_id == span.context.span_id]
+    assert children and all(s.kind == SpanKind.CLIENT for s in children)
 
 
 def test_sla_is_judged_for_non_streamed_requests_too(stack):
@@ -353,3 +366,15 @@ def test_load_view_returns_to_zero_after_any_mix_of_outcomes(shared, redis_serve
             gw.stop()
         hosted.stop()
         sims.stop()
+
+
+def test_span_reports_max_tokens_only_when_the_client_set_it(stack):
+    """gen_ai.request.max_tokens is the client's; absent, it is omitted (not reported as 0); a success has no error."""
+    u, gw = stack["url"], stack["gw"]
+    r = post(u, {"model": "glm-hosted", "messages": MSG})
+    assert r.status_code == 200
+    gw.call(lambda: gw.app.state.gateway.tracer_provider.force_flush())
+    span = next(s for s in stack["spans"].get_finished_spans()
+                if s.attributes.get("gateway.request_id") == r.headers["x-request-id"])
+    assert "gen_ai.request.max_tokens" not in span.attributes and span.status.status_code == StatusCode.UNSET
+    assert span.attributes["gen_ai.usage.cache_read.input_tokens"] == 2 and span.attributes["gen_ai.usage.input_tokens"] == 7
