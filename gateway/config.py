@@ -145,8 +145,9 @@ class Timeouts(_Strict):
     first_byte: float = Field(default=120.0, gt=0, description="request sent -> first token (streams) or response")
     idle: float = Field(default=30.0, gt=0, description="max gap between stream chunks")
     total: float = Field(default=540.0, gt=0, description="whole request, below the SDK's 600 s")
-    body_read: float = Field(default=5.0, gt=0, description="reading the client's request body (a client that "
-                             "declares more bytes than it sends gets a 408, not a held connection)")
+    body_read: float = Field(default=5.0, gt=0, description="max gap between reads of the client's request body, "
+                             "and 1/12 of the most the whole body may take (a client that declares more bytes than "
+                             "it sends gets a 408, not a held connection)")
     client_stall: float = Field(default=30.0, gt=0, description="a stream whose client has not taken a chunk for this "
                                 "long is cut and its upstream request cancelled (a client that stops reading)")
 

@@ -263,3 +263,23 @@ def test_pool_caps_apply_through_the_gateway():
     finally:
         g.stop()
         sims.stop()
+
+
+def test_a_slow_but_live_body_still_arrives(gw):
+    """The body-read timeout bounds the gap between reads (like nginx's client_body_timeout), not the whole upload:
+    a body trickling in every 0.2 s for ~2 s (4x the 0.5 s timeout) is served."""
+    body = b'{"model":"glm-5.2","messages":[{"role":"user","content":"slow upload"}],"max_tokens":2}'
+    head = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + KEY_A.encode()
+            + b"\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: "
+            + str(len(body)).encode() + b"\r\n\r\n")
+    with socket.create_connection(("127.0.0.1", gw.ports[0]), timeout=30) as s:
+        s.sendall(head)
+        step = len(body) // 10 + 1
+        for i in range(0, len(body), step):
+            s.sendall(body[i:i + step])
+            time.sleep(0.2)
+        out = b""
+        while chunk := s.recv(65536):
+            out += chunk
+    status, _, payload = _split(out)
+    assert status == 200, out
