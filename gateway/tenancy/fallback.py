@@ -49,7 +49,7 @@ from gateway.tenancy.ratelimit import (
 
 log = logging.getLogger("gateway.shared_state")
 T = TypeVar("T")
-_LOCAL = object()  # `_run`'s answer when the call must be served locally
+_LOCAL = object()  # `_try`'s answer when the call must be served locally
 
 
 class FleetShare:
