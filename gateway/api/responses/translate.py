@@ -20,8 +20,6 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
-
 from gateway.errors import InvalidRequest
 from gateway.tokenizer import count_tokens, render_chat
 
@@ -381,7 +379,3 @@ def history_of(stored: dict[str, Any]) -> list[dict[str, Any]]:
 def error_code(err: dict[str, Any]) -> str:
     code = err.get("code")
     return "rate_limit_exceeded" if code in ("rate_limit_exceeded", 429, "429") else "server_error"
-
-
-def dumps(obj: Any) -> bytes:
-    return orjson.dumps(obj)
