@@ -273,11 +273,11 @@ class Dispatcher:
         if self.tracer is None:
             return None
         ctx = trace.set_span_in_context(parent) if isinstance(parent, trace.Span) else parent
-        u = urlsplit(target.base_url)
+        u = urlsplit(target.url(call.endpoint))
         span = self.tracer.start_span(
             f"POST {target.name}", kind=SpanKind.CLIENT, context=ctx,
             attributes={"server.address": u.hostname or "", "server.port": u.port or (443 if u.scheme == "https" else 80),
-                        "url.path": "/v1/" + call.endpoint if target.kind == "sglang" else call.endpoint,
+                        "url.path": u.path,
                         "gateway.pool": target.pool, "gateway.replica": target.name, "gateway.attempt": n,
                         "gen_ai.request.model": target.upstream_model, "http.request.method": "POST"})
         propagate.inject(call.headers, context=trace.set_span_in_context(span))
