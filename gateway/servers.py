@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import signal
 import socket
+import time
+import uuid
 from collections.abc import Generator
 from typing import Any
 
@@ -14,6 +17,8 @@ import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from gateway.errors import InvalidRequest
+
+log = logging.getLogger("gateway.errors")
 
 
 class OpenAIErrorProtocol(HttpToolsProtocol):
@@ -31,6 +36,22 @@ class OpenAIErrorProtocol(HttpToolsProtocol):
                  b"connection: close\r\n", b"\r\n"]
         self.transport.write(b"".join(head) + body)
         self.transport.close()
+        self._account(err)
+
+    def _account(self, err: InvalidRequest) -> None:
+        """Count and log the refusal like any other (reason `invalid_http`), through the app uvicorn was given."""
+        try:
+            state = getattr(self.config.app, "state", None)
+            proxy = getattr(state, "proxy", None) if state is not None else None
+            if proxy is None:  # the admin-only port's app: the main app's proxy
+                main = getattr(state, "main", None) if state is not None else None
+                proxy = getattr(getattr(main, "state", None), "proxy", None)
+            if proxy is not None:
+                from gateway.api.openai.accounting import Edge
+
+                proxy.accounting.rejected(Edge(uuid.uuid4().hex, "unknown", time.monotonic(), stage="http"), err)
+        except Exception:  # noqa: BLE001 - counting must never break the connection handling it reports on
+            log.exception("could not account a refused HTTP request")
 
 
 class _Server(uvicorn.Server):

@@ -117,10 +117,20 @@ def test_deep_json_is_a_400_naming_the_limit(gw, stream):
         assert "64" in err["message"] and err["code"] == "json_too_deep"
 
 
+def _count(gw, reason: str) -> float:
+    total = 0.0
+    for line in httpx.get(gw.urls[0] + "/metrics").text.splitlines():
+        if line.startswith("gateway_requests_total{") and f'reason="{reason}"' in line:
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
 @pytest.mark.parametrize("bad_length", [b"Content-Length: -1\r\n", b"Content-Length: 5\r\nContent-Length: 7\r\n",
                                         b"Content-Length: abc\r\n"])
 def test_malformed_content_length_gets_an_openai_error_not_plain_text(gw, bad_length):
+    """Refused by the HTTP parser, before any app code: still the OpenAI shape, and counted like any refusal."""
     port = gw.ports[0]
+    before = _count(gw, "invalid_http")
     resp = _raw(port, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + KEY_A.encode()
                 + b"\r\nContent-Type: application/json\r\n" + bad_length + b"\r\n{}")
     status, headers, body = _split(resp)
@@ -129,6 +139,7 @@ def test_malformed_content_length_gets_an_openai_error_not_plain_text(gw, bad_le
 
     err = orjson.loads(body)["error"]
     assert err["type"] == "invalid_request_error" and err["code"] == "invalid_http_request"
+    assert _count(gw, "invalid_http") == before + 1
 
 
 def test_a_body_shorter_than_its_content_length_times_out_with_408(gw):

@@ -49,9 +49,9 @@ def abandoned_usage(ex: Exchange, predicted_cached: int) -> dict[str, Any]:
 
 def reason_for(stage: str, err: BaseException) -> tuple[str, str]:
     """(status, reason) of a request that ended with `err` raised at `stage`. Reasons are a small fixed set (a
-    metric label): auth, body_too_large, body_timeout, invalid_body, malformed_json, invalid_request, model_not_found,
-    pool_not_allowed, concurrency_limit, rate_limit, shed, budget, upstream_rejected, upstream_error, no_capacity,
-    upstream_timeout, client_disconnect, internal."""
+    metric label): invalid_http (the HTTP parser refused it: servers.py), auth, body_too_large, body_timeout,
+    invalid_body, malformed_json, invalid_request, model_not_found, pool_not_allowed, concurrency_limit, rate_limit,
+    shed, budget, upstream_rejected, upstream_error, no_capacity, upstream_timeout, client_disconnect, internal."""
     if isinstance(err, (ClientDisconnect, asyncio.CancelledError)):
         return "499", "client_disconnect"
     if not isinstance(err, GatewayError):
@@ -61,7 +61,7 @@ def reason_for(stage: str, err: BaseException) -> tuple[str, str]:
         return status, "body_too_large"
     if isinstance(err, RequestTimeout):
         return status, "body_timeout"
-    by_stage = {"identify": "auth", "read_body": "invalid_body", "parse": "malformed_json", "validate": "invalid_request",
+    by_stage = {"http": "invalid_http", "identify": "auth", "read_body": "invalid_body", "parse": "malformed_json", "validate": "invalid_request",
                 "concurrency": "concurrency_limit", "rate_limit": "rate_limit", "decide": "shed", "budget": "budget"}
     if stage in by_stage:
         return status, by_stage[stage]
