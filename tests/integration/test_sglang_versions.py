@@ -103,13 +103,12 @@ def test_health_is_slow_behind_a_long_prefill_and_the_gateway_keeps_the_replica(
     u = sims.urls[0]
     pool = {**sglang_pool("p", sims.urls), "health_path": "/health"}
     gw = start_gateway(config([pool], health={"interval_s": 0.3, "timeout_s": 0.5}))
-    body = {"prompt": list(range(200_000)), "max_tokens": 1}
+    body = {"prompt": [i % 100_000 for i in range(200_000)], "max_tokens": 1}  # ~13 chunks of 16k, no output between
     prefill = threading.Thread(target=lambda: httpx.post(f"{u}/v1/completions", json=body, timeout=120), daemon=True)
     try:
         prefill.start()
-        wait_until(lambda: httpx.get(f"{u}/_sim/state").json()["ranks"][0]["running"] == [] and
-                   httpx.get(f"{u}/_sim/state").json()["ranks"][0]["counters"]["prefill_forwards"] >= 1, timeout=10,
-                   what="the long prefill under way")
+        wait_until(lambda: httpx.get(f"{u}/_sim/state").json()["ranks"][0]["counters"]["prefill_compute_tokens"] >= 16_384,
+                   timeout=10, what="the long prefill under way (its first chunk done)")
         with pytest.raises(httpx.TimeoutException):
             httpx.get(f"{u}/health", timeout=0.5)
         assert httpx.get(f"{u}/ping", timeout=0.5).status_code == 200
