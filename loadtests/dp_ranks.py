@@ -8,6 +8,7 @@ tokens summed over every rank of every simulator (`/_sim/state` counters: what t
 
     .venv/bin/python -m loadtests.dp_ranks                       # 8 groups x 10 requests per setup, ~1-2 min
     .venv/bin/python -m loadtests.dp_ranks --groups 4 --per-group 6
+    .venv/bin/python -m loadtests.dp_ranks --kv-capacity 16384   # each rank holds about half the groups' prefixes
 
 Runs everything in-process on loopback (simulators at a high time scale, the gateway with in-memory state).
 """
@@ -56,8 +57,10 @@ def hit_rate(urls: list[str]) -> tuple[int, int]:
     return cached, prompt_tokens
 
 
-def run_setup(s: Setup, groups: int, per_group: int, prefix_words: int, seed: int = 0) -> dict[str, Any]:
-    sims, _ = start_sims(s.servers, time_scale=50.0, **s.sim)
+def run_setup(s: Setup, groups: int, per_group: int, prefix_words: int, seed: int = 0,
+              kv_capacity: int | None = None) -> dict[str, Any]:
+    kv = {"max_total_num_tokens": kv_capacity} if kv_capacity else {}
+    sims, _ = start_sims(s.servers, time_scale=50.0, **kv, **s.sim)
     pool = {**sglang_pool("p", sims.urls), **s.pool}
     gw = start_gateway(config([pool], health={"interval_s": 0.5}, routing={"load_poll_s": 0.2},
                               observability={"log_requests": False}))
@@ -89,8 +92,10 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     p.add_argument("--per-group", type=int, default=10)
     p.add_argument("--prefix-words", type=int, default=1500, help="shared system prefix per group (~2 tokens a word)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--kv-capacity", type=int, default=None, help="KV tokens per rank (default the profile's 2.4M); "
+                   "below the groups' total prefixes, duplicated prefixes evict each other")
     a = p.parse_args(argv)
-    rows = [run_setup(s, a.groups, a.per_group, a.prefix_words, a.seed) for s in SETUPS]
+    rows = [run_setup(s, a.groups, a.per_group, a.prefix_words, a.seed, a.kv_capacity) for s in SETUPS]
     print(f"{'setup':42} {'targets':34} {'hit rate':>8}")
     for r in rows:
         print(f"{r['setup']:42} {','.join(r['targets']):34} {100 * r['hit_rate']:7.1f}%")
