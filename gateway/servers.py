@@ -50,7 +50,7 @@ class OpenAIErrorProtocol(HttpToolsProtocol):
                 from gateway.api.openai.accounting import Edge
 
                 proxy.accounting.rejected(Edge(uuid.uuid4().hex, "unknown", time.monotonic(), stage="http"), err)
-        except Exception:  # noqa: BLE001 - counting must never break the connection handling it reports on
+        except Exception:
             log.exception("could not account a refused HTTP request")
 
 

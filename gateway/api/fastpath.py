@@ -11,7 +11,6 @@ import logging
 from typing import Any
 
 import orjson
-
 from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
 
@@ -43,7 +42,7 @@ class FastPath:
             response = to_response(e)
         except orjson.JSONEncodeError as e:
             response = to_response(reencode_error(e, scope.get("path")))
-        except Exception:  # noqa: BLE001 - the fast path's only broad catch, mirroring error_handlers.unexpected
+        except Exception:
             log.exception("unhandled error on %s", scope.get("path"))
             response = to_response(GatewayError("The gateway hit an internal error."))
         await response(scope, receive, send)

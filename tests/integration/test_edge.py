@@ -294,3 +294,4 @@ def test_a_slow_but_live_body_still_arrives(gw):
             out += chunk
     status, _, payload = _split(out)
     assert status == 200, out
+    assert b'"choices"' in payload

@@ -3,8 +3,14 @@ field, before anything reaches an engine; unknown fields and every value the API
 
 import pytest
 
-from gateway.api.openai.validation import (MAX_JSON_DEPTH, RequestLimits, check_limits, limits_for, parse_json,
-                                           validate)
+from gateway.api.openai.validation import (
+    MAX_JSON_DEPTH,
+    RequestLimits,
+    check_limits,
+    limits_for,
+    parse_json,
+    validate,
+)
 from gateway.config import parse_config
 from gateway.errors import InvalidRequest
 from tests.integration.gateway_fixtures import config, sglang_pool

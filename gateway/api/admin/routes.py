@@ -25,13 +25,18 @@ from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, Field, ValidationError, field_validator
 from starlette.responses import JSONResponse, Response
 
-from gateway.api.openai.proxy import Exchange
 from gateway.api.openai.body import read_body
+from gateway.api.openai.proxy import Exchange
 from gateway.api.openai.validation import parse_json, validate
 from gateway.config import PerTokenPricing, error_location
 from gateway.control.state import PoolOverride, TenantOverride
 from gateway.control.store import StoreUnavailable
-from gateway.errors import AuthenticationFailed, GatewayError, InvalidRequest, NoCapacity
+from gateway.errors import (
+    AuthenticationFailed,
+    GatewayError,
+    InvalidRequest,
+    NoCapacity,
+)
 from gateway.prediction.ttft import LoadView, predict_ttft, regime
 from gateway.routing.pipeline import merged_load
 from gateway.state import AppState
