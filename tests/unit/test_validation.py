@@ -37,6 +37,7 @@ REFUSED = [
     ("completions", {"max_tokens": 2**31}, "max_tokens"),
     ("chat/completions", {"max_completion_tokens": 1e308}, "max_completion_tokens"),
     ("chat/completions", {"max_tokens": "16"}, "max_tokens"),
+    ("chat/completions", {"max_completion_tokens": 5, "max_tokens": 1e308}, "max_tokens"),
     ("completions", {"logprobs": 1e308}, "logprobs"),
     ("completions", {"logprobs": 6}, "logprobs"),
     ("completions", {"logprobs": True}, "logprobs"),

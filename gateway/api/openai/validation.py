@@ -136,10 +136,9 @@ def _check_size(body: dict[str, Any], endpoint: str, limits: RequestLimits) -> i
     _int(body, "n", 1, cap_n, "" if cap_n == MAX_N else " for this model (the serving pool's cap)")
     out_cap = limits.context_tokens or MAX_OUTPUT_TOKENS
     why = " (the model's context length)" if limits.context_tokens else ""
-    max_out = _int(body, "max_completion_tokens", 1, out_cap, why) if endpoint == "chat/completions" else None
-    if max_out is None:
-        max_out = _int(body, "max_tokens", 1, out_cap, why)
-    return max_out
+    legacy = _int(body, "max_tokens", 1, out_cap, why)  # checked even when the newer field is also set
+    newer = _int(body, "max_completion_tokens", 1, out_cap, why) if endpoint == "chat/completions" else None
+    return newer if newer is not None else legacy
 
 
 def _check_sampling(body: dict[str, Any], endpoint: str) -> None:
