@@ -13,7 +13,7 @@ import numpy as np
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
 
-from gateway.sim.structured import SchemaError, check_schema, generate
+from gateway.sim.structured import Budget, SchemaError, check_schema, generate
 from gateway.tokenizer import CHARS_PER_TOKEN, count_tokens, token_array
 
 # Output text: token j of a completion is WORDS[(base + j * 7919) % len(WORDS)], so text is a pure function
@@ -57,10 +57,12 @@ def output_text(base: int, start: int, n: int) -> str:
 # (`SamplingParams.verify`, the tokenizer manager's context checks). Unknown fields are ignored, as in SGLang.
 # On top, the simulator bounds the work one request can ask for (n, choices, body size, logprobs): SGLang would
 # run such a request for a long time; a simulator that runs in one process must never stall on it.
-MAX_BODY_BYTES = 64 << 20  # a 1M-token context is ~4 MB of text or ~8 MB of ids; anything larger is refused unread
+MAX_BODY_BYTES = 16 << 20  # a 1M-token context is ~4 MB of text or ~8 MB of ids; anything larger is refused unread [inf]
 MAX_N = 128  # OpenAI's documented range for n (SGLang has no cap) [inf]
 MAX_CHOICES = 1024  # prompts x n in one completions call [inf]
 MAX_TOP_LOGPROBS = 20  # OpenAI's range for top_logprobs; the completions API documents 5 [inf]
+MAX_MESSAGES = 100_000  # [inf]
+MAX_TOOLS = 1024  # [inf]
 
 
 class _Model(BaseModel):
@@ -165,7 +167,7 @@ def _bad(message: str) -> SimHTTPError:
     return SimHTTPError(400, message, "BadRequestError")
 
 
-def _check_common(req: _Common, vocab: int) -> None:
+def _check_common(req: _Common, vocab: int, budget: Budget) -> None:
     """SGLang's `SamplingParams.verify` ranges, the LoRA name rule, and the simulator's work bounds."""
     if ":" in req.model:
         adapter = req.model.split(":", 1)[1]
@@ -207,7 +209,7 @@ def _check_common(req: _Common, vocab: int) -> None:
         if rf.json_schema is None or rf.json_schema.schema_ is None:
             raise _bad("response_format.json_schema is required when type is 'json_schema'.")
         try:
-            check_schema(rf.json_schema.schema_)
+            check_schema(rf.json_schema.schema_, budget)
         except SchemaError as e:
             raise _bad(f"Invalid response_format json_schema: {e}") from None
 
@@ -215,8 +217,15 @@ def _check_common(req: _Common, vocab: int) -> None:
 def parse_chat(body: dict[str, Any], vocab: int) -> ChatCompletionRequest:
     if body.get("messages") is None:
         raise SimHTTPError(400, "1 validation error for ChatCompletionRequest\nmessages\n  Field required")
+    msgs = body["messages"]
+    if isinstance(msgs, list) and len(msgs) > MAX_MESSAGES:  # before the per-message work
+        raise _bad(f"{len(msgs)} messages exceed the simulator's bound of {MAX_MESSAGES}.")
+    tools = body.get("tools")
+    if isinstance(tools, list) and len(tools) > MAX_TOOLS:
+        raise _bad(f"{len(tools)} tools exceed the simulator's bound of {MAX_TOOLS}.")
     req = _parse(ChatCompletionRequest, body)
-    _check_common(req, vocab)
+    budget = Budget()
+    _check_common(req, vocab, budget)
     msgs = req.messages
     if not msgs:
         raise _bad("Messages cannot be empty.")
@@ -244,7 +253,7 @@ def parse_chat(body: dict[str, Any], vocab: int) -> ChatCompletionRequest:
     for i, t in enumerate(tools):
         if t.function.parameters is not None:
             try:
-                check_schema(t.function.parameters)
+                check_schema(t.function.parameters, budget)
             except SchemaError as e:
                 raise _bad(f"Tool {i} function has invalid 'parameters' schema: {e}") from None
     return req
@@ -260,15 +269,24 @@ def parse_completion(body: dict[str, Any], vocab: int, context_length: int) -> t
     """The request and its prompts as token arrays: one per prompt of a batch (`["a", "b"]`, `[[1, 2], [3]]`)."""
     if body.get("prompt") is None:
         raise SimHTTPError(400, "1 validation error for CompletionRequest\nprompt\n  Field required")
+    raw = body["prompt"]
+    if isinstance(raw, list) and raw and not isinstance(raw[0], int):  # a batch: bound it before the per-member work
+        n = body.get("n", 1)
+        n = n if isinstance(n, int) and n > 0 else 1
+        if len(raw) * n > MAX_CHOICES:
+            raise _bad(f"{len(raw)} prompts x n={n} exceeds the simulator's bound of {MAX_CHOICES} choices per request.")
+    elif isinstance(raw, list):
+        check_prompt_len(len(raw), context_length)
     req = _parse(CompletionRequest, body)
-    _check_common(req, vocab)
+    budget = Budget()
+    _check_common(req, vocab, budget)
     if req.max_tokens <= 0:
         raise _bad("max_tokens must be positive")
     if req.logprobs is not None and not 0 <= req.logprobs <= MAX_TOP_LOGPROBS:
         raise _bad(f"logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {req.logprobs}.")
     if req.json_schema is not None:
         try:
-            check_schema(orjson.loads(req.json_schema))
+            check_schema(orjson.loads(req.json_schema), budget)
         except (orjson.JSONDecodeError, SchemaError) as e:
             raise _bad(f"Invalid json_schema: {e}") from None
     prompt = req.prompt
@@ -350,7 +368,7 @@ _JSON_OBJECT = {"type": "object", "properties": {"answer": {"type": "string"}, "
                 "minimum": 0, "maximum": 1}}, "required": ["answer"]}
 
 
-def plan_chat(req: ChatCompletionRequest, rng: random.Random) -> ChoicePlan | None:
+def plan_chat(req: ChatCompletionRequest, rng: random.Random, budget: Budget | None = None) -> ChoicePlan | None:
     """Tool calls or JSON for one chat choice, deterministic on `rng`; None for ordinary text."""
     if calls_tools(req):
         offered = chat_tools_offered(req)
@@ -361,14 +379,15 @@ def plan_chat(req: ChatCompletionRequest, rng: random.Random) -> ChoicePlan | No
         calls, pieces = [], []
         for i, t in enumerate(chosen):
             schema = t.function.parameters if t.function.parameters is not None else {"type": "object", "properties": {}}
-            args = _dumps(generate(schema, rng))
+            args = _dumps(generate(schema, rng, budget))
             calls.append((new_call_id(), t.function.name, args))
             pieces += _pieces(args, i)
         return ChoicePlan(calls, pieces)
-    return plan_json(req, rng)
+    return plan_json(req, rng, budget)
 
 
-def plan_json(req: ChatCompletionRequest | CompletionRequest, rng: random.Random) -> ChoicePlan | None:
+def plan_json(req: ChatCompletionRequest | CompletionRequest, rng: random.Random, budget: Budget | None = None
+              ) -> ChoicePlan | None:
     """JSON content for `response_format` (chat and completions) or completions' `json_schema`; None otherwise."""
     schema: Any = None
     if isinstance(req, CompletionRequest) and req.json_schema is not None:
@@ -380,7 +399,7 @@ def plan_json(req: ChatCompletionRequest | CompletionRequest, rng: random.Random
         schema = _JSON_OBJECT
     if schema is None:
         return None
-    return ChoicePlan([], _pieces(_dumps(generate(schema, rng)), -1))
+    return ChoicePlan([], _pieces(_dumps(generate(schema, rng, budget)), -1))
 
 
 def _dumps(value: Any) -> str:

@@ -39,7 +39,7 @@ from gateway.sim.protocol import (
     usage,
 )
 from gateway.sim.replica import Fault, Replica
-from gateway.sim.structured import SchemaError
+from gateway.sim.structured import MAX_VALUES, Budget, SchemaError
 from gateway.tokenizer import VOCAB_SIZE, count_tokens, render_chat, token_array
 
 EOS_TOKEN_ID = 154827
@@ -48,6 +48,25 @@ EOS_TOKEN_ID = 154827
 def _err(status: int, message: str, type_: str | None = None) -> Response:
     e = SimHTTPError(status, message, type_)
     return Response(error_body(status, e.message, e.type), status_code=status, media_type="application/json")
+
+
+OFFLOAD_BYTES = 1 << 20  # bodies above this are parsed off the event loop
+
+
+MAX_JSON_CONTAINERS = 300_000  # JSON parsing holds the GIL: millions of tiny arrays would stall every replica [inf]
+
+
+def _decode(raw: bytes) -> dict[str, Any]:
+    # counted on the raw bytes (brackets inside strings count too: a loose, cheap upper bound)
+    if raw.count(b"[") + raw.count(b"{") > MAX_JSON_CONTAINERS:
+        raise SimHTTPError(400, f"Request body has more than {MAX_JSON_CONTAINERS} JSON arrays and objects.", "BadRequestError")
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
+        raise SimHTTPError(400, f"JSON decode error: {e}") from None
+    if not isinstance(body, dict):
+        raise SimHTTPError(400, "1 validation error for request\n  Input should be a valid dictionary")
+    return body  # type: ignore[no-any-return]
 
 
 def _json(obj: Any, status: int = 200) -> Response:
@@ -64,6 +83,9 @@ class SimServer:
         return key is None or request.headers.get("authorization") == f"Bearer {key}"
 
     async def _body(self, request: Request) -> dict[str, Any]:
+        return _decode(await self._raw_body(request))
+
+    async def _raw_body(self, request: Request) -> bytes:
         ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
         if ctype != "application/json":
             raise SimHTTPError(400, f"Unsupported Content-Type: {ctype or 'missing'}. Expected application/json.")
@@ -72,13 +94,11 @@ class SimServer:
             raw += part
             if len(raw) > MAX_BODY_BYTES:
                 raise SimHTTPError(400, f"Request body exceeds the simulator's limit of {MAX_BODY_BYTES} bytes.", "BadRequestError")
-        try:
-            body = orjson.loads(raw)
-        except orjson.JSONDecodeError as e:
-            raise SimHTTPError(400, f"JSON decode error: {e}") from None
-        if not isinstance(body, dict):
-            raise SimHTTPError(400, "1 validation error for request\n  Input should be a valid dictionary")
-        return body
+        return bytes(raw)
+
+    def _prepare(self, raw: bytes, chat: bool) -> tuple[dict[str, Any], ChatCompletionRequest | CompletionRequest, list[np.ndarray]]:
+        body = _decode(raw)
+        return (body, *self._prompt(body, chat))
 
     def _pinned_rank(self, request: Request, body: dict[str, Any]) -> int | None:
         """The DP rank a client pinned: body `data_parallel_rank` (every version; a deprecated alias of
@@ -130,8 +150,14 @@ class SimServer:
         if not self._authorized(request):
             return _json({"error": "Unauthorized"}, 401)
         try:
-            body = await self._body(request)
-            return await self._generate(request, body, chat)
+            raw = await self._raw_body(request)
+            if len(raw) > OFFLOAD_BYTES:
+                # parsed, validated and tokenized on a worker thread: one large body (a 1M-token prompt, or 60 MB of
+                # tiny messages) slows the other requests of this process a little instead of stalling them all
+                body, req, seqs = await asyncio.to_thread(self._prepare, raw, chat)
+            else:
+                body, req, seqs = self._prepare(raw, chat)
+            return await self._generate(request, body, req, seqs, chat)
         except SimHTTPError as e:
             return _err(e.status, e.message, e.type)
 
@@ -148,9 +174,9 @@ class SimServer:
         check_prompt_len(count_tokens(text), ctx)
         return req, [token_array(text)]
 
-    async def _generate(self, request: Request, body: dict[str, Any], chat: bool) -> Response:
+    async def _generate(self, request: Request, body: dict[str, Any], req: ChatCompletionRequest | CompletionRequest,
+                        seqs: list[np.ndarray], chat: bool) -> Response:
         rep, cfg = self.replica, self.replica.cfg
-        req, seqs = self._prompt(body, chat)
         n, stream = req.n, req.stream
         prompt_len = max(len(t) for t in seqs)  # the context checks hold for every prompt of a batch
         max_tokens = req.max_completion_tokens if isinstance(req, ChatCompletionRequest) else None
@@ -207,6 +233,7 @@ class SimServer:
         holds, so no single request can keep the simulator busy for long."""
         rep, cfg = self.replica, self.replica.cfg
         plans: list[ChoicePlan | None] = []
+        budget = Budget(4 * MAX_VALUES)  # all choices' JSON together: n=128 structured choices stay cheap
         lengths: list[tuple[int, str]] = []
         tokens: list[np.ndarray] = []
         for seq in seqs:
@@ -214,7 +241,8 @@ class SimServer:
             for j in range(req.n):
                 rng = random.Random(f"{cfg.seed}|{key}|{req.seed!r}|{j}")
                 try:
-                    plan = plan_chat(req, rng) if isinstance(req, ChatCompletionRequest) else plan_json(req, rng)
+                    plan = (plan_chat(req, rng, budget) if isinstance(req, ChatCompletionRequest)
+                            else plan_json(req, rng, budget))
                 except SchemaError as e:
                     raise SimHTTPError(400, f"Invalid schema: {e}", "BadRequestError") from None
                 if plan is not None:

@@ -31,30 +31,42 @@ class SchemaError(ValueError):
     """The schema is malformed or cannot be satisfied by this generator."""
 
 
-def generate(schema: Any, rng: random.Random) -> Any:
+class Budget:
+    """What one request may still generate, in values (a string costs one per 16 characters): shared by every
+    schema of a request (its tools, its choices), so no request can buy unbounded work with many small schemas."""
+
+    def __init__(self, values: int = MAX_VALUES) -> None:
+        self.total = values
+        self.left = values
+
+    def spend(self, n: int = 1) -> None:
+        self.left -= n
+        if self.left < 0:
+            raise SchemaError(f"the request's schemas demand more than {self.total} values")
+
+
+def generate(schema: Any, rng: random.Random, budget: Budget | None = None) -> Any:
     """A value conforming to `schema`, drawn deterministically from `rng`."""
-    return _Gen(schema, rng).value(schema, 0)
+    return _Gen(schema, rng, budget or Budget()).value(schema, 0)
 
 
-def check_schema(schema: Any) -> None:
+def check_schema(schema: Any, budget: Budget | None = None) -> None:
     """Refuse what is not a schema at all (SGLang checks tool parameters with a JSON-Schema meta-validator)."""
     if not isinstance(schema, (dict, bool)):
         raise SchemaError(f"{schema!r} is not of type 'object', 'boolean'")
-    generate(schema, random.Random(0))
+    generate(schema, random.Random(0), budget)
 
 
 class _Gen:
-    def __init__(self, root: Any, rng: random.Random) -> None:
+    def __init__(self, root: Any, rng: random.Random, budget: Budget) -> None:
         self.root = root
         self.rng = rng
-        self.budget = MAX_VALUES
+        self.budget = budget
 
     def value(self, s: Any, depth: int) -> Any:
         if depth > HARD_DEPTH:
             raise SchemaError("schema is too deeply nested or recursive")
-        self.budget -= 1
-        if self.budget < 0:
-            raise SchemaError(f"schema demands more than {MAX_VALUES} values")
+        self.budget.spend()
         if s is True or s == {}:
             return self.rng.choice(_WORDS)
         if s is False:
@@ -176,6 +188,7 @@ class _Gen:
             raise SchemaError("maxLength is less than minLength")
         if lo > MAX_STRING:
             raise SchemaError(f"minLength above {MAX_STRING} characters")
+        self.budget.spend(lo // 16)
         words = " ".join(self.rng.choice(_WORDS) for _ in range(self.rng.randint(1, 3)))
         while len(words) < lo:
             words += " " + self.rng.choice(_WORDS)

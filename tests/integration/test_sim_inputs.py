@@ -220,3 +220,30 @@ def test_completions_structured_output(sim):
     assert _post(url, COMP, {"prompt": "x", "json_schema": "{not json"}).status_code == 400
     cut = _post(url, COMP, {"prompt": "count", "max_tokens": 1, "json_schema": json.dumps(schema)}).json()
     assert cut["choices"][0]["finish_reason"] == "length" and len(cut["choices"][0]["text"]) == 4
+
+
+@pytest.mark.parametrize("path,body,fragment", [
+    (CHAT, '{"messages": [{"role": "user", "content": "%s"}]}' % ("a" * (17 << 20)), "limit"),
+    (COMP, json.dumps({"prompt": [[1]] * 400_000}), "JSON arrays and objects"),
+    (CHAT, json.dumps({"messages": [{"role": "user", "content": ""}] * 100_001}), "messages exceed"),
+    (COMP, json.dumps({"prompt": ["a"] * 200_000}), "choices"),
+    (CHAT, json.dumps({**NORMAL_CHAT, "tools": [{"type": "function", "function": {"name": f"f{i}", "parameters": {
+        "type": "array", "minItems": 2000, "items": {"type": "integer"}}}} for i in range(50)]}), "demand more"),
+    (CHAT, json.dumps({**NORMAL_CHAT, "n": 128, "response_format": {"type": "json_schema", "json_schema": {
+        "name": "a", "schema": {"type": "array", "minItems": 5000, "items": {"type": "integer"}}}}}), "demand more"),
+], ids=["body-size", "containers", "messages", "batch", "tool-schemas", "n-structured"])
+def test_bodies_that_would_buy_unbounded_work_are_refused_cheaply(sim, path, body, fragment):
+    """Large or many-part bodies are refused by their size or counts before the per-item work."""
+    url, _ = sim
+    r = _post(url, path, body)
+    assert r.status_code == 400 and fragment in r.json()["message"], r.text[:300]
+    assert _normal_is_fast(url)
+
+
+def test_large_valid_body_is_served_off_the_loop(sim):
+    """Bodies above 1 MiB are parsed on a worker thread; the answer is the same."""
+    url, _ = sim
+    ids = list(range(1000, 101000)) * 4  # 400k tokens, ~2.8 MB
+    r = _post(url, COMP, {"prompt": ids, "max_tokens": 2, "ignore_eos": True})
+    assert r.status_code == 200 and r.json()["usage"]["prompt_tokens"] == 400_000
+    assert _normal_is_fast(url)
