@@ -152,7 +152,7 @@ class SimServer:
         try:
             raw = await self._raw_body(request)
             if len(raw) > OFFLOAD_BYTES:
-                # parsed, validated and tokenized on a worker thread: one large body (a 1M-token prompt, or 60 MB of
+                # parsed, validated and tokenized on a worker thread: one large body (a 1M-token prompt, or 16 MB of
                 # tiny messages) slows the other requests of this process a little instead of stalling them all
                 body, req, seqs = await asyncio.to_thread(self._prepare, raw, chat)
             else:
