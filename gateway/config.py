@@ -98,7 +98,7 @@ class SGLangPool(_PoolBase):
         default="auto", description="auto: send an explicit priority (priority_values) to servers whose /server_info "
         "says enable_priority_scheduling; never to others, so --abort-on-priority-when-disabled cannot refuse them")
     priority_values: dict[Literal["high", "normal", "low"], int] = Field(
-        default_factory=lambda: {"high": 10, "normal": 0, "low": -10},
+        default_factory=lambda: {"high": 10, "normal": 0, "low": -10},  # type: ignore[arg-type,dict-item]
         description="the SGLang priority sent per tenant class; `normal` is explicit so the server's default "
         "(lowest, or --default-priority-value) never applies")
 

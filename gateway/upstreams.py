@@ -14,7 +14,15 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.config import GatewayConfig, GpuHourPricing, LiteLLMPool, OpenAIPool, PerTokenPricing, PoolTiming, SGLangPool
+from gateway.config import (
+    GatewayConfig,
+    GpuHourPricing,
+    LiteLLMPool,
+    OpenAIPool,
+    PerTokenPricing,
+    PoolTiming,
+    SGLangPool,
+)
 from gateway.dispatch.circuit_breaker import CircuitBreaker
 from gateway.prediction.ttft import LoadView
 
@@ -32,7 +40,7 @@ class Target:
     health_path: str
     pricing: PerTokenPricing | GpuHourPricing | None
     breaker: CircuitBreaker
-    timing: PoolTiming = PoolTiming()
+    timing: PoolTiming = field(default_factory=PoolTiming)
     incarnation: str = "0"
     engine_load: LoadView | None = None  # from the engine's own /v1/loads
     healthy: bool = True
@@ -123,7 +131,7 @@ class UpstreamRegistry:
                     ts.append(Target(pool.name, r.name, "sglang", r.url, pool.model, key, pool.health_path, pool.pricing,
                                      CircuitBreaker(cb.failure_threshold, cb.cooldown_s), pool.timing,
                                      dp_pinning=pinning, send_priority=pool.send_priority,
-                                     priority_values=dict(pool.priority_values)))
+                                     priority_values={str(k): v for k, v in pool.priority_values.items()}))
                     self._pinning[r.name] = pinning
                     if r.dp_size is not None:
                         self._fixed_ranks[r.name] = r.dp_size

@@ -65,7 +65,7 @@ def run_setup(s: Setup, groups: int, per_group: int, prefix_words: int, seed: in
     gw = start_gateway(config([pool], health={"interval_s": 0.5}, routing={"load_poll_s": 0.2},
                               observability={"log_requests": False}))
     try:
-        want = 2 if s.servers == 2 or not s.pool.get("dp_pinning") == "off" else 1
+        want = 2 if s.servers == 2 or s.pool.get("dp_pinning") != "off" else 1
         wait_until(lambda: gw.call(lambda: len(gw.app.state.gateway.registry.by_pool["p"])) == want, timeout=20,
                    what="the DP ranks discovered")
         targets = gw.call(lambda: [t.name for t in gw.app.state.gateway.registry.by_pool["p"]])

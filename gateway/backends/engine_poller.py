@@ -113,7 +113,7 @@ class EnginePoller:
         return await self._apply(server, t, rep.facts, misconfigured=checks)
 
     async def _server_info(self, server: str, t: Target) -> list[Target] | None:
-        status, data = await preflight.server_info(self.client, t.base_url, self._headers(t))
+        _, data = await preflight.server_info(self.client, t.base_url, self._headers(t))
         if data is None:
             return None
         return await self._apply(server, t, preflight.ServerFacts.from_info(data))

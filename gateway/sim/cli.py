@@ -11,7 +11,13 @@ import threading
 from typing import Any
 
 from gateway.servers import free_ports, make_server, serve_all, taken_port_error
-from gateway.sim.profiles import PROFILES, SGLANG_VERSIONS, ReplicaConfig, for_version, profile
+from gateway.sim.profiles import (
+    PROFILES,
+    SGLANG_VERSIONS,
+    ReplicaConfig,
+    for_version,
+    profile,
+)
 from gateway.sim.replica import Replica
 from gateway.sim.server import create_sim_app
 

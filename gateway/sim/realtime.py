@@ -11,8 +11,8 @@ import asyncio
 from collections import deque
 from dataclasses import dataclass, field
 
-from gateway.sim.engine import Rank
 from gateway.background import BackgroundTask
+from gateway.sim.engine import Rank
 
 
 class SimClock:

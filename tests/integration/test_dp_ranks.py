@@ -5,12 +5,12 @@ import threading
 
 import httpx
 
-from loadtests.dp_ranks import SETUPS, run_setup
-from tests.helpers import ServerThread, free_port, start_sims, wait_until
-from tests.integration.gateway_fixtures import KEY_A, config, sglang_pool, start_gateway
 from gateway.sim.profiles import profile
 from gateway.sim.replica import Replica
 from gateway.sim.server import create_sim_app
+from loadtests.dp_ranks import SETUPS, run_setup
+from tests.helpers import ServerThread, free_port, start_sims, wait_until
+from tests.integration.gateway_fixtures import KEY_A, config, sglang_pool, start_gateway
 
 
 def test_pinned_ranks_keep_the_hits_of_separate_servers_and_unpinned_lose_them():
@@ -34,7 +34,7 @@ def test_ranks_discovered_after_a_start_without_the_server():
     gw = start_gateway(config([sglang_pool("p", [url])], routing={"load_poll_s": 0.1}))
     sims = None
     try:
-        names = lambda: gw.call(lambda: [t.name for t in gw.app.state.gateway.registry.by_pool["p"]])  # noqa: E731
+        names = lambda: gw.call(lambda: [t.name for t in gw.app.state.gateway.registry.by_pool["p"]])
         assert names() == ["p-0"]
         cfg = profile("mi355x-glm52-tp4", time_scale=20.0, dp_size=2, enable_cache_report=True)
         sims = ServerThread([create_sim_app(Replica(cfg, name="late"))], ports=[port]).start()
@@ -51,12 +51,12 @@ def test_ranks_discovered_after_a_start_without_the_server():
 def test_config_dp_size_overrides_discovery_and_each_rank_gets_its_own_load():
     """`dp_size` in the config splits the server before anything is read; each rank target gets its own rank's row
     of /v1/loads (not the server's sum)."""
-    sims, reps = start_sims(1, dp_size=2)
+    sims, _ = start_sims(1, dp_size=2)
     pool = sglang_pool("p", sims.urls)
     pool["replicas"][0]["dp_size"] = 2
     gw = start_gateway(config([pool], routing={"load_poll_s": 0.1}))
     try:
-        reg = lambda: gw.app.state.gateway.registry  # noqa: E731
+        reg = lambda: gw.app.state.gateway.registry
         assert gw.call(lambda: [t.dp_rank for t in reg().by_pool["p"]]) == [0, 1]
         # a long request held on rank 1 (sent straight to the server) shows on p-0/dp1 only
         body = {"prompt": list(range(200)), "max_tokens": 100_000, "ignore_eos": True, "data_parallel_rank": 1}

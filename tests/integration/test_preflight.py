@@ -49,7 +49,7 @@ def test_gateway_check_names_each_misconfiguration(tmp_path):
         path.write_text(yaml.safe_dump(cfg))
         env = {**env_without_proxies(), "H4_PREFLIGHT_WRONG_KEY": "sk-wrong"}
         r = subprocess.run([sys.executable, "-m", "gateway.cli", "check", "--config", str(path)], cwd=ROOT, env=env,
-                           capture_output=True, text=True, timeout=120)
+                           capture_output=True, text=True, timeout=120, check=False)
         out = r.stdout
         assert r.returncode == 1, out + r.stderr
         for name, (_, _, check) in CASES.items():
@@ -71,7 +71,7 @@ def test_gateway_check_passes_a_well_configured_pool(tmp_path):
         path = tmp_path / "gw.yaml"
         path.write_text(yaml.safe_dump(config([sglang_pool("p", st.urls)])))
         r = subprocess.run([sys.executable, "-m", "gateway.cli", "check", "--config", str(path)], cwd=ROOT,
-                           env=env_without_proxies(), capture_output=True, text=True, timeout=120)
+                           env=env_without_proxies(), capture_output=True, text=True, timeout=120, check=False)
         assert r.returncode == 0, r.stdout + r.stderr
         assert "2 server(s), 0 misconfiguration(s)" in r.stdout
     finally:
@@ -105,7 +105,7 @@ def test_preflight_reads_the_facts_and_probes_the_cache_report():
     from gateway.config import parse_config
     from gateway.preflight import inspect
 
-    sims, reps = start_sims(1, enable_cache_report=False)
+    sims, _ = start_sims(1, enable_cache_report=False)
     try:
         cfg = parse_config(config([sglang_pool("p", sims.urls)]))
         rep = asyncio.run(inspect(httpx.AsyncClient(trust_env=False), cfg.pools[0], "p-0", sims.urls[0], None, 256))

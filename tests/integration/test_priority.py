@@ -52,7 +52,7 @@ def test_sim_without_priority_ranks_lowest_unless_a_default_is_set():
         try:
             url = f"{sims.urls[0]}/v1/completions"
 
-            def send(tag, n, done):
+            def send(tag, n, done, url=url):
                 body = {"prompt": f"{tag} " * 50, "max_tokens": n, "ignore_eos": True}
                 if tag == "explicit-low":
                     body["priority"] = -10
@@ -69,7 +69,7 @@ def test_sim_without_priority_ranks_lowest_unless_a_default_is_set():
 def test_sim_preempts_a_running_request_beaten_by_more_than_the_threshold():
     """A normal (0) request does not retract a running low (-10) one (difference 10 is not above the threshold 10)
     and waits for it; a high (+10) one does (difference 20) and finishes first."""
-    sims, reps = _sim()
+    sims, _ = _sim()
     try:
         url = f"{sims.urls[0]}/v1/completions"
 
