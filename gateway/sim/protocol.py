@@ -62,6 +62,7 @@ MAX_N = 128  # OpenAI's documented range for n (SGLang has no cap) [inf]
 MAX_CHOICES = 1024  # prompts x n in one completions call [inf]
 MAX_TOP_LOGPROBS = 20  # OpenAI's range for top_logprobs; the completions API documents 5 [inf]
 MAX_MESSAGES = 100_000  # [inf]
+ROLES = ("system", "user", "assistant", "tool", "function", "developer", "latest_reminder", "root")  # SGLang's Literals
 MAX_TOOLS = 1024  # [inf]
 
 
@@ -230,11 +231,23 @@ def parse_chat(body: dict[str, Any], vocab: int) -> ChatCompletionRequest:
     if not msgs:
         raise _bad("Messages cannot be empty.")
     for i, m in enumerate(msgs):
-        if not isinstance(m.get("role"), str):
+        role = m.get("role")
+        if not isinstance(role, str):
             raise SimHTTPError(400, f"1 validation error for ChatCompletionRequest\nmessages.{i}.role\n  Field required")
+        if role not in ROLES:
+            raise SimHTTPError(400, f"1 validation error for ChatCompletionRequest\nmessages.{i}.role\n  Input should be "
+                               f"{', '.join(repr(r) for r in ROLES)}")
         c = m.get("content")
+        if c is None and role == "user":
+            raise SimHTTPError(400, f"1 validation error for ChatCompletionRequest\nmessages.{i}.content\n  Field required")
         if c is not None and not isinstance(c, (str, list)):
             raise SimHTTPError(400, f"1 validation error for ChatCompletionRequest\nmessages.{i}.content\n  Input should be a valid string")
+        for j, part in enumerate(c if isinstance(c, list) else []):
+            # SGLang's content parts are typed models (text, image_url, input_audio, ...): a bare value is refused
+            if not isinstance(part, dict) or not isinstance(part.get("type"), str) or (
+                    part["type"] == "text" and not isinstance(part.get("text"), str)):
+                raise SimHTTPError(400, f"1 validation error for ChatCompletionRequest\nmessages.{i}.content.{j}\n  "
+                                   "Input should be a valid content part")
     if req.top_logprobs is not None and not 0 <= req.top_logprobs <= MAX_TOP_LOGPROBS:
         raise _bad(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {req.top_logprobs}.")
     for name in ("max_tokens", "max_completion_tokens"):

@@ -70,3 +70,24 @@ def test_lax_types_like_sglang():
         with pytest.raises(SimHTTPError) as e:
             parse_chat({"messages": [{"role": "user", "content": "x"}], **bad}, VOCAB_SIZE)
         assert e.value.status == 400 and e.value.type == "Bad Request"
+
+
+@pytest.mark.parametrize("messages,fragment", [
+    ([{"role": "wizard", "content": "x"}], "messages.0.role"),
+    ([{"role": "user"}], "messages.0.content"),
+    ([{"role": "user", "content": ["x"]}], "messages.0.content.0"),
+    ([{"role": "user", "content": [{"type": "text", "text": 3}]}], "messages.0.content.0"),
+    ([{"role": "system", "content": "s"}, {"role": "user", "content": 5}], "messages.1.content"),
+])
+def test_messages_typed_like_sglang(messages, fragment):
+    with pytest.raises(SimHTTPError) as e:
+        parse_chat({"messages": messages}, VOCAB_SIZE)
+    assert e.value.status == 400 and fragment in e.value.message
+
+
+def test_messages_sglang_accepts():
+    parse_chat({"messages": [{"role": "system", "content": None}, {"role": "developer", "content": "d"},
+                             {"role": "user", "content": [{"type": "text", "text": "a"},
+                                                          {"type": "image_url", "image_url": {"url": "x"}}]},
+                             {"role": "assistant", "content": None, "tool_calls": []},
+                             {"role": "tool", "tool_call_id": "c", "content": "r"}]}, VOCAB_SIZE)
