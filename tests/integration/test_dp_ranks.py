@@ -76,3 +76,29 @@ def _quietly(fn):
         fn()
     except httpx.HTTPError:
         pass  # the held request is cut by its timeout; only its load while it ran matters
+
+
+def test_header_pinning_reaches_the_rank():
+    """`dp_pinning: header` pins with X-Data-Parallel-Rank (0.5.13+) instead of a body field: the rank the router
+    chose is the rank that served, every time."""
+    sims, _ = start_sims(1, dp_size=2)
+    pool = {**sglang_pool("p", sims.urls), "dp_pinning": "header"}
+    gw = start_gateway(config([pool], routing={"load_poll_s": 0.1}))
+    try:
+        wait_until(lambda: gw.call(lambda: len(gw.app.state.gateway.registry.by_pool["p"])) == 2, timeout=10,
+                   what="ranks discovered")
+        served = []
+        for i in range(4):
+            r = httpx.post(f"{gw.urls[0]}/v1/chat/completions", headers={"authorization": f"Bearer {KEY_A}"}, timeout=30,
+                           json={"model": "glm-5.2", "max_tokens": 2, "messages": [
+                               {"role": "system", "content": "header pinned context " * 300},
+                               {"role": "user", "content": f"q{i}"}]})
+            served.append(r.headers["x-gateway-replica"])
+        rank = int(served[0][-1])
+        assert len(set(served)) == 1
+        counters = [x["counters"] for x in httpx.get(f"{sims.urls[0]}/_sim/state").json()["ranks"]]
+        assert counters[rank]["requests"] >= 4 and counters[rank]["cached_tokens"] >= 3 * 1500
+        assert counters[1 - rank]["cached_tokens"] == 0  # round robin would have split the group over both ranks
+    finally:
+        gw.stop()
+        sims.stop()
