@@ -1,4 +1,5 @@
-"""Run several uvicorn servers in one process and one event loop (simulated replicas, the demo)."""
+"""Run several uvicorn servers in one process and one event loop (simulated replicas, the demo); the gateway's
+HTTP protocol (parser errors in the OpenAI shape); free and taken ports for the CLIs."""
 
 from __future__ import annotations
 
@@ -47,10 +48,10 @@ class OpenAIErrorProtocol(HttpToolsProtocol):
                 main = getattr(state, "main", None) if state is not None else None
                 proxy = getattr(getattr(main, "state", None), "proxy", None)
             if proxy is not None:
-                from gateway.api.openai.accounting import Edge
+                from gateway.api.openai.accounting import Edge  # here: the simulator never loads the gateway's stack
 
                 proxy.accounting.rejected(Edge(uuid.uuid4().hex, "unknown", time.monotonic(), stage="http"), err)
-        except Exception:
+        except Exception:  # counting must never break the connection handling it reports on
             log.exception("could not account a refused HTTP request")
 
 
