@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import signal
 import sys
@@ -11,6 +12,7 @@ import threading
 from typing import Any
 
 from gateway.servers import free_ports, make_server, serve_all, taken_port_error
+from gateway.sim.kv_events import KvEventsConfig, port_of
 from gateway.sim.profiles import (
     PROFILES,
     SGLANG_VERSIONS,
@@ -54,6 +56,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--abort-on-priority-when-disabled", action="store_true")
     p.add_argument("--report-incarnation", action="store_true",
                    help="add a (non-SGLang) incarnation id to /server_info that changes on restart")
+    p.add_argument("--kv-events-config", default=None, metavar="JSON",
+                   help='publish KV-cache events as SGLang does, e.g. \'{"publisher":"zmq","endpoint":"tcp://*:5557",'
+                        '"replay_endpoint":"tcp://*:5558"}\' (ports + DP rank; with --replicas N, replica i adds 100*i)')
+    p.add_argument("--kv-events-port-collision", action="store_true",
+                   help="0.5.9/0.5.13 under plain DP: every rank binds port + 0, so only rank 0 publishes (the pre-fix bug)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override any server argument or timing parameter, e.g. --set alpha=64 --set t_api=0")
 
@@ -83,6 +90,16 @@ def config_from_args(a: argparse.Namespace) -> ReplicaConfig:
         if a.sglang_version == "0.5.9":
             raise SystemExit("--default-priority-value: not in SGLang 0.5.9 (added in 0.5.13)")
         over["default_priority_value"] = a.default_priority_value
+    if a.kv_events_config is not None:
+        try:
+            KvEventsConfig.parse(a.kv_events_config)
+        except (ValueError, TypeError) as e:
+            raise SystemExit(str(e)) from None
+        over["kv_events_config"] = a.kv_events_config
+    if a.kv_events_port_collision:
+        if a.sglang_version == "0.5.23":
+            raise SystemExit("--kv-events-port-collision: fixed in 0.5.23 (sglang PR #29211); use 0.5.9 or 0.5.13")
+        over["kv_events_port_collision"] = True
     cfg = for_version(profile(a.profile), a.sglang_version)
     cfg = cfg.with_overrides(**{k: v for k, v in over.items() if v is not None})
     extra = {}
@@ -114,7 +131,8 @@ def run(a: argparse.Namespace) -> int:
         return 2
     servers = []
     for i in range(a.replicas):
-        rep = Replica(cfg.with_overrides(seed=cfg.seed + i), name=f"{cfg.profile}-{i}")
+        rep = Replica(cfg.with_overrides(seed=cfg.seed + i, kv_events_config=kv_events_for(cfg.kv_events_config, i)),
+                      name=f"{cfg.profile}-{i}")
         servers.append(make_server(create_sim_app(rep), a.host, ports[i], timeout_keep_alive=5,
                                    timeout_graceful_shutdown=SHUTDOWN_GRACE_S))
 
@@ -125,6 +143,18 @@ def run(a: argparse.Namespace) -> int:
     stop_on_signal(servers, SHUTDOWN_GRACE_S)
     asyncio.run(serve_all(servers, on_started=started))
     return 0
+
+
+def kv_events_for(raw: str | None, replica: int) -> str | None:
+    """Replica i of one `gateway sim` process publishes on the configured ports + 100*i (its ranks add 0..dp-1)."""
+    if raw is None or replica == 0:
+        return raw
+    data = json.loads(raw)
+    for k in ("endpoint", "replay_endpoint"):
+        if isinstance(data.get(k), str) and port_of(data[k]) is not None:
+            host, port = data[k].rsplit(":", 1)
+            data[k] = f"{host}:{int(port) + 100 * replica}"
+    return json.dumps(data)
 
 
 SHUTDOWN_GRACE_S = 2.0  # in-flight requests get this long after SIGTERM; then they are cut

@@ -68,6 +68,8 @@ class ReplicaConfig:
     disable_priority_preemption: bool = False
     abort_on_priority_when_disabled: bool = False
     report_incarnation: bool = False  # real SGLang has no incarnation id in /server_info; tests may ask for one
+    kv_events_config: str | None = None  # SGLang's --kv-events-config JSON (gateway/sim/kv_events.py)
+    kv_events_port_collision: bool = False  # reproduce the pre-0.5.23 plain-DP bug: every rank binds port + 0
     default_output_tokens: int = 256  # mean output length when EOS is not ignored
     seed: int = 0
     time_scale: float = 1.0  # k > 1 runs k times faster than real time; reported latencies stay simulated

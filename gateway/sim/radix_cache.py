@@ -8,14 +8,20 @@ That is a radix tree with edges split at page boundaries, stored as a dict from 
 - Nodes on a running request's path are locked (ref-counted) and never evicted.
 - Eviction removes least-recently-used unlocked *leaves*, repeatedly (a parent becomes a leaf when its last
   child goes), as `--radix-eviction-policy lru` does.
+- With `events` set (`--kv-events-config`, gateway/sim/kv_events.py), every page stored, evicted or flushed is
+  reported to it as SGLang's BlockStored / BlockRemoved / AllBlocksCleared, with the engine's page hashes. The
+  page's tokens are remembered from `page_keys` until the page is inserted (a bounded FIFO).
 """
 
 from __future__ import annotations
 
+import hashlib
 import heapq
 import itertools
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
@@ -28,6 +34,23 @@ class Node:
     lock: int = 0
     last_access: float = 0.0
     stamp: int = 0
+    digest: bytes = b""  # the engine's SHA-256 page digest (only with events on)
+    event_hash: int = 0  # its published form (first 8 bytes, signed big-endian)
+
+
+class CacheEvents(Protocol):
+    """Receives what the cache does, page by page (gateway/sim/kv_events.py turns it into SGLang's events)."""
+
+    def stored(self, nodes: Sequence[Node], parent: Node | None, tokens: bytes, salt: str | None) -> None: ...
+
+    def removed(self, node: Node) -> None: ...
+
+    def cleared(self) -> None: ...
+
+    def root_digest(self, salt: str | None) -> bytes: ...
+
+
+PENDING_PAGES = 65_536  # page tokens kept between a request's submission and its prefill (FIFO beyond)
 
 
 @dataclass
@@ -45,6 +68,8 @@ class PrefixCache:
     _heap: list[tuple[float, int, int, Node]] = field(default_factory=list)
     _seq: itertools.count = field(default_factory=itertools.count)
     locked_pages: int = 0
+    events: CacheEvents | None = None
+    _pending: OrderedDict[int, tuple[bytes, str | None]] = field(default_factory=OrderedDict)
 
     # -- keys -------------------------------------------------------------------------------------------------
     def page_keys(self, tokens: np.ndarray | Sequence[int], namespace: str = "") -> list[int]:
@@ -64,7 +89,18 @@ class PrefixCache:
         for i in range(n_pages):
             key = hash((key, raw[i * step : (i + 1) * step]))
             keys.append(key)
+        if self.events is not None:
+            self._remember(keys, raw, step, namespace)
         return keys
+
+    def _remember(self, keys: list[int], raw: bytes, step: int, namespace: str) -> None:
+        salt = namespace.split("\x00", 1)[0] or None  # the sim's namespace is cache_salt NUL extra_key
+        pending = self._pending
+        for i, k in enumerate(keys):
+            pending[k] = (raw[i * step : (i + 1) * step], salt)
+            pending.move_to_end(k)
+        while len(pending) > PENDING_PAGES:
+            pending.popitem(last=False)
 
     # -- queries ----------------------------------------------------------------------------------------------
     @property
@@ -99,6 +135,7 @@ class PrefixCache:
         """Insert the chain `keys` (a full path from the root); returns its nodes, locked once more if `lock`."""
         path = []
         parent: Node | None = None
+        new_from = -1
         for k in keys:
             node = self.nodes.get(k)
             if node is None:
@@ -107,9 +144,13 @@ class PrefixCache:
                 if parent is not None:
                     parent.children += 1
                 self.stats.inserted_pages += 1
+                if new_from < 0:
+                    new_from = len(path)
             node.last_access = now
             path.append(node)
             parent = node
+        if self.events is not None and new_from >= 0:
+            self._report_stored(path[new_from:])
         if lock:
             self.lock(path)
         if path:
@@ -136,7 +177,7 @@ class PrefixCache:
         freed = 0
         heap = self._heap
         while freed < n_tokens and heap:
-            last, stamp, _, node = heapq.heappop(heap)
+            _, stamp, _, node = heapq.heappop(heap)
             if (
                 node.stamp != stamp
                 or self.nodes.get(node.key) is not node
@@ -146,6 +187,8 @@ class PrefixCache:
                 continue
             del self.nodes[node.key]
             self.stats.evicted_pages += 1
+            if self.events is not None:
+                self.events.removed(node)
             freed += self.page_size
             parent = node.parent
             if parent is not None:
@@ -161,6 +204,27 @@ class PrefixCache:
         self._heap.clear()
         self.locked_pages = 0
         self.stats.flushes += 1
+        self._pending.clear()
+        if self.events is not None:
+            self.events.cleared()
+
+    def _report_stored(self, new: list[Node]) -> None:
+        """Hash the new pages as the engine does (each page's digest chains on its parent's) and report them.
+        New pages are contiguous: a path from the root is cached up to some page and new after it."""
+        assert self.events is not None
+        parent = new[0].parent
+        chunks: list[bytes] = []
+        salt: str | None = None
+        for node in new:
+            raw, salt = self._pending.pop(node.key, (b"", None))
+            if not raw:  # tokens forgotten (FIFO overflow): report what was hashed so far, skip the rest
+                break
+            prev = node.parent.digest if node.parent is not None else self.events.root_digest(salt)
+            node.digest = hashlib.sha256(prev + raw).digest()
+            node.event_hash = int.from_bytes(node.digest[:8], "big", signed=True)
+            chunks.append(raw)
+        if chunks:
+            self.events.stored(new[: len(chunks)], parent, b"".join(chunks), salt)
 
     # -- heap bookkeeping (lazy: stale entries are skipped on pop) --------------------------------------------
     def _push(self, node: Node) -> None:

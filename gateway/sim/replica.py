@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from gateway.sim.engine import Event, EventKind, Rank, SimRequest
+from gateway.sim.kv_events import KvEventPublisher, KvEventsConfig
 from gateway.sim.metrics import ReplicaMetrics
 from gateway.sim.profiles import ReplicaConfig
 from gateway.sim.realtime import RealtimeRank, SimClock
@@ -51,17 +52,27 @@ class Replica:
         self._inflight: set[Submission] = set()
         self.clock: SimClock | None = None
         self.ranks: list[RealtimeRank] = []
+        self.kv_events: KvEventPublisher | None = None
 
     # -- lifecycle -------------------------------------------------------------------------------------------
     async def start(self) -> None:
         self.clock = SimClock(self.cfg.time_scale)
         self.ranks = [RealtimeRank(Rank(self.cfg, i, self.cfg.seed), self.clock) for i in range(self.cfg.dp_size)]
+        kv = KvEventsConfig.parse(self.cfg.kv_events_config)
+        if kv is not None:  # a fresh publisher per start: its sequence restarts at 0, as a restarted SGLang's does
+            self.kv_events = KvEventPublisher(kv, [r.rank.cache for r in self.ranks], maps=self.cfg.at_least("0.5.23"),
+                                              page_size=self.cfg.page_size, dp_attention=self.cfg.enable_dp_attention,
+                                              port_collision=self.cfg.kv_events_port_collision)
+            self.kv_events.start()
         for r in self.ranks:
             r.start()
 
     async def stop(self) -> None:
         for r in self.ranks:
             await r.stop()
+        if self.kv_events is not None:
+            await self.kv_events.close()
+            self.kv_events = None
 
     async def restart(self, startup_seconds: float = 0.0) -> None:
         """Crash and come back: in-flight requests are cut, the cache is empty, a new incarnation id shows."""

@@ -20,6 +20,8 @@ from starlette.routing import Route
 
 from gateway.asgi import AbortConnection, EventStreamResponse, run_until_disconnect
 from gateway.sim.engine import Event, EventKind
+from gateway.sim.kv_events import KvEventsConfig
+from gateway.sim.kv_events import descriptor as kv_descriptor
 from gateway.sim.protocol import (
     MAX_BODY_BYTES,
     ChatCompletionRequest,
@@ -328,7 +330,7 @@ class SimServer:
             **args,
             "load_balance_method": "round_robin",
             "disaggregation_mode": "null",
-            "kv_events_config": None,
+            "kv_events_config": cfg.kv_events_config,
             "status": rep.status,
             "max_req_input_len": min(cfg.context_length, cfg.max_total_num_tokens) - 6,
             "internal_states": [
@@ -341,7 +343,8 @@ class SimServer:
             "sim_timing": cfg.timing.__dict__,
         }
         if cfg.at_least("0.5.13"):
-            info["kv_events"] = None  # the KV-event descriptor (events off)
+            kv = KvEventsConfig.parse(cfg.kv_events_config)  # the KV-event descriptor; None with events off
+            info["kv_events"] = kv_descriptor(kv, cfg.page_size, cfg.dp_size) if kv else None
         if cfg.report_incarnation:
             info["incarnation"] = rep.incarnation  # not SGLang's: only when asked (--report-incarnation)
         return _json(info)
@@ -509,6 +512,23 @@ class SimServer:
             return _err(400, str(e), "BadRequestError")
         self.replica.faults.append(f)
         return _json({"faults": [f.__dict__ for f in self.replica.faults]})
+
+    async def sim_kv_events(self, request: Request) -> Response:
+        """/_sim/kv_events. GET: each rank's publisher (seq, buffered batches). POST {"drop_batches": n}: send
+        nothing for the next n batches of every rank (they keep their sequence numbers and stay replayable)."""
+        pub = self.replica.kv_events
+        if pub is None:
+            return _err(400, "KV events are off (start with --kv-events-config)", "BadRequestError")
+        if request.method == "POST":
+            try:
+                body = orjson.loads(await request.body() or b"{}")
+                n = body.get("drop_batches", 0) if isinstance(body, dict) else None
+                if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+                    raise ValueError("drop_batches must be a non-negative integer")
+            except (ValueError, orjson.JSONDecodeError) as e:
+                return _err(400, str(e), "BadRequestError")
+            pub.drop_next(n)
+        return _json({"ranks": pub.state()})
 
     async def sim_state(self, request: Request) -> Response:
         rep = self.replica
@@ -824,6 +844,7 @@ def create_sim_app(replica: Replica) -> Starlette:
         Route("/_sim/config", s.sim_config, methods=["GET", "POST"]),
         Route("/_sim/fault", s.sim_fault, methods=["POST"]),
         Route("/_sim/state", s.sim_state, methods=["GET"]),
+        Route("/_sim/kv_events", s.sim_kv_events, methods=["GET", "POST"]),
     ]
 
     async def not_found(request: Request, exc: Exception) -> Response:
