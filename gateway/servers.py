@@ -48,7 +48,8 @@ class OpenAIErrorProtocol(HttpToolsProtocol):
                 main = getattr(state, "main", None) if state is not None else None
                 proxy = getattr(getattr(main, "state", None), "proxy", None)
             if proxy is not None:
-                from gateway.api.openai.accounting import Edge  # here: the simulator never loads the gateway's stack
+                # imported here, so the simulator (which shares this module) never loads the gateway's stack
+                from gateway.api.openai.accounting import Edge
 
                 proxy.accounting.rejected(Edge(uuid.uuid4().hex, "unknown", time.monotonic(), stage="http"), err)
         except Exception:  # counting must never break the connection handling it reports on
