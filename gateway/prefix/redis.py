@@ -102,7 +102,7 @@ class RedisPrefixIndex:
         self._capacity: dict[str, int] = {}
         self.guard = guard or RedisGuard("prefix index", retry_after=retry_after)
         self._resync_lock = asyncio.Lock()
-        self._pending: deque[tuple[Any, ...]] = deque(maxlen=10_000)  # writes made while Redis was away
+        self._pending: deque[tuple[str, str, list[int], float]] = deque(maxlen=10_000)  # writes made while Redis was away
         self._scripts = {
             "match": client.register_script(MATCH_LUA),
             "insert": client.register_script(INSERT_LUA),

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Protocol
+from typing import Any, Protocol
 
 import redis.asyncio as aioredis
 
@@ -60,7 +60,7 @@ class Usage:
 class BudgetLedger(Protocol):
     async def reserve(self, tenant: Tenant, rid: str, amount: float, ttl_s: float) -> Reservation | Refusal: ...
     async def settle(self, r: Reservation, usage: Usage | None) -> None: ...
-    async def usage(self, tenant: str) -> dict[str, dict[str, float]]: ...
+    async def usage(self, tenant: str) -> dict[str, dict[str, Any]]: ...
 
 
 def budget_caps(tenant: Tenant) -> dict[str, float]:
@@ -112,12 +112,12 @@ class MemoryBudgetLedger:
                 for f, v in zip(USAGE_FIELDS, (1, usage.prompt_tokens, usage.cached_tokens, usage.completion_tokens)):
                     p.counts[f] += v
 
-    async def usage(self, tenant: str) -> dict[str, dict[str, float]]:
+    async def usage(self, tenant: str) -> dict[str, dict[str, Any]]:
         now = self.clock()
         out = {}
         for kind, pid in periods(now).items():
             p = self._p.get((tenant, pid), _Period())
-            out[kind] = {"period": pid, "spent_usd": p.spent, "reserved_usd": p.reserved(now), **p.counts}  # type: ignore[dict-item]
+            out[kind] = {"period": pid, "spent_usd": p.spent, "reserved_usd": p.reserved(now), **p.counts}
         return out
 
     def spent_and_reserved(self, tenant: str, pid: str) -> float:
@@ -245,15 +245,15 @@ class RedisBudgetLedger:
             await self._settle(keys=keys, args=args, client=pipe)
         return sum(int(x) for x in await pipe.execute())
 
-    async def usage(self, tenant: str) -> dict[str, dict[str, float]]:
-        out = {}
+    async def usage(self, tenant: str) -> dict[str, dict[str, Any]]:
+        out: dict[str, dict[str, Any]] = {}
         now_ms = int(self.clock() * 1000)
         for kind, pid in periods(self.clock()).items():
             h, z, a = self._keys(tenant, pid)
             raw = await self.r.hgetall(h)
             live = await self.r.zrangebyscore(z, now_ms, "+inf")
-            amounts = await self.r.hmget(a, live) if live else []
-            vals = {k.decode(): float(v) for k, v in raw.items()}
+            amounts = await self.r.hmget(a, list(live)) if live else []  # type: ignore[arg-type]
+            vals = {(k.decode() if isinstance(k, bytes) else k): float(v) for k, v in raw.items()}
             out[kind] = {"period": pid, "spent_usd": vals.get("spent", 0.0),
                          "reserved_usd": sum(float(x) for x in amounts if x is not None),
                          **{f: vals.get(f, 0.0) for f in USAGE_FIELDS}}

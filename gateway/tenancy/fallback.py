@@ -165,7 +165,7 @@ class FallbackBudgetLedger(_Fallback):
             if usage is not None:  # also this instance's own: counted against its share for the rest of the outage
                 await self.local.settle(r, usage)
 
-    async def usage(self, tenant: str) -> dict[str, dict[str, float]]:
+    async def usage(self, tenant: str) -> dict[str, dict[str, Any]]:
         """Redis's figures plus this instance's settlements still queued; this instance's own while Redis is away."""
         out = await self._try(lambda impl: impl.usage(tenant))
         if out is _LOCAL:
