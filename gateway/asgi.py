@@ -133,7 +133,8 @@ class EventStreamResponse(Response):
                 disconnected = True
                 if self._on_stall is not None:
                     self._on_stall()
-                raise AbortConnection("client stopped reading") from None
+                # returning with the body incomplete makes the server close the socket (one log line, where
+                # raising AbortConnection would log a traceback per stalled client)
             finally:
                 if watchdog is not None:
                     watchdog.cancel()
