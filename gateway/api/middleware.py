@@ -2,16 +2,24 @@
 
 from __future__ import annotations
 
+import logging
 import re
 import uuid
 
+import orjson
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from gateway.errors import GatewayError
+
+log = logging.getLogger("gateway.errors")
 
 _SAFE_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 
 
 class RequestIdMiddleware:
-    """Accept the client's x-request-id (if sane), else mint one; put it on every response."""
+    """Accept the client's x-request-id (if sane), else mint one; put it on every response. The outermost layer,
+    so it also turns an exception that escaped every handler before the response started into a 500 in the OpenAI
+    shape (uvicorn's own answer would be plain text)."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -34,12 +42,29 @@ class RequestIdMiddleware:
         scope.setdefault("state", {})["request_id"] = rid
         raw = rid.encode()
 
+        started = False
+
         async def send_with_id(message: Message) -> None:
+            nonlocal started
             if message["type"] == "http.response.start":
+                started = True
                 headers = list(message.get("headers", []))
                 if not any(k == b"x-request-id" for k, _ in headers):
                     headers.append((b"x-request-id", raw))
                 message["headers"] = headers
             await send(message)
 
-        await self.app(scope, receive, send_with_id)
+        try:
+            await self.app(scope, receive, send_with_id)
+        except Exception:
+            if started:
+                raise  # the response is on its way; uvicorn closes the connection and logs
+            log.exception("unhandled error before a response on %s", scope.get("path"))
+            await _internal_error(send_with_id)
+
+
+async def _internal_error(send: Send) -> None:
+    body = orjson.dumps(GatewayError("The gateway hit an internal error.").body())
+    await send({"type": "http.response.start", "status": 500,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})

@@ -295,3 +295,27 @@ def test_a_slow_but_live_body_still_arrives(gw):
     status, _, payload = _split(out)
     assert status == 200, out
     assert b'"choices"' in payload
+
+
+def test_an_exception_escaping_every_handler_is_a_json_500(gw):
+    """The outermost middleware answers an exception that escaped before the response started with the OpenAI
+    shape and the request id, not uvicorn's plain text. Injected: a handler whose response object fails to send."""
+    proxy = gw.app.state.proxy
+    original = proxy.handle
+
+    class Broken:
+        async def __call__(self, scope, receive, send):
+            raise RuntimeError("boom")
+
+    async def broken_handle(request, endpoint):
+        return Broken()
+
+    proxy.handle = broken_handle
+    try:
+        r = httpx.post(gw.urls[0] + "/v1/chat/completions", headers={**AUTH, "x-request-id": "edge-500"},
+                       json={"model": "glm-5.2", "messages": MSG, "max_tokens": 3})
+    finally:
+        proxy.handle = original
+    err = _openai_error(r, 500)
+    assert err["type"] == "server_error" and "boom" not in r.text
+    assert r.headers["x-request-id"] == "edge-500"
