@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import os
 import signal
 import sys
@@ -168,6 +169,9 @@ def stop_on_signal(servers: list[Any], grace: float) -> None:
     The thread asks the servers to exit (uvicorn cancels what is still running after `grace`); if the process is
     still alive after a second signal or `grace` + 2 s, it exits at once."""
     sigs = {signal.SIGINT, signal.SIGTERM}
+    # the requests cancelled at the end of the grace period are expected: no traceback per request in the log
+    logging.getLogger("uvicorn.error").addFilter(
+        lambda r: not (r.exc_info and isinstance(r.exc_info[1], asyncio.CancelledError)))
     signal.pthread_sigmask(signal.SIG_BLOCK, sigs)  # threads started later (the loop's executor) inherit the mask
 
     def watch() -> None:
