@@ -55,6 +55,7 @@ class ServerFacts:
     priority_scheduling: bool | None = None
     default_priority_value: int | None = None
     abort_on_priority: bool = False
+    low_priority_values_first: bool = False
     incarnation: str | None = None  # the simulator's, when asked; real SGLang has none
 
     @classmethod
@@ -75,6 +76,7 @@ class ServerFacts:
                    priority_scheduling=prio if isinstance(prio, bool) else None,
                    default_priority_value=dpv if isinstance(dpv, int) and not isinstance(dpv, bool) else None,
                    abort_on_priority=bool(d.get("abort_on_priority_when_disabled")),
+                   low_priority_values_first=bool(d.get("schedule_low_priority_values_first")),
                    incarnation=str(d["incarnation"]) if d.get("incarnation") else None)
 
 

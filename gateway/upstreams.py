@@ -56,6 +56,7 @@ class Target:
     dp_pinning: str = "off"  # body | header | off
     version: str = ""  # SGLang release from /server_info ("" until known)
     priority_scheduling: bool | None = None  # server's enable_priority_scheduling (None: unknown)
+    low_priority_values_first: bool = False  # server's --schedule-low-priority-values-first: the mapping is negated
     send_priority: str = "auto"  # auto | always | never
     priority_values: dict[str, int] = field(default_factory=lambda: dict(DEFAULT_PRIORITY_VALUES))
     context_tokens: int | None = None  # the server's context length (/server_info context_length), for edge limits
@@ -100,7 +101,8 @@ class Target:
             return None
         if self.send_priority == "auto" and self.priority_scheduling is not True:
             return None
-        return self.priority_values.get(klass, DEFAULT_PRIORITY_VALUES.get(klass, 0))
+        value = self.priority_values.get(klass, DEFAULT_PRIORITY_VALUES.get(klass, 0))
+        return -value if self.low_priority_values_first else value
 
 
 def release(version: str) -> tuple[int, ...]:

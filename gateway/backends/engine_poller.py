@@ -125,6 +125,7 @@ class EnginePoller:
         before = {x.name: x.index_key for x in self.registry.servers().get(server, [])}
         inc = f.incarnation or t.incarnation
         targets = self.registry.set_ranks(server, f.ranks, version=f.version, priority_scheduling=f.priority_scheduling,
+                                          low_priority_values_first=f.low_priority_values_first,
                                           context_tokens=f.context_length, incarnation=inc, **extra)
         after = {x.index_key for x in targets}
         for name, key in before.items():

@@ -96,12 +96,13 @@ def test_sim_refuses_priority_when_disabled_and_asked_to():
         sims.stop()
 
 
-@pytest.mark.parametrize("default", [None, 0, 100], ids=["no-default", "default-0", "default-100"])
-def test_gateway_high_before_normal_before_low_whatever_the_server_default(default):
+@pytest.mark.parametrize(("default", "low_first"), [(None, False), (0, False), (100, False), (None, True)],
+                         ids=["no-default", "default-0", "default-100", "low-values-first"])
+def test_gateway_high_before_normal_before_low_whatever_the_server_default(default, low_first):
     """Three tenants, one per class, contend for one running slot: they are served high, normal, low — even though
     they arrive low, normal, high, and whatever --default-priority-value the server runs (100 would put a request
-    without priority above high)."""
-    sims, _ = _sim(default_priority_value=default)
+    without priority above high), and on a server with --schedule-low-priority-values-first (the gateway negates)."""
+    sims, _ = _sim(default_priority_value=default, schedule_low_priority_values_first=low_first)
     tenants = [{"name": f"t-{c}", "api_key_hashes": [hash_key(KEYS[c])], "models": ["glm-5.2"], "priority": c}
                for c in CLASSES]
     gw = start_gateway(config([sglang_pool("p", sims.urls)], tenants=tenants, routing={"load_poll_s": 0.1},

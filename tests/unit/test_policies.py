@@ -116,6 +116,10 @@ def test_priority_is_explicit_for_every_class_on_servers_that_schedule_by_it():
     for known in (False, None):
         mi.priority_scheduling = known
         assert "priority" not in adapt_body({**body, "priority": 5}, mi, False, tenant(priority="high"))
+    mi.priority_scheduling = True
+    mi.low_priority_values_first = True  # --schedule-low-priority-values-first: the server reads the scale upside down
+    assert [adapt_body(body, mi, False, tenant(priority=p))["priority"] for p in ("high", "normal", "low")] == [-10, 0, 10]
+    mi.low_priority_values_first = False
     mi.send_priority, mi.priority_scheduling = "always", None
     assert adapt_body(body, mi, False, tenant(priority="normal"))["priority"] == 0
     mi.send_priority = "never"
