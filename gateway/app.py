@@ -36,6 +36,7 @@ from gateway.dispatch.feedback import Feedback
 from gateway.prefix.memory import MemoryPrefixIndex
 from gateway.prefix.redis import RedisPrefixIndex
 from gateway.routing.load import MemoryLoadTracker, RedisLoadTracker
+from gateway.kvevents.setup import build as build_precise
 from gateway.routing.pipeline import PipelineRouter
 from gateway.routing.registry import build_engine
 from gateway.state import AppState
@@ -93,6 +94,10 @@ def create_app(config: GatewayConfig, *, span_exporter: Any = None, transport: h
         else:
             index, loads = MemoryPrefixIndex(), MemoryLoadTracker()
             control_store = MemoryControlStore()
+        precise = None
+        if rc.mode != "approximate":  # KV-event routing (docs/kv-events.md): the precise index wraps this one
+            precise = build_precise(rc, registry, http, index, metrics.registry)
+            index = precise.index  # type: ignore[assignment]
         limiter, budget = build_limits(redis_client, rc, fell_back)  # settlements Redis missed are queued and replayed
         metrics.settlements_pending.set_function(lambda: len(budget.pending))
 
@@ -122,6 +127,8 @@ def create_app(config: GatewayConfig, *, span_exporter: Any = None, transport: h
             concurrency=ConcurrencyLimiter(redis_client, rc.redis_prefix, rc.concurrency_lease_s, rc.limits_redis_timeout_s),
         )
         state.extra.update(index=index, loads=loads, corrector=corrector, poller=poller, admin_hashes=admin_hashes)
+        if precise is not None:
+            state.extra.update(prefix_hasher=precise.hasher, kv_events=precise.manager)
         app.state.gateway = state
         app.state.proxy = OpenAIProxy(state)
         app.state.responses_store = build_response_store(config.responses, redis_client, rc.redis_prefix,
@@ -131,6 +138,8 @@ def create_app(config: GatewayConfig, *, span_exporter: Any = None, transport: h
         state.concurrency.start()
         if config.health.enabled:
             poller.start()
+        if precise is not None:
+            precise.manager.start()
         policies.start()
         await control.start()
         try:
@@ -142,6 +151,8 @@ def create_app(config: GatewayConfig, *, span_exporter: Any = None, transport: h
             await state.concurrency.stop()
             await health.stop()
             await poller.stop()
+            if precise is not None:
+                await precise.manager.stop()
             await feedback.drain()
             await budget.stop()  # after the proxy's settlements: a last replay of anything still queued
             await state.dispatcher.quarantine.drain()

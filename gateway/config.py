@@ -178,8 +178,48 @@ class HealthChecks(_Strict):
     enabled: bool = True
 
 
+class KvEventsStatic(_Strict):
+    """A server whose /server_info has no `kv_events` descriptor (SGLang 0.5.9): where its publisher is."""
+
+    endpoint: str = Field(pattern=r"^tcp://[^:/]+:\d+$", description="rank 0's PUB, tcp://host:port (rank r: port + r)")
+    replay_endpoint: str | None = Field(default=None, pattern=r"^tcp://[^:/]+:\d+$")
+    topic: str = ""
+    dp_size: int = Field(default=1, ge=1, le=1024)
+
+
+class TokenizerSettings(_Strict):
+    """How the gateway gets a request's token ids for precise matching (gateway/tokenizers/)."""
+
+    kind: Literal["sim", "hf"] = Field(default="sim", description="sim: the simulator's token rule (no files); hf: "
+                                       "the model's tokenizer.json and chat template from `path`")
+    path: str | None = Field(default=None, description="directory holding tokenizer.json and tokenizer_config.json")
+    check_engine: bool = Field(default=True, description="compare a sample with the engine's /v1/tokenize at start")
+
+    @model_validator(mode="after")
+    def _path(self) -> TokenizerSettings:
+        if self.kind == "hf" and not self.path:
+            raise ValueError("path: required with kind hf")
+        return self
+
+
+class KvEventsSettings(_Strict):
+    """Precise routing from SGLang's KV-cache events (docs/kv-events.md)."""
+
+    block_size: int = Field(default=64, ge=1, description="the engines' page size (--page-size); a server whose "
+                            "descriptor says otherwise is routed approximately")
+    speculative_s: float = Field(default=2.0, gt=0, description="after the first token, this instance's own entry "
+                                 "stands this long, until the engine's BlockStored has arrived")
+    discovery_interval_s: float = Field(default=5.0, gt=0, description="re-read /server_info, resubscribe the dead")
+    static: dict[str, KvEventsStatic] = Field(default_factory=dict, description="replica name -> endpoints, for "
+                                              "servers without a /server_info descriptor (0.5.9)")
+    tokenizer: TokenizerSettings = Field(default_factory=TokenizerSettings)
+
+
 class Routing(_Strict):
     policy: Literal["prefix_sla_cost", "round_robin", "least_loaded"] = "prefix_sla_cost"
+    mode: Literal["approximate", "precise", "hybrid"] = Field(default="approximate", description="prefix index: "
+                                                             "predicted from dispatches, from KV events, or both")
+    kv_events: KvEventsSettings = Field(default_factory=KvEventsSettings)
     chunk_tokens: int = Field(default=256, ge=16, description="prefix hash granularity (tokens)")
     ttft_sla_ms: float = Field(default=2220, gt=0, description="default TTFT target (p95) per request")
     sla_headroom: float = Field(default=0.1, ge=0, lt=1)
@@ -216,6 +256,13 @@ class Routing(_Strict):
         if self.redis_pool_timeout_s >= self.limits_redis_timeout_s:
             raise ValueError("redis_pool_timeout_s: must be below limits_redis_timeout_s (a saturated pool is waited "
                              "on, and retried, within it)")
+        return self
+
+    @model_validator(mode="after")
+    def _kv_events(self) -> Routing:
+        if self.mode != "approximate" and self.chunk_tokens % self.kv_events.block_size:
+            raise ValueError(f"chunk_tokens: must be a multiple of kv_events.block_size ({self.kv_events.block_size}) "
+                             f"with mode {self.mode}")
         return self
 
 

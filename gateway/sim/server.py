@@ -219,7 +219,7 @@ class SimServer:
 
         plans, lengths, tokens = self._plan(req, seqs, max_tokens)
         namespace = f"{body.get('cache_salt') or ''}\x00{body.get('extra_key') or ''}"
-        rid = body.get("rid") if isinstance(body.get("rid"), str) else new_id()
+        rid = req.rid if isinstance(req.rid, str) else new_id()
         sub = rep.submit(rank, tokens, namespace, lengths, rid, priority=priority)
         ctx_ = _Ctx(self, sub, body, chat, sum(len(t) for t in seqs), lengths, plans, rid, fault, n)
         if fault and fault.kind == "hang":
@@ -513,6 +513,27 @@ class SimServer:
         self.replica.faults.append(f)
         return _json({"faults": [f.__dict__ for f in self.replica.faults]})
 
+    async def tokenize(self, request: Request) -> Response:
+        """/v1/tokenize (0.5.13+): `prompt` (a string or strings) or `messages` (+ `tools`, templated as a chat)."""
+        if not self.replica.cfg.at_least("0.5.13"):
+            return _err(404, "Not Found", "NotFoundError")
+        try:
+            body = orjson.loads(await request.body() or b"{}")
+            if not isinstance(body, dict):
+                raise ValueError("expected a JSON object")  # noqa: TRY004 (one except answers every bad body)
+            if isinstance(body.get("messages"), list):
+                tokens: Any = token_array(render_chat(body["messages"], body.get("tools"))).tolist()
+            elif isinstance(body.get("prompt"), str):
+                tokens = token_array(body["prompt"]).tolist()
+            elif isinstance(body.get("prompt"), list) and all(isinstance(p, str) for p in body["prompt"]):
+                tokens = [token_array(p).tolist() for p in body["prompt"]]
+            else:
+                raise ValueError("Invalid prompt type. Expected str or List[str].")
+        except (ValueError, TypeError, AttributeError, orjson.JSONDecodeError) as e:
+            return _err(400, str(e), "BadRequestError")
+        count = [len(t) for t in tokens] if tokens and isinstance(tokens[0], list) else len(tokens)
+        return _json({"tokens": tokens, "count": count, "max_model_len": self.replica.cfg.context_length})
+
     async def sim_kv_events(self, request: Request) -> Response:
         """/_sim/kv_events. GET: each rank's publisher (seq, buffered batches). POST {"drop_batches": n}: send
         nothing for the next n batches of every rank (they keep their sequence numbers and stay replayable)."""
@@ -585,6 +606,7 @@ class _Ctx:
 
     async def _next(self) -> tuple[int, Event]:
         idx, ev = await self.sub.queue.get()
+        assert self.rep.clock is not None  # set once the replica has started, before any request
         await self.rep.clock.sleep_until(ev.time + self.rep.cfg.timing.t_api)
         return idx, ev
 
@@ -845,6 +867,7 @@ def create_sim_app(replica: Replica) -> Starlette:
         Route("/_sim/fault", s.sim_fault, methods=["POST"]),
         Route("/_sim/state", s.sim_state, methods=["GET"]),
         Route("/_sim/kv_events", s.sim_kv_events, methods=["GET", "POST"]),
+        Route("/v1/tokenize", s.tokenize, methods=["POST"]),
     ]
 
     async def not_found(request: Request, exc: Exception) -> Response:

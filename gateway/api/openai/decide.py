@@ -3,6 +3,8 @@ SLA-miss behaviour), then the router's Decision. A `shed` decision is a 503 befo
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from gateway.api.openai.exchange import Exchange
 from gateway.config import Routing
 from gateway.errors import NoCapacity
@@ -11,10 +13,11 @@ from gateway.routing.request import RoutingRequest
 from gateway.state import AppState
 
 
-def routing_request(r: Routing, ex: Exchange) -> RoutingRequest:
+def routing_request(r: Routing, ex: Exchange, hasher: Callable[..., list[int]] = prefix_hashes) -> RoutingRequest:
+    """`hasher`: text-chunk hashes (routing.mode approximate) or token-page keys (precise/hybrid, kvevents/)."""
     t = ex.tenant
     salt = t.cache_namespace(ex.parsed.body.get("cache_salt"))
-    hashes = tuple(prefix_hashes(ex.endpoint, ex.parsed.body, ex.route.name, salt, r.chunk_tokens)) \
+    hashes = tuple(hasher(ex.endpoint, ex.parsed.body, ex.route.name, salt, r.chunk_tokens)) \
         if r.policy == "prefix_sla_cost" else ()
     group = group_key(hashes, hash(ex.request_id))
     return RoutingRequest(
@@ -25,7 +28,7 @@ def routing_request(r: Routing, ex: Exchange) -> RoutingRequest:
 
 
 async def decide(state: AppState, ex: Exchange) -> None:
-    ex.rreq = routing_request(state.config.routing, ex)
+    ex.rreq = routing_request(state.config.routing, ex, state.extra.get("prefix_hasher", prefix_hashes))
     ex.decision = await state.router.decide(ex.rreq, ex.route)
     state.metrics.decisions.labels(ex.parsed.model, ex.decision.branch).inc()
     ex.headers["x-gateway-route"] = ex.decision.branch

@@ -1,0 +1,91 @@
+"""The precise prefix index: a PrefixIndex (gateway/prefix/index.py) that answers from what the engines report.
+
+It wraps the approximate index (memory or Redis, fed by the routing engine's dispatch feedback as before) and
+answers per replica (`routing.mode`):
+- precise: the replica's event-fed blocks, plus speculative entries from this instance's own dispatches that
+  cover the event lag (a dispatch's entry lives `routing.speculative_ttl_s`, until its first token; the entry written at
+  the first token lives `kv_events.speculative_s`, by when the engine's BlockStored has arrived);
+- hybrid: the approximate index's answer or the events' answer, whichever is longer, with every removal, flush and
+  restart the events report applied to the approximate index (so it stops predicting evicted prefixes);
+- either mode, for a replica whose subscriptions are not all healthy (not discovered, disconnected, mid-resync):
+  the approximate index's answer, per replica, so a lost subscription degrades routing and never fails a request.
+Writes and drops go to both the approximate index and the speculative layer.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+from gateway.kvevents.blocks import RankBlocks
+from gateway.prefix.index import PrefixIndex
+from gateway.prefix.memory import MemoryPrefixIndex
+
+
+class RankView(Protocol):
+    blocks: RankBlocks
+
+    @property
+    def healthy(self) -> bool: ...
+
+
+class PreciseIndex:
+    def __init__(self, inner: PrefixIndex, mode: str, ranks_for: Callable[[str], list[RankView] | None], *,
+                 dispatch_ttl_s: float, lag_ttl_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.inner = inner
+        self.mode = mode  # precise | hybrid
+        self.ranks_for = ranks_for  # index key (name@incarnation) -> the ranks it stands for (None: not subscribed)
+        self.dispatch_ttl_s = dispatch_ttl_s
+        self.lag_ttl_s = lag_ttl_s
+        self.spec = MemoryPrefixIndex(clock=clock)
+        self.answers = {"events": 0, "fallback": 0}  # replica answers by source (metrics)
+
+    async def match(self, hashes: Sequence[int], replicas: Sequence[str]) -> dict[str, int]:
+        approx = await self.inner.match(hashes, replicas)
+        out: dict[str, int] = {}
+        for key in replicas:
+            ranks = self.ranks_for(key)
+            if not ranks or not all(r.healthy for r in ranks):
+                self.answers["fallback"] += 1
+                n = approx.get(key, 0)
+            else:
+                self.answers["events"] += 1
+                n = self._run(key, hashes, ranks)
+                if self.mode == "hybrid":
+                    n = max(n, approx.get(key, 0))
+            if n:
+                out[key] = n
+        return out
+
+    def _run(self, key: str, hashes: Sequence[int], ranks: list[RankView]) -> int:
+        """Longest run of leading keys held by one of the ranks or speculatively by this replica."""
+        spec = self.spec.match_sync(hashes, [key]).get(key, 0)
+        n = 0
+        helds = [r.blocks.held for r in ranks]
+        for i, h in enumerate(hashes):
+            if i < spec or any(h in held for held in helds):
+                n = i + 1
+            else:
+                break
+        return n
+
+    async def insert(self, replica: str, hashes: Sequence[int], ttl: float) -> None:
+        # a dispatch's entry stands until its first token; later ones only until the events have caught up
+        self.spec.insert_sync(replica, hashes, ttl if ttl <= self.dispatch_ttl_s else self.lag_ttl_s)
+        await self.inner.insert(replica, hashes, ttl)
+
+    async def invalidate(self, replica: str, hashes: Sequence[int]) -> None:
+        self.spec.invalidate_sync(replica, hashes)
+        await self.inner.invalidate(replica, hashes)
+
+    async def drop_replica(self, replica: str) -> None:
+        self.spec.drop_replica_sync(replica)
+        await self.inner.drop_replica(replica)
+
+    def set_capacity(self, replica: str, chunks: int) -> None:
+        self.spec.set_capacity(replica, chunks)
+        self.inner.set_capacity(replica, chunks)
+
+    async def size(self) -> int:
+        return await self.inner.size()

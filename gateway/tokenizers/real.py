@@ -1,0 +1,143 @@
+"""The model's own tokenizer: `tokenizer.json` (HF `tokenizers`, Rust) and the chat template from
+`tokenizer_config.json`, rendered with jinja2 the way SGLang (via transformers' apply_chat_template) renders it:
+a sandboxed environment with trim_blocks/lstrip_blocks, `messages`, `tools`, `add_generation_prompt=True`, the
+special tokens as variables, `raise_exception` and a `tojson` filter; the text is encoded without adding special
+tokens (the template writes them).
+
+Turns of a conversation repeat: each request's rendering starts with the previous turn's. The ids of a rendered
+prefix are cached (LRU) and reused when the new rendering extends it at a special-token boundary (where the
+tokenizer splits before anything else, so ids(prefix + rest) == ids(prefix) + ids(rest)); only the rest is
+encoded. A 20k-token conversation's next turn then costs the new turn's tokens, not 20k (docs/kv-events.md).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import numpy as np
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import Tokenizer
+
+from gateway.tokenizer import content_text
+from gateway.tokenizers.sim import token_ids_of
+
+CACHE_ENTRIES = 256
+
+
+class TokenizerFilesError(ValueError):
+    """The tokenizer directory is missing a file or holds one that cannot be read."""
+
+
+def _raise(message: str) -> None:
+    raise jinja2.TemplateError(message)
+
+
+class HfTokenizer:
+    name = "hf"
+
+    def __init__(self, tokenizer: Tokenizer, chat_template: str | None, special: dict[str, str]) -> None:
+        self.tok = tokenizer
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+        env.filters["tojson"] = lambda v, indent=None, **_: json.dumps(v, indent=indent, ensure_ascii=False)
+        env.globals["raise_exception"] = _raise
+        self.template = env.from_string(chat_template) if chat_template else None
+        self.special = special
+        self.added = sorted({t.content for t in tokenizer.get_added_tokens_decoder().values()}, key=len, reverse=True)
+        self._cache: OrderedDict[bytes, np.ndarray] = OrderedDict()
+        self.hits = 0
+        self.misses = 0
+
+    @classmethod
+    def from_dir(cls, path: str) -> HfTokenizer:
+        d = Path(path)
+        try:
+            tok = Tokenizer.from_file(str(d / "tokenizer.json"))
+        except Exception as e:  # noqa: BLE001 (the Rust side raises a plain Exception for a bad file)
+            raise TokenizerFilesError(f"{d / 'tokenizer.json'}: {e}") from None
+        cfg: dict[str, Any] = {}
+        cfg_path = d / "tokenizer_config.json"
+        if cfg_path.exists():
+            try:
+                cfg = json.loads(cfg_path.read_text())
+            except ValueError as e:
+                raise TokenizerFilesError(f"{cfg_path}: {e}") from None
+        template = cfg.get("chat_template")
+        if isinstance(template, list):  # named templates: the default one
+            template = next((t.get("template") for t in template if t.get("name") == "default"), None)
+        jinja_path = d / "chat_template.jinja"
+        if template is None and jinja_path.exists():
+            template = jinja_path.read_text()
+        special = {k: _token_text(cfg.get(k)) for k in ("bos_token", "eos_token", "unk_token", "pad_token")}
+        return cls(tok, template, {k: v for k, v in special.items() if v is not None})
+
+    # -- rendering ---------------------------------------------------------------------------------------------
+    def render(self, messages: list[dict[str, Any]], tools: list[Any] | None, add_generation_prompt: bool = True) -> str:
+        if self.template is None:
+            raise TokenizerFilesError("the tokenizer has no chat_template")
+        msgs = [{**m, "content": content_text(m.get("content"))} if isinstance(m.get("content"), list) else m
+                for m in messages]
+        return self.template.render(messages=msgs, tools=tools or None, add_generation_prompt=add_generation_prompt,
+                                    **self.special)
+
+    def encode_text(self, text: str) -> np.ndarray:
+        return np.asarray(self.tok.encode(text, add_special_tokens=False).ids, dtype=np.uint32)
+
+    def encode_request(self, endpoint: str, body: dict[str, Any]) -> np.ndarray:
+        if endpoint != "chat/completions":
+            prompt = body.get("prompt")
+            if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
+                prompt = prompt[0]
+            if isinstance(prompt, str):
+                return np.asarray(self.tok.encode(prompt, add_special_tokens=True).ids, dtype=np.uint32)
+            return token_ids_of(prompt)
+        messages = body.get("messages") or []
+        tools = body.get("tools")
+        text = self.render(messages, tools)
+        ids = self._from_cache(text, messages, tools)
+        # what the next turn will extend: this conversation without the generation prompt
+        if len(messages) >= 1:
+            self._remember(self.render(messages, tools, add_generation_prompt=False), text, ids)
+        return ids
+
+    # -- the per-conversation prefix cache ---------------------------------------------------------------------
+    def _from_cache(self, text: str, messages: list[dict[str, Any]], tools: list[Any] | None) -> np.ndarray:
+        for cut in (1, 2):  # the previous turn: the last user message, or the last assistant reply and user message
+            if len(messages) <= cut:
+                break
+            prefix = self.render(messages[:-cut], tools, add_generation_prompt=False)
+            cached = self._cache.get(_key(prefix))
+            if cached is not None and text.startswith(prefix) and self._boundary(text, len(prefix)):
+                self._cache.move_to_end(_key(prefix))
+                self.hits += 1
+                return np.concatenate([cached, self.encode_text(text[len(prefix):])])
+        self.misses += 1
+        return self.encode_text(text)
+
+    def _boundary(self, text: str, at: int) -> bool:
+        return at == len(text) or any(text.startswith(t, at) for t in self.added)
+
+    def _remember(self, prefix: str, text: str, ids: np.ndarray) -> None:
+        if not text.startswith(prefix) or not self._boundary(text, len(prefix)):
+            return
+        n = len(ids) - len(self.encode_text(text[len(prefix):]))  # the rest is the generation prompt: short
+        self._cache[_key(prefix)] = ids[:n]
+        self._cache.move_to_end(_key(prefix))
+        while len(self._cache) > CACHE_ENTRIES:
+            self._cache.popitem(last=False)
+
+
+def _key(text: str) -> bytes:
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+
+
+def _token_text(v: Any) -> str | None:
+    if isinstance(v, str):
+        return v
+    if isinstance(v, dict) and isinstance(v.get("content"), str):
+        return v["content"]
+    return None
