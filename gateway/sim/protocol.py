@@ -7,7 +7,7 @@ import random
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, Literal, Optional, TypeVar, Union
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 import orjson
@@ -72,8 +72,8 @@ class _Model(BaseModel):
 
 class _Function(_Model):
     name: str
-    description: Optional[str] = None
-    parameters: Optional[dict[str, Any]] = None
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
     strict: bool = False
 
 
@@ -93,63 +93,63 @@ class _ToolChoice(_Model):
 
 class _JsonSchemaFormat(_Model):
     name: str
-    description: Optional[str] = None
-    schema_: Optional[dict[str, Any]] = Field(alias="schema", default=None)
-    strict: Optional[StrictBool] = None
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(alias="schema", default=None)
+    strict: StrictBool | None = None
 
 
 class ResponseFormat(_Model):
     type: Literal["text", "json_object", "json_schema", "structural_tag"]
-    json_schema: Optional[_JsonSchemaFormat] = None
+    json_schema: _JsonSchemaFormat | None = None
 
 
 class _StreamOptions(_Model):
-    include_usage: Optional[bool] = False
-    continuous_usage_stats: Optional[bool] = False
+    include_usage: bool | None = False
+    continuous_usage_stats: bool | None = False
 
 
 class _Common(_Model):
     model: str = "default"
     n: int = 1
     stream: bool = False
-    stream_options: Optional[_StreamOptions] = None
-    temperature: Optional[float] = None
-    top_p: Optional[float] = None
-    top_k: Optional[int] = None
-    min_p: Optional[float] = None
+    stream_options: _StreamOptions | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
-    repetition_penalty: Optional[float] = None
-    seed: Optional[int] = None
-    stop: Optional[Union[str, list[str]]] = None
-    stop_token_ids: Optional[list[int]] = None
-    logit_bias: Optional[dict[str, float]] = None
+    repetition_penalty: float | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    logit_bias: dict[str, float] | None = None
     min_tokens: int = 0
     ignore_eos: bool = False
-    rid: Optional[Union[list[str], str]] = None
-    extra_key: Optional[Union[list[str], str]] = None
-    cache_salt: Optional[Union[list[str], str]] = None
-    data_parallel_rank: Optional[int] = None
-    response_format: Optional[ResponseFormat] = None
+    rid: list[str] | str | None = None
+    extra_key: list[str] | str | None = None
+    cache_salt: list[str] | str | None = None
+    data_parallel_rank: int | None = None
+    response_format: ResponseFormat | None = None
 
 
 class ChatCompletionRequest(_Common):
     messages: list[dict[str, Any]]
-    max_tokens: Optional[int] = None
-    max_completion_tokens: Optional[int] = None
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
     logprobs: bool = False
-    top_logprobs: Optional[int] = None
-    tools: Optional[list[Tool]] = None
-    tool_choice: Optional[Union[_ToolChoice, Literal["auto", "required", "none"]]] = None
+    top_logprobs: int | None = None
+    tools: list[Tool] | None = None
+    tool_choice: _ToolChoice | Literal["auto", "required", "none"] | None = None
     parallel_tool_calls: bool = True
 
 
 class CompletionRequest(_Common):
-    prompt: Union[list[int], list[list[int]], str, list[str]]
+    prompt: list[int] | list[list[int]] | str | list[str]
     max_tokens: int = 16
-    logprobs: Optional[int] = None
+    logprobs: int | None = None
     echo: bool = False
-    json_schema: Optional[str] = None  # SGLang's extension: a schema as a JSON string
+    json_schema: str | None = None  # SGLang's extension: a schema as a JSON string
 
 
 def _pydantic_message(e: ValidationError) -> str:

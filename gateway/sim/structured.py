@@ -16,6 +16,7 @@ schema that still recurses past the hard limit is refused as unsatisfiable here 
 from __future__ import annotations
 
 import random
+import uuid
 from typing import Any
 
 SOFT_DEPTH = 6  # past this, optional properties and extra array items are left out
@@ -179,9 +180,7 @@ class _Gen:
         if fmt in ("uri", "url"):
             return f"https://example.com/{self.rng.choice(_WORDS)}"
         if fmt == "uuid":
-            return "%08x-%04x-4%03x-8%03x-%012x" % (self.rng.getrandbits(32), self.rng.getrandbits(16),
-                                                     self.rng.getrandbits(12), self.rng.getrandbits(12),
-                                                     self.rng.getrandbits(48))
+            return str(uuid.UUID(int=self.rng.getrandbits(128), version=4))
         lo = _int(s.get("minLength", 0))
         hi = _int(s.get("maxLength", max(lo, 24)))
         if hi < lo:
@@ -227,7 +226,8 @@ def _int(v: Any) -> int:
 
 def _bounds(s: dict[str, Any], integer: bool) -> tuple[Any, Any]:
     """[lo, hi] from minimum/maximum and the exclusive forms; a default window of 0..100 when open."""
-    lo, hi = s.get("minimum"), s.get("maximum")
+    lo: Any = s.get("minimum")
+    hi: Any = s.get("maximum")
     xlo, xhi = s.get("exclusiveMinimum"), s.get("exclusiveMaximum")
     for v in (lo, hi, xlo, xhi):
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):

@@ -163,7 +163,7 @@ def test_fuzz_never_5xx_and_stays_responsive(sim, path, body):
 
 
 def test_after_fuzz_normal_requests_are_fast(sim):
-    url, rep = sim
+    url, _ = sim
     assert all(_normal_is_fast(url) for _ in range(3))
 
 

@@ -6,7 +6,13 @@ import pytest
 from gateway.sim.des import EventLoop, VirtualRank
 from gateway.sim.engine import Rank, SimRequest
 from gateway.sim.profiles import profile
-from gateway.sim.protocol import MAX_CHOICES, SimHTTPError, parse_chat, parse_completion, usage
+from gateway.sim.protocol import (
+    MAX_CHOICES,
+    SimHTTPError,
+    parse_chat,
+    parse_completion,
+    usage,
+)
 from gateway.tokenizer import VOCAB_SIZE
 
 CTX = 1_048_576

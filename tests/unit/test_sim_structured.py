@@ -2,12 +2,12 @@
 same value, and schemas that would make unbounded work are refused instead of run."""
 
 import random
-from typing import Literal, Optional
+from typing import Literal
 
 import jsonschema
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-import pytest
 from pydantic import BaseModel, Field
 
 from gateway.sim.protocol import ChatCompletionRequest, plan_chat
@@ -27,7 +27,7 @@ class Person(BaseModel):
     kind: Literal["admin", "user"]
     home: Address
     previous: list[Address] = []
-    nickname: Optional[str] = None
+    nickname: str | None = None
     active: bool
 
 
