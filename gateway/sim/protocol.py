@@ -62,8 +62,8 @@ MAX_N = 128  # OpenAI's documented range for n (SGLang has no cap) [inf]
 MAX_CHOICES = 1024  # prompts x n in one completions call [inf]
 MAX_TOP_LOGPROBS = 20  # OpenAI's range for top_logprobs; the completions API documents 5 [inf]
 MAX_MESSAGES = 100_000  # [inf]
-ROLES = ("system", "user", "assistant", "tool", "function", "developer", "latest_reminder", "root")  # SGLang's Literals
 MAX_TOOLS = 1024  # [inf]
+ROLES = ("system", "user", "assistant", "tool", "function", "developer", "latest_reminder", "root")  # SGLang's Literals
 
 
 class _Model(BaseModel):
