@@ -21,6 +21,7 @@ class FakeOpenAI:
         self.error_body: dict[str, Any] = {"error": {"message": "provider says no", "type": "server_error", "code": None}}
         self.inband_error_after: int | None = None  # stream: send an error event after k chunks
         self.delay = 0.0
+        self.inflight = self.max_inflight = 0  # requests held by `delay` now / at most at once
         # the usage it reports (tests set garbage here: upstream usage is untrusted input)
         self.usage: Any = {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10,
                            "prompt_tokens_details": {"cached_tokens": 2}}
@@ -41,7 +42,12 @@ class FakeOpenAI:
         self.bodies.append(body)
         self.headers.append(dict(request.headers))
         if self.delay:
-            await asyncio.sleep(self.delay)
+            self.inflight += 1
+            self.max_inflight = max(self.max_inflight, self.inflight)
+            try:
+                await asyncio.sleep(self.delay)
+            finally:
+                self.inflight -= 1
         if self.status != 200:
             return Response(orjson.dumps(self.error_body), status_code=self.status, media_type="application/json")
         usage = self.usage
