@@ -33,6 +33,7 @@ from gateway.observability.metrics import GatewayMetrics
 from gateway.observability.tracing import build_tracer
 from gateway.backends.engine_poller import EnginePoller
 from gateway.dispatch.feedback import Feedback
+from gateway.replay.recorder import TraceRecorder
 from gateway.prefix.memory import MemoryPrefixIndex
 from gateway.prefix.redis import RedisPrefixIndex
 from gateway.routing.load import MemoryLoadTracker, RedisLoadTracker
@@ -116,6 +117,7 @@ def create_app(config: GatewayConfig, *, span_exporter: Any = None, transport: h
         corrector = engine.corrector
         router = PipelineRouter(registry, index, loads, engine, on_lookup=metrics.routing_lookup.observe)
         feedback = Feedback(index, loads, engine, metrics, rc)
+        recorder = TraceRecorder(config.recording, rc.chunk_tokens)  # off unless recording.path is set
         poller = EnginePoller(registry, http, index, rc.chunk_tokens, rc.load_poll_s, config, metrics.registry)
         state = AppState(
             config=config, registry=registry, policies=policies, control=control, limiter=limiter, budget=budget,
@@ -126,7 +128,8 @@ def create_app(config: GatewayConfig, *, span_exporter: Any = None, transport: h
             health=health, feedback=feedback, tracer=tracer, tracer_provider=provider,
             concurrency=ConcurrencyLimiter(redis_client, rc.redis_prefix, rc.concurrency_lease_s, rc.limits_redis_timeout_s),
         )
-        state.extra.update(index=index, loads=loads, corrector=corrector, poller=poller, admin_hashes=admin_hashes)
+        state.extra.update(index=index, loads=loads, corrector=corrector, poller=poller, admin_hashes=admin_hashes,
+                           recorder=recorder)
         if precise is not None:
             state.extra.update(prefix_hasher=precise.hasher, kv_events=precise.manager)
         app.state.gateway = state
@@ -154,6 +157,7 @@ def create_app(config: GatewayConfig, *, span_exporter: Any = None, transport: h
             if precise is not None:
                 await precise.manager.stop()
             await feedback.drain()
+            recorder.close()
             await budget.stop()  # after the proxy's settlements: a last replay of anything still queued
             await state.dispatcher.quarantine.drain()
             if isinstance(loads, RedisLoadTracker):

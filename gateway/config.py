@@ -266,6 +266,15 @@ class Routing(_Strict):
         return self
 
 
+class Recording(_Strict):
+    """Record live traffic as an anonymized trace (lengths, remapped block and tenant ids; never text) for
+    `gateway replay` (gateway/replay/recorder.py)."""
+
+    path: str | None = Field(default=None, description="JSONL file to write (truncated at start); unset = off")
+    max_requests: int = Field(default=100_000, ge=1, description="stop recording after this many requests")
+    max_bytes: int = Field(default=64 * 1024 * 1024, ge=1024, description="stop recording past this file size")
+
+
 class Shutdown(_Strict):
     """SIGTERM in the order load balancers expect: readiness fails while still serving, then stop accepting, then
     in-flight requests finish (`gateway serve --drain-timeout`)."""
@@ -329,6 +338,7 @@ class GatewayConfig(_Strict):
     routing: Routing = Routing()
     admin: Admin = Admin()
     shutdown: Shutdown = Shutdown()
+    recording: Recording = Recording()
     responses: ResponsesConfig = ResponsesConfig()
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
     max_json_depth: int = Field(default=64, ge=8, le=200, description="deeper request bodies get a 400 (orjson "

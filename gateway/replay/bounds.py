@@ -14,12 +14,12 @@ from collections.abc import Sequence
 from gateway.replay.trace import BLOCK_TOKENS, TraceRecord
 
 
-def _keys(r: TraceRecord) -> Sequence[tuple[int, int]]:
-    return [(r.tenant, h) for h in r.hash_ids]
+def _keys(r: TraceRecord) -> Sequence[int]:
+    return r.hash_ids  # ids already tell isolated cache namespaces apart (recordings hash them salted)
 
 
 def ideal_hit_rate(trace: Sequence[TraceRecord]) -> float:
-    seen: set[tuple[int, int]] = set()
+    seen: set[int] = set()
     hit = total = 0
     for r in trace:
         keys = _keys(r)
@@ -32,7 +32,7 @@ def ideal_hit_rate(trace: Sequence[TraceRecord]) -> float:
 
 def lru_hit_rate(trace: Sequence[TraceRecord], capacity_tokens: int) -> float:
     cap = max(1, capacity_tokens // BLOCK_TOKENS)
-    lru: OrderedDict[tuple[int, int], None] = OrderedDict()
+    lru: OrderedDict[int, None] = OrderedDict()
     hit = total = 0
     for r in trace:
         keys = _keys(r)

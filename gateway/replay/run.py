@@ -26,7 +26,7 @@ from gateway.sim.stats import nearest_rank
 def _keys(r: TraceRecord, unit: int, n: int, salt: int) -> list[int]:
     """Chain keys for the first n units of `unit` tokens: the block holding the unit's last token, and the offset."""
     ids = r.hash_ids
-    return [hash((salt, r.tenant, ids[((j + 1) * unit - 1) // BLOCK_TOKENS], ((j + 1) * unit - 1) % BLOCK_TOKENS))
+    return [hash((salt, ids[((j + 1) * unit - 1) // BLOCK_TOKENS], ((j + 1) * unit - 1) % BLOCK_TOKENS))
             for j in range(n)]
 
 

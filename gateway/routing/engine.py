@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Union
 
-from gateway.prediction.ttft import FREE, LoadView, TtftCorrector
+from gateway.prediction.ttft import FREE, LoadView, QueueDrain, TtftCorrector
 from gateway.routing.decision import Decision
 from gateway.routing.features import Candidate, TargetInfo, build_candidates
 from gateway.routing.request import RoutingRequest
@@ -88,12 +88,22 @@ class RoutingEngine:
         self.corrector = corrector
         self.speculative_ttl_s = speculative_ttl_s
         self.residency_ttl_s = residency_ttl_s
+        self.drain = QueueDrain()
 
     # -- the decision ------------------------------------------------------------------------------------------
     def decide(self, req: RoutingRequest, targets: Sequence[TargetInfo], matches: Mapping[str, int],
-               loads: Mapping[str, LoadView]) -> Decision:
-        """`matches`: index key -> matched chunks; `loads`: target name -> load."""
-        cands = build_candidates(req, targets, matches if self.uses_prefix else {}, loads, self.corrector.get,
+               loads: Mapping[str, LoadView], now: float | None = None,
+               engine_loads: Mapping[str, LoadView | None] | None = None) -> Decision:
+        """`matches`: index key -> matched chunks; `loads`: target name -> the gateways' tracked load; `now`: the
+        caller's clock (the queue's done part is estimated from it; None: taken as tracked); `engine_loads`: the
+        engines' own gauges, a floor under the estimate."""
+        views = {}
+        for t in targets:
+            v = loads.get(t.name, LoadView())
+            if now is not None:
+                v = self.drain.remaining(t.name, t.timing, v, now)
+            views[t.name] = merged_load(v, engine_loads.get(t.name) if engine_loads else None)
+        cands = build_candidates(req, targets, matches if self.uses_prefix else {}, views, self.corrector.get,
                                  self.chunk_tokens)
         decision = self.policy(req, cands, self.params)
         if len(decision.features) < len(cands):  # keep every candidate's features for feedback and explain
@@ -138,6 +148,13 @@ class RoutingEngine:
             # the replica never prefilled this prompt: withdraw the speculative entries beyond what it held
             out.append(IndexDrop(a.key, tuple(a.req.hashes[a.matched_chunks:]), "withdraw"))
         return out
+
+
+def merged_load(tracked: LoadView, engine: LoadView | None) -> LoadView:
+    """The gateways' count, floored by the engine's own gauges (which lag, but see traffic from anywhere)."""
+    if engine is None:
+        return tracked
+    return LoadView(max(tracked.queued_prefill_tokens, engine.queued_prefill_tokens), max(tracked.inflight, engine.inflight))
 
 
 def apply_sync(effects: Sequence[Effect], index: Any, loads: Any) -> None:

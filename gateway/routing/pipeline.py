@@ -10,11 +10,11 @@ from collections.abc import Callable
 from typing import Protocol
 
 from gateway.config import ModelRoute
-from gateway.prediction.ttft import LoadView, TtftCorrector
+from gateway.prediction.ttft import TtftCorrector
 from gateway.prefix.index import PrefixIndex
 from gateway.routing.candidates import candidates
 from gateway.routing.decision import Decision
-from gateway.routing.engine import RoutingEngine
+from gateway.routing.engine import RoutingEngine, merged_load  # noqa: F401 (re-exported)
 from gateway.routing.features import TargetInfo
 from gateway.routing.load import LoadTracker
 from gateway.routing.request import RoutingRequest
@@ -30,16 +30,10 @@ def target_info(t: Target) -> TargetInfo:
     return TargetInfo(t.name, t.index_key, t.pool, t.timing, t.pricing, t, t.weight, prefix_cache=t.kind == "sglang")
 
 
-def merged_load(tracked: LoadView, engine: LoadView | None) -> LoadView:
-    """The gateways' count, floored by the engine's own gauges (which lag, but see traffic from anywhere)."""
-    if engine is None:
-        return tracked
-    return LoadView(max(tracked.queued_prefill_tokens, engine.queued_prefill_tokens), max(tracked.inflight, engine.inflight))
-
-
 class PipelineRouter:
     def __init__(self, registry: UpstreamRegistry, index: PrefixIndex, loads: LoadTracker, engine: RoutingEngine,
-                 on_lookup: Callable[[float], None] | None = None) -> None:
+                 on_lookup: Callable[[float], None] | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
         self.registry = registry
         self.index = index
         self.loads = loads
@@ -61,5 +55,4 @@ class PipelineRouter:
             matches, tracked = {}, await self.loads.snapshot([i.name for i in infos])
         if self.on_lookup:
             self.on_lookup(time.perf_counter() - start)
-        loads = {t.name: merged_load(tracked.get(t.name, LoadView()), t.engine_load) for t in live}
-        return self.engine.decide(req, infos, matches, loads)
+        return self.engine.decide(req, infos, matches, tracked, self.clock(), {t.name: t.engine_load for t in live})

@@ -162,7 +162,7 @@ class Fleet:
         infos = self.infos
         matches = inst.index.match_sync(req.hashes, [i.key for i in infos]) if eng.uses_prefix and req.hashes else {}
         loads = {i.name: inst.loads.view(i.name) for i in infos}
-        decision = eng.decide(req, infos, matches, loads)
+        decision = eng.decide(req, infos, matches, loads, now)
         if self.on_decision:
             self.on_decision(inst, req, decision)
         chosen = decision.chosen

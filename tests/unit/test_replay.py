@@ -33,12 +33,20 @@ def test_trace_errors_name_the_file_and_line(tmp_path: Path, bad: str, says: str
     assert f"{p}:4:" in str(e.value) and says in str(e.value)
 
 
-def test_timestamps_must_not_go_back_and_the_cli_reports_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_cli_names_the_line_and_prints_no_traceback(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     p = tmp_path / "t.jsonl"
-    p.write_text(GOOD.replace('"timestamp": 0', '"timestamp": 50') + GOOD)
+    p.write_text(GOOD + GOOD.replace('"hash_ids": [1, 2]', '"hash_ids": 7'))
     assert main(["replay", str(p), "--no-progress"]) == 2
     err = capsys.readouterr().err
-    assert f"{p}:2:" in err and "before the previous line" in err and "Traceback" not in err
+    assert f"{p}:2:" in err and "'hash_ids'" in err and "Traceback" not in err
+
+
+def test_out_of_order_lines_are_read_in_arrival_order(tmp_path: Path) -> None:
+    """Recordings are written as requests finish; replay needs them by arrival."""
+    p = tmp_path / "t.jsonl"
+    p.write_text(GOOD.replace('"timestamp": 0', '"timestamp": 50') + GOOD)
+    assert [r.timestamp_ms for r in read_trace(p)] == [0, 50]
+    assert [r.timestamp_ms for r in read_trace(p, limit=1)] == [0]
 
 
 def test_records_round_trip_with_the_recording_fields(tmp_path: Path) -> None:

@@ -63,9 +63,10 @@ def test_replay_and_gateway_make_the_same_decision_for_the_same_inputs(policy: s
     route = cfg.models[0]
     aio = asyncio.new_event_loop()
     seen: list[str] = []
+    fleets: list[Fleet] = []
 
     def check(inst: Instance, req: RoutingRequest, decision) -> None:  # type: ignore[no-untyped-def]
-        router = PipelineRouter(registry, inst.index, inst.loads, inst.engine)
+        router = PipelineRouter(registry, inst.index, inst.loads, inst.engine, clock=lambda: fleets[0].loop.now)
         mine = aio.run_until_complete(router.decide(req, route))
         assert [t.name for t in mine.ranked] == [t.name for t in decision.ranked]
         assert mine.branch == decision.branch
@@ -74,6 +75,7 @@ def test_replay_and_gateway_make_the_same_decision_for_the_same_inputs(policy: s
         seen.append(decision.branch)
 
     def hook(fleet: Fleet) -> None:
+        fleets.append(fleet)
         fleet.on_decision = check
 
     r = replay(synthetic_trace(400), targets_from_config(cfg), cfg.routing, speed=3.0, fleet_hook=hook)
