@@ -94,7 +94,7 @@ def chat(model: str = "glm-5.2", **kw: Any) -> dict[str, Any]:
 def loads_now(gw: Any) -> dict[str, Any]:
     st = gw.app.state.gateway
     names = [t.name for t in st.registry.targets]
-    return asyncio.run_coroutine_threadsafe(st.extra["loads"].snapshot(names), gw.loop).result(5)
+    return asyncio.run_coroutine_threadsafe(st.loads.snapshot(names), gw.loop).result(5)
 
 
 def idle(gw: Any) -> bool:
@@ -378,3 +378,21 @@ def test_span_reports_max_tokens_only_when_the_client_set_it(stack):
                 if s.attributes.get("gateway.request_id") == r.headers["x-request-id"])
     assert "gen_ai.request.max_tokens" not in span.attributes and span.status.status_code == StatusCode.UNSET
     assert span.attributes["gen_ai.usage.cache_read.input_tokens"] == 2 and span.attributes["gen_ai.usage.input_tokens"] == 7
+
+
+def test_a_client_that_leaves_while_sending_its_body_is_counted_not_an_error(stack, caplog):
+    """A client gone before its body arrived is a client_disconnect (499) in the metrics and the log, never an
+    'unhandled error' with a traceback."""
+    u, lines = stack["url"], stack["lines"]
+    before = metric(u, "gateway_requests_total", status="499", reason="client_disconnect")
+    host, port = u.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port))) as s:
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                  + f"authorization: Bearer {KEY_A}\r\nx-request-id: gone-early-1\r\ncontent-length: 100\r\n\r\n".encode()
+                  + b'{"model":')
+        time.sleep(0.2)
+    wait_until(lambda: any(ln["request_id"] == "gone-early-1" for ln in lines.records), what="logged")
+    line = next(ln for ln in lines.records if ln["request_id"] == "gone-early-1")
+    assert (line["status"], line["reason"]) == ("499", "client_disconnect")
+    assert metric(u, "gateway_requests_total", status="499", reason="client_disconnect") == before + 1
+    assert not [r for r in caplog.records if r.name == "gateway.errors"]

@@ -23,7 +23,7 @@ from collections import deque
 from collections.abc import Coroutine
 from typing import Any
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from gateway.api.openai import admission, budget, decide
@@ -80,6 +80,8 @@ class OpenAIProxy:
             if slot is not None:
                 st.concurrency.release(slot)
             self.accounting.rejected(edge, e)
+            if isinstance(e, ClientDisconnect):  # left while sending its body: nobody to answer, nothing to report
+                return Response(status_code=499)
             raise
         ex.slot = slot
         st.metrics.inflight.labels(tenant.name).inc()  # from here on accounting.finish runs exactly once
