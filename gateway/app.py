@@ -23,7 +23,6 @@ from gateway.backends.base import Backend
 from gateway.backends.health import HealthChecker
 from gateway.backends.hosted import LiteLLMBackend
 from gateway.backends.openai_compat import HttpBackend, SGLangBackend
-from gateway.backends.transport import asyncio_transport
 from gateway.config import ConfigError, GatewayConfig
 from gateway.typed import sha256_hex_list
 from gateway.dispatch.dispatcher import Dispatcher
@@ -66,7 +65,7 @@ def create_app(config: GatewayConfig, *, span_exporter: Any = None, transport: h
         limits = httpx.Limits(max_connections=4096, max_keepalive_connections=512, keepalive_expiry=4.0)
         http = httpx.AsyncClient(
             timeout=httpx.Timeout(connect=t.connect, read=None, write=30.0, pool=t.connect),
-            transport=transport or asyncio_transport(limits),
+            limits=limits, transport=transport,  # a test's transport, else httpx's own pool with these limits
             trust_env=False,  # upstreams are addressed directly, never through an environment proxy
         )
         registry = UpstreamRegistry(config)
@@ -109,7 +108,8 @@ def create_app(config: GatewayConfig, *, span_exporter: Any = None, transport: h
                 pass  # logged and kept in policies.last_error; the running policy stays
 
         async def flush_event(ev: dict[str, Any]) -> None:
-            await index.drop_replica(str(ev["key"]))
+            for key in ev.get("keys") or [ev["key"]]:  # "key": an instance of the release before ranks were flushed
+                await index.drop_replica(str(key))
 
         control = ControlPlane(control_store, registry, config.admin.control_resync_s,
                                actions={"reload": reload_event, "flush": flush_event})
@@ -127,11 +127,10 @@ def create_app(config: GatewayConfig, *, span_exporter: Any = None, transport: h
                 quarantine=Quarantine(config.retry.quarantine_ttl_s, redis_client, rc.redis_prefix, rc.redis_timeout_s)),
             health=health, feedback=feedback, tracer=tracer, tracer_provider=provider,
             concurrency=ConcurrencyLimiter(redis_client, rc.redis_prefix, rc.concurrency_lease_s, rc.limits_redis_timeout_s),
+            index=index, loads=loads, corrector=corrector, poller=poller, admin_hashes=admin_hashes, recorder=recorder,
         )
-        state.extra.update(index=index, loads=loads, corrector=corrector, poller=poller, admin_hashes=admin_hashes,
-                           recorder=recorder)
         if precise is not None:
-            state.extra.update(prefix_hasher=precise.hasher, kv_events=precise.manager)
+            state.prefix_hasher, state.kv_events = precise.hasher, precise.manager
         app.state.gateway = state
         app.state.proxy = OpenAIProxy(state)
         app.state.responses_store = build_response_store(config.responses, redis_client, rc.redis_prefix,

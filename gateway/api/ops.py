@@ -28,7 +28,7 @@ async def readyz(request: Request) -> Response:
     # SGLang servers whose preflight failed (gateway/preflight.py): named, never a reason to fail readiness
     bad = {t.server: t.misconfigured for t in st.registry.targets if t.misconfigured}
     extra = {"misconfigured_replicas": bad} if bad else {}
-    kv = st.extra.get("kv_events")  # routing.mode precise/hybrid: each subscription's health (docs/kv-events.md)
+    kv = st.kv_events  # routing.mode precise/hybrid: each subscription's health (docs/kv-events.md)
     if kv is not None:
         extra["kv_events"] = kv.health()
     if missing:

@@ -18,10 +18,10 @@ import logging
 
 import httpx
 
+from gateway.background import BackgroundTask
 from gateway.config import HealthChecks
 from gateway.observability.metrics import GatewayMetrics
 from gateway.upstreams import Target, UpstreamRegistry
-from gateway.background import BackgroundTask
 
 log = logging.getLogger("gateway.health")
 UNHEALTHY_AFTER = 2

@@ -2,8 +2,9 @@
 stored in Redis, audited (who, what, when), and applied by every instance within a second (pub/sub).
 
 GET  /admin/state                          pools, replicas (health, circuit, load, predicted TTFT, index size), overrides
-POST /admin/replicas/{name}/drain|undrain  stop / resume new traffic to a replica (in-flight requests finish)
-POST /admin/replicas/{name}/flush-prefix   forget the router's prefix entries for a replica
+POST /admin/replicas/{name}/drain|undrain  stop / resume new traffic to a replica (in-flight requests finish); name:
+                                           a server (all its DP ranks) or one rank (`p-0/dp1`)
+POST /admin/replicas/{name}/flush-prefix   forget the router's prefix entries for a replica (a server: every rank)
 PUT  /admin/pools/{name}                   {"weight": w, "pricing": {...per_token...}};  DELETE: back to the config
 PUT  /admin/tenants/{name}/override        {"ttl_s", "ttft_sla_ms", "pin_pool", "objective", "on_sla_miss"}; DELETE
 GET  /admin/decisions?limit=N              recent routing decisions on this instance, with their explanation
@@ -61,7 +62,7 @@ def _state(request: Request) -> AppState:
 def _who(request: Request) -> str:
     """The caller, for the audit log: which admin token (by digest prefix, never the token), plus a name it gives."""
     st = _state(request)
-    hashes = st.extra["admin_hashes"]
+    hashes = st.admin_hashes
     scheme, _, token = (request.headers.get("authorization") or "").partition(" ")
     if not hashes or scheme.lower() != "bearer" or not token.strip():
         raise AuthenticationFailed("Admin API: missing or invalid admin token.")
@@ -114,13 +115,13 @@ async def state(request: Request, uncached_tokens: int = Query(8000, ge=0, le=10
     """`predicted_ttft_s`: for a request with `uncached_tokens` to prefill, on this instance's view of the load."""
     _who(request)
     st = _state(request)
-    tracked = await st.extra["loads"].snapshot([t.name for t in st.registry.targets])
+    tracked = await st.loads.snapshot([t.name for t in st.registry.targets])
     pools = []
     for pool in st.config.pools:
         reps = []
         for t in st.registry.by_pool[pool.name]:
             load = merged_load(tracked.get(t.name, LoadView()), t.engine_load)
-            ttft = predict_ttft(t.timing, load, uncached_tokens) * st.extra["corrector"].get(t.pool, regime(t.timing, load))
+            ttft = predict_ttft(t.timing, load, uncached_tokens) * st.corrector.get(t.pool, regime(t.timing, load))
             reps.append({"name": t.name, "healthy": t.healthy, "drained": t.drained, "routable": t.routable(),
                          "circuit": t.breaker.state.value, "incarnation": t.incarnation, "last_error": t.last_error,
                          "queued_prefill_tokens": round(load.queued_prefill_tokens), "inflight": round(load.inflight, 1),
@@ -130,7 +131,7 @@ async def state(request: Request, uncached_tokens: int = Query(8000, ge=0, le=10
         pools.append({"name": pool.name, "kind": pool.kind, "weight": first.weight,
                       "pricing": first.pricing.model_dump() if first.pricing else None, "replicas": reps})
     cs = st.control.state
-    return JSONResponse({"pools": pools, "prefix_index_entries": await st.extra["index"].size(),
+    return JSONResponse({"pools": pools, "prefix_index_entries": await st.index.size(),
                          "drained": sorted(cs.drained),
                          "pool_overrides": {k: v.model_dump(mode="json") for k, v in cs.pools.items()},
                          "tenant_overrides": {k: v.model_dump(mode="json") for k, v in cs.live_tenants().items()},
@@ -146,12 +147,14 @@ async def replicas(request: Request) -> Response:
                                        "drained": t.drained, "circuit": t.breaker.state.value,
                                        "incarnation": t.incarnation, "last_error": t.last_error}
                                       for t in st.registry.targets],
-                         "prefix_index_entries": await st.extra["index"].size()})
+                         "prefix_index_entries": await st.index.size()})
 
 
 # -- replicas -----------------------------------------------------------------------------------------------------
-@router.post("/replicas/{name}/{action}")
+@router.post("/replicas/{name:path}/{action}")
 async def replica_action(name: str, action: str, request: Request) -> Response:
+    """`name`: a server's configured name (every rank of a DP server) or one rank's target name (`p-0/dp1`); the
+    path converter takes everything up to the last segment, which is the action."""
     who = _who(request)
     st = _state(request)
     t = _replica(st, name)
@@ -159,9 +162,12 @@ async def replica_action(name: str, action: str, request: Request) -> Response:
         await _apply(st.control.drain(who, name, action == "drain"))
         return JSONResponse({"replica": name, "drained": t.drained})
     if action == "flush-prefix":
-        await _apply(st.control.change(who, "flush_prefix", {"replica": name}, None, {"kind": "flush", "key": t.index_key}))
-        await st.extra["index"].drop_replica(t.index_key)
-        return JSONResponse({"replica": name, "flushed": t.index_key})
+        keys = [x.index_key for x in st.registry.servers().get(name, [])] or [t.index_key]  # a server: every rank
+        await _apply(st.control.change(who, "flush_prefix", {"replica": name, "keys": keys}, None,
+                                       {"kind": "flush", "keys": keys}))
+        for key in keys:
+            await st.index.drop_replica(key)
+        return JSONResponse({"replica": name, "flushed": keys})
     raise NotFound(f"Unknown action {action!r}: drain, undrain or flush-prefix.", param="action")
 
 

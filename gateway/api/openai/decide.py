@@ -28,7 +28,7 @@ def routing_request(r: Routing, ex: Exchange, hasher: Callable[..., list[int]] =
 
 
 async def decide(state: AppState, ex: Exchange) -> None:
-    ex.rreq = routing_request(state.config.routing, ex, state.extra.get("prefix_hasher", prefix_hashes))
+    ex.rreq = routing_request(state.config.routing, ex, state.prefix_hasher)
     ex.decision = await state.router.decide(ex.rreq, ex.route)
     state.metrics.decisions.labels(ex.parsed.model, ex.decision.branch).inc()
     ex.headers["x-gateway-route"] = ex.decision.branch
