@@ -1,6 +1,7 @@
 """Data-parallel SGLang servers (issue #11): a server with N ranks becomes N routing targets, discovered from
 /server_info with nothing in the config but its URL, each pinned to its rank, so prefix affinity survives."""
 
+import asyncio
 import threading
 
 import httpx
@@ -99,6 +100,42 @@ def test_header_pinning_reaches_the_rank():
         counters = [x["counters"] for x in httpx.get(f"{sims.urls[0]}/_sim/state").json()["ranks"]]
         assert counters[rank]["requests"] >= 4 and counters[rank]["cached_tokens"] >= 3 * 1500
         assert counters[1 - rank]["cached_tokens"] == 0  # round robin would have split the group over both ranks
+    finally:
+        gw.stop()
+        sims.stop()
+
+
+def test_admin_addresses_one_rank_and_flushes_every_rank_of_a_server():
+    """On-call can drain one rank by its target name (`p-0/dp1`, a slash inside the name); flush-prefix by the
+    server's name forgets every rank's entries, not only the first rank's."""
+    from tests.integration.test_tenancy import ADMIN_H, cfg_for
+
+    sims, _ = start_sims(1, dp_size=2)
+    pool = sglang_pool("p", sims.urls)
+    pool["replicas"][0]["dp_size"] = 2
+    gw = start_gateway(cfg_for([pool]))
+    st = lambda: gw.app.state.gateway  # noqa: E731
+    run = lambda coro: asyncio.run_coroutine_threadsafe(coro, gw.loop).result(5)  # noqa: E731
+    post = lambda path: httpx.post(gw.urls[0] + path, headers=ADMIN_H, timeout=10)  # noqa: E731
+    try:
+        r = post("/admin/replicas/p-0/dp1/drain")
+        assert r.status_code == 200 and r.json() == {"replica": "p-0/dp1", "drained": True}
+        assert gw.call(lambda: [(t.name, t.drained) for t in st().registry.by_pool["p"]]) == [
+            ("p-0/dp0", False), ("p-0/dp1", True)]
+        assert post("/admin/replicas/p-0/dp1/undrain").json()["drained"] is False
+        assert post("/admin/replicas/p-0/dp7/drain").status_code == 404  # an unknown rank is an unknown replica
+
+        keys = gw.call(lambda: [t.index_key for t in st().registry.by_pool["p"]])
+        for key in keys:
+            run(st().index.insert(key, [1, 2, 3], 60.0))
+        assert run(st().index.match([1, 2, 3], keys)) == {k: 3 for k in keys}
+        r = post("/admin/replicas/p-0/flush-prefix")
+        assert r.status_code == 200 and r.json()["flushed"] == keys
+        assert run(st().index.match([1, 2, 3], keys)) == {}
+        run(st().index.insert(keys[0], [1, 2, 3], 60.0))
+        run(st().index.insert(keys[1], [1, 2, 3], 60.0))
+        assert post("/admin/replicas/p-0/dp1/flush-prefix").json()["flushed"] == [keys[1]]  # one rank alone
+        assert run(st().index.match([1, 2, 3], keys)) == {keys[0]: 3}
     finally:
         gw.stop()
         sims.stop()
