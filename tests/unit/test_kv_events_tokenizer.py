@@ -1,0 +1,88 @@
+"""The real request tokenizer (gateway/tokenizers/real.py) on a tiny tokenizer.json built here with the `tokenizers`
+library (no downloads): ChatML template rendering, ids as a fresh encode gives them, the per-conversation prefix
+cache (same ids, fewer tokens encoded), and clear errors for bad files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+from gateway.config import TokenizerSettings
+from gateway.tokenizers import build_tokenizer
+from gateway.tokenizers.real import HfTokenizer, TokenizerFilesError
+
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+CORPUS = ["the quick brown fox jumps over the lazy dog", "hello world, how are you today?",
+          "count one two three and return a json object", "you are a helpful assistant"] * 50
+
+
+def make_tokenizer_dir(tmp: Path, template: str | None = CHATML) -> Path:
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<unk>", "<|im_start|>", "<|im_end|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(CORPUS, trainer)
+    tok.save(str(tmp / "tokenizer.json"))
+    cfg = {"eos_token": "<|im_end|>", "bos_token": None}
+    if template is not None:
+        cfg["chat_template"] = template
+    (tmp / "tokenizer_config.json").write_text(json.dumps(cfg))
+    return tmp
+
+
+def test_renders_chatml_and_encodes_like_a_fresh_encode(tmp_path: Path) -> None:
+    t = HfTokenizer.from_dir(str(make_tokenizer_dir(tmp_path)))
+    msgs = [{"role": "system", "content": "you are a helpful assistant"}, {"role": "user", "content": "hello world"}]
+    text = t.render(msgs, None)
+    assert text == ("<|im_start|>system\nyou are a helpful assistant<|im_end|>\n<|im_start|>user\nhello world"
+                    "<|im_end|>\n<|im_start|>assistant\n")
+    ids = t.encode_request("chat/completions", {"messages": msgs})
+    assert ids.tolist() == t.tok.encode(text, add_special_tokens=False).ids
+    assert ids[0] == t.tok.token_to_id("<|im_start|>")
+    # content parts are flattened to their text, as the engine does
+    parts = [{"role": "user", "content": [{"type": "text", "text": "hello "}, {"type": "text", "text": "world"}]}]
+    assert t.render(parts, None) == t.render([{"role": "user", "content": "hello world"}], None)
+
+
+def test_conversation_turns_reuse_the_cached_prefix(tmp_path: Path) -> None:
+    t = HfTokenizer.from_dir(str(make_tokenizer_dir(tmp_path)))
+    fresh = HfTokenizer.from_dir(str(tmp_path))
+    msgs = [{"role": "system", "content": "you are a helpful assistant " * 20}, {"role": "user", "content": "hello"}]
+    t.encode_request("chat/completions", {"messages": msgs})
+    assert (t.hits, t.misses) == (0, 1)
+    for turn in range(4):
+        msgs = [*msgs, {"role": "assistant", "content": f"the quick brown fox {turn}"},
+                {"role": "user", "content": f"count one two three {turn}"}]
+        got = t.encode_request("chat/completions", {"messages": msgs})
+        want = fresh.tok.encode(fresh.render(msgs, None), add_special_tokens=False).ids
+        assert got.tolist() == want
+    assert t.hits == 4
+
+
+def test_completions_and_token_prompts(tmp_path: Path) -> None:
+    t = HfTokenizer.from_dir(str(make_tokenizer_dir(tmp_path)))
+    assert t.encode_request("completions", {"prompt": "hello world"}).tolist() == t.tok.encode("hello world").ids
+    assert t.encode_request("completions", {"prompt": [5, 6, 7]}).tolist() == [5, 6, 7]
+    assert t.encode_request("completions", {"prompt": [[1, 2], [3]]}).tolist() == [1, 2]
+
+
+def test_bad_files_are_clear_errors(tmp_path: Path) -> None:
+    with pytest.raises(TokenizerFilesError, match="tokenizer.json"):
+        HfTokenizer.from_dir(str(tmp_path))
+    (tmp_path / "tokenizer.json").write_text("{not json")
+    with pytest.raises(TokenizerFilesError):
+        HfTokenizer.from_dir(str(tmp_path))
+    d = make_tokenizer_dir(tmp_path / "x" if (tmp_path / "x").mkdir() is None else tmp_path, template=None)
+    t = HfTokenizer.from_dir(str(d))
+    with pytest.raises(TokenizerFilesError, match="no chat_template"):
+        t.encode_request("chat/completions", {"messages": [{"role": "user", "content": "hi"}]})
+
+
+def test_build_tokenizer_by_kind(tmp_path: Path) -> None:
+    assert build_tokenizer(TokenizerSettings()).name == "sim"
+    make_tokenizer_dir(tmp_path)
+    assert build_tokenizer(TokenizerSettings(kind="hf", path=str(tmp_path))).name == "hf"
