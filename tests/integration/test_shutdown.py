@@ -12,7 +12,13 @@ import httpx
 import yaml
 from openai import OpenAI
 
-from tests.helpers import env_without_proxies, free_port, start_sims, wait_http
+from tests.helpers import (
+    env_without_proxies,
+    free_port,
+    start_sims,
+    wait_http,
+    wait_until,
+)
 from tests.integration.gateway_fixtures import KEY_A, config, sglang_pool
 
 MSG = [{"role": "user", "content": "drain me gently"}]
@@ -72,7 +78,7 @@ def test_sigterm_fails_readiness_for_the_drain_delay_then_closes_and_finishes_st
 
         poller = threading.Thread(target=poll)
         poller.start()
-        time.sleep(0.2)
+        wait_until(lambda: len(polls) >= 2, timeout=20, what="the poller's first answers")
         t_term = time.monotonic()
         os.kill(proc.pid, signal.SIGTERM)
         # new requests during the drain delay are still served
