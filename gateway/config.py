@@ -14,7 +14,7 @@ from typing import Annotated, Literal
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from gateway.tenancy.policy_schema import Tenant
+from gateway.policy_schema import Tenant
 from gateway.typed import Strict as _Strict
 from gateway.typed import sha256_hex_list
 

@@ -14,6 +14,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from gateway.circuit_breaker import CircuitBreaker
 from gateway.config import (
     GatewayConfig,
     GpuHourPricing,
@@ -23,7 +24,6 @@ from gateway.config import (
     PoolTiming,
     SGLangPool,
 )
-from gateway.dispatch.circuit_breaker import CircuitBreaker
 from gateway.prediction.ttft import LoadView
 
 DEFAULT_PRIORITY_VALUES = {"high": 10, "normal": 0, "low": -10}

@@ -18,7 +18,7 @@ from typing import Any
 from gateway.background import BackgroundTask
 from gateway.control.state import ControlState, PoolOverride, TenantOverride
 from gateway.control.store import ControlStore, StoreUnavailable
-from gateway.tenancy.policy_schema import Tenant
+from gateway.policy_schema import Tenant
 from gateway.upstreams import UpstreamRegistry
 
 log = logging.getLogger("gateway.control")

@@ -43,9 +43,9 @@ from gateway.dispatch.retry_policy import (
 from gateway.dispatch.upstream_body import adapt_body
 from gateway.errors import GatewayError, NoCapacity, RequestQuarantined, UpstreamTimeout
 from gateway.observability.metrics import GatewayMetrics
+from gateway.policy_schema import Tenant
 from gateway.routing.decision import Decision
 from gateway.routing.request import RoutingRequest
-from gateway.tenancy.policy_schema import Tenant
 from gateway.upstreams import Target
 
 log = logging.getLogger("gateway.dispatch")

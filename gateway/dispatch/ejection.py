@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.dispatch.circuit_breaker import BreakerState
+from gateway.circuit_breaker import BreakerState
 from gateway.dispatch.quarantine import BodyPrint
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.tenancy.policy_schema import Tenant
+from gateway.policy_schema import Tenant
 from gateway.upstreams import Target
 
 

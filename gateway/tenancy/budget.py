@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 import redis.asyncio as aioredis
 
-from gateway.tenancy.policy_schema import Tenant
+from gateway.policy_schema import Tenant
 
 USAGE_FIELDS = ("requests", "prompt_tokens", "cached_tokens", "completion_tokens")
 

@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 
 from gateway.background import BackgroundTask
 from gateway.config import Routing
+from gateway.policy_schema import Tenant
 from gateway.shared_redis import REDIS_ERRORS, RedisGuard
 from gateway.tenancy.budget import (
     USAGE_FIELDS,
@@ -39,7 +40,6 @@ from gateway.tenancy.budget import (
     budget_caps,
     periods,
 )
-from gateway.tenancy.policy_schema import Tenant
 from gateway.tenancy.ratelimit import (
     Admission,
     Bucket,

@@ -6,7 +6,7 @@ import hashlib
 from collections.abc import Iterable
 
 from gateway.errors import AuthenticationFailed
-from gateway.tenancy.policy_schema import Tenant
+from gateway.policy_schema import Tenant
 
 
 class TenantIndex:

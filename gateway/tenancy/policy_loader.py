@@ -17,7 +17,7 @@ import yaml
 from pydantic import ValidationError
 
 from gateway.config import ConfigError, GatewayConfig, check_tenants, error_location
-from gateway.tenancy.policy_schema import PolicyDefaults, Tenant
+from gateway.policy_schema import PolicyDefaults, Tenant
 
 
 class PolicyError(ConfigError):

@@ -19,7 +19,7 @@ from typing import Protocol
 
 import redis.asyncio as aioredis
 
-from gateway.tenancy.policy_schema import Tenant
+from gateway.policy_schema import Tenant
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 from gateway.config import ConfigError, load_config
+from gateway.policy_schema import PolicyDefaults, TenantFile
 from gateway.tenancy.policy_loader import load_policies
-from gateway.tenancy.policy_schema import PolicyDefaults, TenantFile
 
 SCHEMAS = {"tenant.schema.json": TenantFile, "defaults.schema.json": PolicyDefaults}
 

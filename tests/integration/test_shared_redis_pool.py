@@ -10,10 +10,10 @@ import time
 import pytest
 
 from gateway.config import hash_key
+from gateway.policy_schema import Tenant
 from gateway.shared_redis import PoolSaturated, RedisGuard, build_client
 from gateway.tenancy.budget import MemoryBudgetLedger, RedisBudgetLedger, Usage
 from gateway.tenancy.fallback import FallbackBudgetLedger
-from gateway.tenancy.policy_schema import Tenant
 from gateway.tenancy.ratelimit import Bucket, RedisRateLimiter
 
 

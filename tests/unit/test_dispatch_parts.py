@@ -4,8 +4,8 @@ import pytest
 
 from gateway.backends.base import AttemptFailed
 from gateway.backends.sse import sse_payloads
+from gateway.circuit_breaker import CircuitBreaker
 from gateway.config import GpuHourPricing, PerTokenPricing
-from gateway.dispatch.circuit_breaker import CircuitBreaker
 from gateway.dispatch.retry_policy import final_error
 from gateway.prediction.pricing import request_cost
 

@@ -11,7 +11,7 @@ from gateway.backends.openai_compat import (
     sanitize_upstream_text,
     upstream_message,
 )
-from gateway.dispatch.circuit_breaker import CircuitBreaker
+from gateway.circuit_breaker import CircuitBreaker
 from gateway.dispatch.ejection import StallDetector
 from gateway.dispatch.quarantine import BodyPrint, Quarantine, fingerprint
 from gateway.dispatch.retry_policy import (

@@ -4,8 +4,8 @@ the same arithmetic and are checked against a real Redis in tests/integration/te
 import pytest
 
 from gateway.config import hash_key
+from gateway.policy_schema import Tenant
 from gateway.tenancy.budget import MemoryBudgetLedger, Refusal, Reservation, Usage
-from gateway.tenancy.policy_schema import Tenant
 from gateway.tenancy.ratelimit import Bucket, MemoryRateLimiter, buckets_for
 
 

@@ -7,8 +7,8 @@ import pytest
 
 from gateway.config import hash_key, load_config, parse_config
 from gateway.dispatch.upstream_body import adapt_body
+from gateway.policy_schema import Tenant
 from gateway.tenancy.policy_loader import PolicyError, load_policies
-from gateway.tenancy.policy_schema import Tenant
 from gateway.tenancy.schema_cli import schemas
 from gateway.upstreams import UpstreamRegistry
 

@@ -13,9 +13,9 @@ from __future__ import annotations
 from gateway.api.openai.budget import expected_output
 from gateway.api.openai.exchange import Exchange
 from gateway.errors import RateLimited
+from gateway.policy_schema import Tenant
 from gateway.state import AppState
 from gateway.tenancy.concurrency import Slot
-from gateway.tenancy.policy_schema import Tenant
 from gateway.tenancy.ratelimit import buckets_for
 
 CONCURRENCY_RETRY_S = 1.0

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from gateway.config import ModelRoute, PerTokenPricing
 from gateway.errors import ModelNotFound, PermissionDenied
+from gateway.policy_schema import Tenant
 from gateway.state import AppState
-from gateway.tenancy.policy_schema import Tenant
 
 
 class Entitlements:

@@ -8,11 +8,11 @@ from typing import Any
 from gateway.api.openai.validation import ParsedRequest
 from gateway.config import ModelRoute
 from gateway.dispatch.dispatcher import Dispatched
+from gateway.policy_schema import Tenant
 from gateway.routing.decision import Decision
 from gateway.routing.request import RoutingRequest
 from gateway.tenancy.budget import Reservation
 from gateway.tenancy.concurrency import Slot
-from gateway.tenancy.policy_schema import Tenant
 from gateway.tenancy.ratelimit import Bucket
 
 

@@ -37,10 +37,10 @@ from gateway.api.openai.validation import check_limits, limits_for, parse_json, 
 from gateway.asgi import EventStreamResponse, run_until_disconnect
 from gateway.config import ModelRoute
 from gateway.errors import GatewayError
+from gateway.policy_schema import Tenant
 from gateway.routing.request import RoutingRequest
 from gateway.state import AppState
 from gateway.tenancy.concurrency import Slot
-from gateway.tenancy.policy_schema import Tenant
 
 __all__ = ["Exchange", "OpenAIProxy", "RecentDecision"]
 
