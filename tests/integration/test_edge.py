@@ -319,3 +319,24 @@ def test_an_exception_escaping_every_handler_is_a_json_500(gw):
     err = _openai_error(r, 500)
     assert err["type"] == "server_error" and "boom" not in r.text
     assert r.headers["x-request-id"] == "edge-500"
+
+
+def test_max_tokens_above_the_context_the_servers_report_is_refused_at_the_door():
+    """With no `context_tokens` in the config, the context length the SGLang servers report in /server_info bounds
+    max_tokens at the edge (400 naming the field) once the preflight has read it; below it the request is served."""
+    from tests.helpers import wait_until
+
+    sims, _ = start_sims(1, context_length=4096, enable_cache_report=True)
+    gw = start_gateway(config([sglang_pool("mi", sims.urls)]))
+    try:
+        reg = gw.app.state.gateway.registry
+        wait_until(lambda: all(t.context_tokens == 4096 for t in reg.targets), 10, "the preflight's context length")
+        body = {"model": "glm-5.2", "prompt": "hi", "max_tokens": 5000}
+        r = httpx.post(f"{gw.urls[0]}/v1/completions", json=body, headers={"authorization": f"Bearer {KEY_A}"})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens", r.text
+        r = httpx.post(f"{gw.urls[0]}/v1/completions", json={**body, "max_tokens": 4},
+                       headers={"authorization": f"Bearer {KEY_A}"})
+        assert r.status_code == 200, r.text
+    finally:
+        gw.stop()
+        sims.stop()

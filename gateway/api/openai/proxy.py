@@ -102,7 +102,7 @@ class OpenAIProxy:
         edge.stage = "entitlements"
         route = self.entitlements.resolve(tenant, parsed.model, request.headers.get("x-gateway-pool"))
         edge.stage = "validate"
-        check_limits(parsed, endpoint, limits_for(st.config, route.pools))  # n and context caps of these pools
+        check_limits(parsed, endpoint, limits_for(st.config, route.pools, st.registry))  # n and context caps of these pools
         return Exchange(edge.request_id, tenant, endpoint, parsed, route, edge.started,
                         edge.started + st.config.timeouts.total, headers={"x-request-id": edge.request_id})
 
