@@ -129,7 +129,8 @@ def test_sigterm_lets_inflight_streams_finish(tmp_path):
     port = free_port()
     cfg_path = tmp_path / "gw.yaml"
     cfg_path.write_text(yaml.safe_dump(config([sglang_pool("p", sims.urls)])))
-    proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", "--config", str(cfg_path), "--port", str(port)],
+    proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", "--config", str(cfg_path), "--port", str(port),
+                             "--drain-delay", "0"],
                             env=env_without_proxies(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         wait_http(f"http://127.0.0.1:{port}/healthz", proc=proc)
