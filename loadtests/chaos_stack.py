@@ -123,6 +123,7 @@ class Stack:
             "health": {"interval_s": 1.0, "timeout_s": 2.0},
             "routing": {"redis_url": self.redis.url, "ttft_sla_ms": 2220 / ts, "redis_timeout_s": 0.25},
             "admin": {"token_hashes": [hash_key(ADMIN_TOKEN)]},
+            "shutdown": {"readiness_drain_s": 1.5},  # the balancer polls every 0.1 s: 1.5 s is ample here
         }
 
     def kill_sim(self, i: int) -> None:
