@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -23,8 +22,7 @@ from gateway.backends.base import Backend
 from gateway.backends.health import HealthChecker
 from gateway.backends.hosted import LiteLLMBackend
 from gateway.backends.openai_compat import HttpBackend, SGLangBackend
-from gateway.config import ConfigError, GatewayConfig
-from gateway.typed import sha256_hex_list
+from gateway.config import GatewayConfig
 from gateway.dispatch.dispatcher import Dispatcher
 from gateway.dispatch.quarantine import Quarantine
 from gateway.observability.logging import setup_logging
@@ -39,6 +37,7 @@ from gateway.routing.load import MemoryLoadTracker, RedisLoadTracker
 from gateway.kvevents.setup import build as build_precise
 from gateway.routing.pipeline import PipelineRouter
 from gateway.routing.registry import build_engine
+from gateway.secrets import resolve as resolve_secrets
 from gateway.state import AppState
 from gateway.control.plane import ControlPlane
 from gateway.control.store import MemoryControlStore, RedisControlStore
@@ -55,8 +54,7 @@ def create_app(config: GatewayConfig, *, span_exporter: Any = None, transport: h
     request ids on every response. `.state` is the FastAPI app's state. Tenant policies are loaded here, so an
     invalid policy directory fails the start (ConfigError) before anything listens."""
     policies = PolicyStore(config)
-    admin_hashes = admin_token_hashes(config)
-    redis_pw = redis_password(config)
+    secrets = resolve_secrets(config)  # every env-named secret now: a missing one fails the start, naming it
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -68,7 +66,7 @@ def create_app(config: GatewayConfig, *, span_exporter: Any = None, transport: h
             limits=limits, transport=transport,  # a test's transport, else httpx's own pool with these limits
             trust_env=False,  # upstreams are addressed directly, never through an environment proxy
         )
-        registry = UpstreamRegistry(config)
+        registry = UpstreamRegistry(config, secrets.pool_keys)
         metrics = GatewayMetrics()
         policies.on_reload = lambda result: metrics.policy_reloads.labels(result).inc()
         sglang_backend = SGLangBackend(http, config.retry, t.idle, t.connect)
@@ -82,7 +80,7 @@ def create_app(config: GatewayConfig, *, span_exporter: Any = None, transport: h
         fell_back = lambda what, reason: metrics.shared_state_fallbacks.labels(what, reason).inc()  # noqa: E731
         if rc.redis_url:
             # a bounded pool that waits for a free connection: saturation is not an outage (shared_redis.py)
-            redis_client = build_client(rc.redis_url, password=redis_pw, connect_timeout=rc.redis_timeout_s * 5,
+            redis_client = build_client(rc.redis_url, password=secrets.redis_password, connect_timeout=rc.redis_timeout_s * 5,
                                         max_connections=rc.redis_max_connections or default_max_connections(rc.expected_inflight),
                                         pool_timeout=rc.redis_pool_timeout_s)
             index = RedisPrefixIndex(redis_client, prefix=rc.redis_prefix, timeout=rc.redis_timeout_s,
@@ -123,11 +121,11 @@ def create_app(config: GatewayConfig, *, span_exporter: Any = None, transport: h
             config=config, registry=registry, policies=policies, control=control, limiter=limiter, budget=budget,
             metrics=metrics, http=http,
             backends=backends, router=router, dispatcher=Dispatcher(
-                config, backends, metrics, feedback, tracer=tracer,
+                config, backends, metrics, feedback, tracer=tracer, on_unreachable=health.unreachable,
                 quarantine=Quarantine(config.retry.quarantine_ttl_s, redis_client, rc.redis_prefix, rc.redis_timeout_s)),
             health=health, feedback=feedback, tracer=tracer, tracer_provider=provider,
             concurrency=ConcurrencyLimiter(redis_client, rc.redis_prefix, rc.concurrency_lease_s, rc.limits_redis_timeout_s),
-            index=index, loads=loads, corrector=corrector, poller=poller, admin_hashes=admin_hashes, recorder=recorder,
+            index=index, loads=loads, corrector=corrector, poller=poller, admin_hashes=secrets.admin_hashes, recorder=recorder,
         )
         if precise is not None:
             state.prefix_hasher, state.kv_events = precise.hasher, precise.manager
@@ -176,28 +174,6 @@ def create_app(config: GatewayConfig, *, span_exporter: Any = None, transport: h
     app.include_router(admin_routes.router)
     error_handlers.install(app)
     return RequestIdMiddleware(FastPath(app))
-
-
-def redis_password(config: GatewayConfig) -> str | None:
-    """`routing.redis_password_env`'s value; a named variable that is unset or empty refuses to start (it would
-    otherwise connect unauthenticated and fail every Redis call, silently degrading to per-instance state)."""
-    env = config.routing.redis_password_env
-    if not env:
-        return None
-    value = os.environ.get(env)
-    if not value:
-        raise ConfigError(f"routing.redis_password_env: ${env} is not set")
-    return value
-
-
-def admin_token_hashes(config: GatewayConfig) -> list[str]:
-    """The config's admin token digests plus those in `admin.token_hashes_env` (digests only, never tokens)."""
-    env = config.admin.token_hashes_env
-    raw = [h.strip() for h in os.environ.get(env, "").split(",") if h.strip()] if env else []
-    try:
-        return config.admin.token_hashes + sha256_hex_list(raw)
-    except ValueError as e:
-        raise ConfigError(f"admin.token_hashes_env: ${env}: {e}") from None
 
 
 def create_admin_app(main: Any) -> Any:

@@ -28,6 +28,7 @@ from typing import Any
 import httpx
 
 from gateway.config import GatewayConfig, SGLangPool
+from gateway.secrets import pool_keys
 from gateway.upstreams import release
 
 log = logging.getLogger("gateway.preflight")
@@ -188,17 +189,16 @@ def assess(f: ServerFacts, pool: SGLangPool, chunk_tokens: int, probe_usage: dic
 
 
 async def check_config(cfg: GatewayConfig, client: httpx.AsyncClient | None = None) -> list[Report]:
-    """Every SGLang server of the config, concurrently."""
-    import os
-
+    """Every SGLang server of the config, concurrently (a pool's unset api_key_env is a ConfigError, as at start)."""
+    keys = pool_keys(cfg)
     own = client is None
     client = client or httpx.AsyncClient(trust_env=False)
     try:
         jobs = []
         for pool in cfg.pools:
             if isinstance(pool, SGLangPool):
-                key = os.environ.get(pool.api_key_env) if pool.api_key_env else None
-                jobs += [inspect(client, pool, r.name, r.url, key, cfg.routing.chunk_tokens) for r in pool.replicas]
+                jobs += [inspect(client, pool, r.name, r.url, keys[pool.name], cfg.routing.chunk_tokens)
+                         for r in pool.replicas]
         return list(await asyncio.gather(*jobs))
     finally:
         if own:
@@ -220,10 +220,10 @@ def run_check(args: Any) -> int:
 
     try:
         cfg = load_config(args.config)
+        reports = asyncio.run(check_config(cfg))
     except ConfigError as e:
         print(e)
         return 2
-    reports = asyncio.run(check_config(cfg))
     bad = 0
     for rep in reports:
         print(("ok    " if rep.ok else "FAIL  ") + describe(rep))

@@ -1,5 +1,10 @@
 """The upstream targets (one per SGLang data-parallel rank, one per hosted pool) and their live state.
 
+A `Target` is what does not change while it exists: identity, pool, URLs, credentials, timing, the backend's
+capabilities, its DP rank and the pool's priority settings. Everything that changes is in its `TargetState`, one
+object per target, where each field has exactly one writer (named on the field). Readers see the state through
+read-only properties of the same name (`t.healthy`); a target itself cannot be assigned to.
+
 An SGLang server started with `--dp-size N` runs N schedulers, each with its own radix cache: routing by prefix
 only works if each rank is a target of its own and every request is pinned to the rank it was routed to. So a
 server is split into N targets (`mi355x-0/dp0`, `mi355x-0/dp1`) as soon as its rank count is known (config
@@ -10,7 +15,7 @@ Routing only sees `by_pool`, whose lists are updated in place.
 from __future__ import annotations
 
 import dataclasses
-import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,62 +30,149 @@ from gateway.config import (
     SGLangPool,
 )
 from gateway.prediction.ttft import LoadView
+from gateway.secrets import pool_keys
 
 DEFAULT_PRIORITY_VALUES = {"high": 10, "normal": 0, "low": -10}
+Pricing = PerTokenPricing | GpuHourPricing
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a backend kind can do. Code asks these, never the kind's name."""
+
+    prefix_cache: bool  # the engine keeps a prefix (radix) cache worth routing to: prefix index, KV events
+    cache_salt: bool  # honours `cache_salt`: the tenant's cache namespace is sent with every request
+    priority: bool  # honours a per-request `priority` (when the server schedules by it)
+    dp_ranks: bool  # data-parallel ranks that a request can be pinned to
+    engine_loads: bool  # /server_info, /v1/loads and /ping: server facts, the engine's load floor, preflight
+    health_probe: bool  # an HTTP liveness probe (litellm: none; its provider is assumed up)
+
+
+CAPABILITIES: dict[str, Capabilities] = {
+    "sglang": Capabilities(prefix_cache=True, cache_salt=True, priority=True, dp_ranks=True, engine_loads=True,
+                           health_probe=True),
+    "openai": Capabilities(prefix_cache=False, cache_salt=False, priority=False, dp_ranks=False, engine_loads=False,
+                           health_probe=True),
+    "litellm": Capabilities(prefix_cache=False, cache_salt=False, priority=False, dp_ranks=False, engine_loads=False,
+                            health_probe=False),
+}
 
 
 @dataclass(eq=False)
+class TargetState:
+    """A target's changing state. One writer per field (the component named); everyone else reads."""
+
+    breaker: CircuitBreaker  # its own state machine; dispatch (dispatcher.py, ejection.py) calls its methods
+    pricing: Pricing | None  # ControlPlane.apply (on-call price override; else the config's)
+    weight: float = 1.0  # ControlPlane.apply (the pool's; 0 takes no new traffic, else routing cost is divided by it)
+    drained: bool = False  # ControlPlane.apply
+    healthy: bool = True  # HealthChecker (probes; a refused connection the dispatcher reports via `unreachable`)
+    health_failures: int = 0  # HealthChecker
+    last_error: str = ""  # Dispatcher (the last failed attempt's message, for /admin/state)
+    engine_load: LoadView | None = None  # EnginePoller (the engine's own /v1/loads row)
+    # -- SGLang server facts: EnginePoller, through UpstreamRegistry.set_ranks (/server_info and the preflight) --
+    incarnation: str = "0"  # the simulator's restart id; a new one drops the old prefix entries
+    version: str = ""  # SGLang release ("" until known)
+    priority_scheduling: bool | None = None  # server's enable_priority_scheduling (None: unknown)
+    low_priority_values_first: bool = False  # server's --schedule-low-priority-values-first: the mapping is negated
+    context_tokens: int | None = None  # the server's context length, for edge limits
+    misconfigured: list[str] = field(default_factory=list)  # preflight checks that failed (names)
+
+
+SERVER_FACTS = frozenset({"incarnation", "version", "priority_scheduling", "low_priority_values_first",
+                          "context_tokens", "misconfigured"})
+
+
+@dataclass(frozen=True, eq=False)
 class Target:
     pool: str
     name: str  # replica name (SGLang; `<server>/dp<rank>` for one rank of a DP server) or pool name (hosted)
-    kind: str  # sglang | openai | litellm
+    kind: str  # sglang | openai | litellm: selects the backend; behaviour follows `caps`
     base_url: str  # SGLang: server root; openai: base URL including /v1; litellm: api_base or ""
+    api_base: str  # where `<endpoint>` paths go: SGLang `<root>/v1`; otherwise base_url
     upstream_model: str
     api_key: str | None
     health_path: str
-    pricing: PerTokenPricing | GpuHourPricing | None
-    breaker: CircuitBreaker
-    timing: PoolTiming = field(default_factory=PoolTiming)
-    incarnation: str = "0"
-    engine_load: LoadView | None = None  # from the engine's own /v1/loads
-    healthy: bool = True
-    drained: bool = False
-    weight: float = 1.0  # the pool's; 0 takes no new traffic, otherwise routing cost is divided by it
-    inflight: int = 0
-    health_failures: int = 0
-    last_error: str = ""
-    meta: dict[str, object] = field(default_factory=dict)
-    # -- SGLang server facts (from the config and the preflight's /server_info) --------------------------------
+    timing: PoolTiming
+    caps: Capabilities
+    state: TargetState
     server: str = ""  # the configured replica name (the server); equals `name` unless split into ranks
     dp_rank: int | None = None  # the rank this target pins; None: the server dispatches itself
     dp_pinning: str = "off"  # body | header | off
-    version: str = ""  # SGLang release from /server_info ("" until known)
-    priority_scheduling: bool | None = None  # server's enable_priority_scheduling (None: unknown)
-    low_priority_values_first: bool = False  # server's --schedule-low-priority-values-first: the mapping is negated
     send_priority: str = "auto"  # auto | always | never
-    priority_values: dict[str, int] = field(default_factory=lambda: dict(DEFAULT_PRIORITY_VALUES))
-    context_tokens: int | None = None  # the server's context length (/server_info context_length), for edge limits
-    misconfigured: list[str] = field(default_factory=list)  # preflight checks that failed (names)
+    priority_values: Mapping[str, int] = field(default_factory=lambda: dict(DEFAULT_PRIORITY_VALUES))
 
     def __post_init__(self) -> None:
         if not self.server:
-            self.server = self.name
+            object.__setattr__(self, "server", self.name)
 
     def url(self, endpoint: str) -> str:
         """endpoint: 'chat/completions' | 'completions' | 'models'."""
-        if self.kind == "sglang":
-            return f"{self.base_url}/v1/{endpoint}"
-        return f"{self.base_url}/{endpoint}"
+        return f"{self.api_base}/{endpoint}"
 
     def health_url(self) -> str:
         return f"{self.base_url}{self.health_path}"
 
     @property
     def index_key(self) -> str:
-        return f"{self.name}@{self.incarnation}"
+        return f"{self.name}@{self.state.incarnation}"
 
     def routable(self) -> bool:
-        return self.healthy and not self.drained and self.weight > 0 and self.breaker.available()
+        s = self.state
+        return s.healthy and not s.drained and s.weight > 0 and s.breaker.available()
+
+    # -- the live state, read-only here (writers: TargetState) -------------------------------------------------
+    @property
+    def breaker(self) -> CircuitBreaker:
+        return self.state.breaker
+
+    @property
+    def pricing(self) -> Pricing | None:
+        return self.state.pricing
+
+    @property
+    def weight(self) -> float:
+        return self.state.weight
+
+    @property
+    def drained(self) -> bool:
+        return self.state.drained
+
+    @property
+    def healthy(self) -> bool:
+        return self.state.healthy
+
+    @property
+    def last_error(self) -> str:
+        return self.state.last_error
+
+    @property
+    def engine_load(self) -> LoadView | None:
+        return self.state.engine_load
+
+    @property
+    def incarnation(self) -> str:
+        return self.state.incarnation
+
+    @property
+    def version(self) -> str:
+        return self.state.version
+
+    @property
+    def priority_scheduling(self) -> bool | None:
+        return self.state.priority_scheduling
+
+    @property
+    def low_priority_values_first(self) -> bool:
+        return self.state.low_priority_values_first
+
+    @property
+    def context_tokens(self) -> int | None:
+        return self.state.context_tokens
+
+    @property
+    def misconfigured(self) -> list[str]:
+        return self.state.misconfigured
 
     # -- what the upstream request carries for this target -----------------------------------------------------
     def pin_field(self) -> str | None:
@@ -88,7 +180,7 @@ class Target:
         is its deprecated alias, warned on every request), `data_parallel_rank` before or when unknown."""
         if self.dp_rank is None or self.dp_pinning != "body":
             return None
-        return "routed_dp_rank" if release(self.version) >= (0, 5, 13) else "data_parallel_rank"
+        return "routed_dp_rank" if release(self.state.version) >= (0, 5, 13) else "data_parallel_rank"
 
     def pin_headers(self) -> dict[str, str]:
         if self.dp_rank is None or self.dp_pinning != "header":
@@ -97,12 +189,13 @@ class Target:
 
     def priority_for(self, klass: str) -> int | None:
         """The explicit priority to send for a tenant class, or None to send none (see SGLangPool.send_priority)."""
-        if self.kind != "sglang" or self.send_priority == "never":
+        s = self.state
+        if not self.caps.priority or self.send_priority == "never":
             return None
-        if self.send_priority == "auto" and self.priority_scheduling is not True:
+        if self.send_priority == "auto" and s.priority_scheduling is not True:
             return None
         value = self.priority_values.get(klass, DEFAULT_PRIORITY_VALUES.get(klass, 0))
-        return -value if self.low_priority_values_first else value
+        return -value if s.low_priority_values_first else value
 
 
 def release(version: str) -> tuple[int, ...]:
@@ -117,39 +210,46 @@ def release(version: str) -> tuple[int, ...]:
 
 
 class UpstreamRegistry:
-    def __init__(self, cfg: GatewayConfig) -> None:
+    def __init__(self, cfg: GatewayConfig, keys: Mapping[str, str | None] | None = None) -> None:
+        """`keys`: each pool's upstream API key, resolved at start (gateway/secrets.py); None resolves them now
+        (a named variable that is unset is a ConfigError)."""
+        if keys is None:
+            keys = pool_keys(cfg)
         self.targets: list[Target] = []
         self.by_pool: dict[str, list[Target]] = {}
         self._cb = cfg.circuit_breaker
         self._fixed_ranks: dict[str, int] = {}  # server -> dp_size from the config (discovery does not override)
         self._pinning: dict[str, str] = {}
-        cb = cfg.circuit_breaker
         for pool in cfg.pools:
-            key = os.environ.get(pool.api_key_env) if pool.api_key_env else None
+            key = keys.get(pool.name)
+            ts: list[Target]
             if isinstance(pool, SGLangPool):
                 pinning = "off" if pool.dp_pinning == "off" else "header" if pool.dp_pinning == "header" else "body"
                 ts = []
                 for r in pool.replicas:
-                    ts.append(Target(pool.name, r.name, "sglang", r.url, pool.model, key, pool.health_path, pool.pricing,
-                                     CircuitBreaker(cb.failure_threshold, cb.cooldown_s), pool.timing,
+                    ts.append(Target(pool.name, r.name, "sglang", r.url, f"{r.url}/v1", pool.model, key,
+                                     pool.health_path, pool.timing, CAPABILITIES["sglang"], self._state(pool),
                                      dp_pinning=pinning, send_priority=pool.send_priority,
-                                     priority_values={str(k): v for k, v in pool.priority_values.items()}))
+                                     priority_values={**DEFAULT_PRIORITY_VALUES,
+                                                      **{str(k): v for k, v in pool.priority_values.items()}}))
                     self._pinning[r.name] = pinning
                     if r.dp_size is not None:
                         self._fixed_ranks[r.name] = r.dp_size
             elif isinstance(pool, OpenAIPool):
-                ts = [Target(pool.name, pool.name, "openai", pool.base_url, pool.model, key, pool.health_path,
-                             pool.pricing, CircuitBreaker(cb.failure_threshold, cb.cooldown_s), pool.timing)]
+                ts = [Target(pool.name, pool.name, "openai", pool.base_url, pool.base_url, pool.model, key,
+                             pool.health_path, pool.timing, CAPABILITIES["openai"], self._state(pool))]
             else:
                 assert isinstance(pool, LiteLLMPool)
-                ts = [Target(pool.name, pool.name, "litellm", pool.api_base or "", pool.model, key, "",
-                             pool.pricing, CircuitBreaker(cb.failure_threshold, cb.cooldown_s), pool.timing)]
-            for t in ts:
-                t.weight = pool.weight
+                ts = [Target(pool.name, pool.name, "litellm", pool.api_base or "", pool.api_base or "", pool.model,
+                             key, "", pool.timing, CAPABILITIES["litellm"], self._state(pool))]
             self.by_pool[pool.name] = ts
             self.targets.extend(ts)
         for server, n in self._fixed_ranks.items():
             self.set_ranks(server, n)
+
+    def _state(self, pool: SGLangPool | OpenAIPool | LiteLLMPool) -> TargetState:
+        return TargetState(CircuitBreaker(self._cb.failure_threshold, self._cb.cooldown_s), pool.pricing,
+                           weight=pool.weight)
 
     def head(self, pool: str) -> Target | None:
         """The pool's first target: it carries what is pool-wide (pricing, timing, weight)."""
@@ -163,16 +263,20 @@ class UpstreamRegistry:
 
     # -- SGLang servers and their ranks ------------------------------------------------------------------------
     def servers(self) -> dict[str, list[Target]]:
-        """SGLang server name -> its targets (one, or one per DP rank)."""
+        """Engine server name -> its targets (one, or one per DP rank): the servers with an engine API to poll."""
         out: dict[str, list[Target]] = {}
         for t in self.targets:
-            if t.kind == "sglang":
+            if t.caps.engine_loads:
                 out.setdefault(t.server, []).append(t)
         return out
 
     def set_ranks(self, server: str, discovered: int, **facts: Any) -> list[Target]:
         """Make `server` `n` targets (n = the configured dp_size, else `discovered`; 1 with pinning off), in place in
-        `by_pool` and `targets`, and set `facts` (Target fields such as version) on each. Returns its targets."""
+        `by_pool` and `targets`, and record its server `facts` (SERVER_FACTS fields of TargetState) on each. The
+        engine poller is the one caller with facts. Returns the server's targets."""
+        unknown = set(facts) - SERVER_FACTS
+        if unknown:
+            raise TypeError(f"not server facts: {sorted(unknown)}")
         current = [t for t in self.targets if t.server == server]
         if not current:
             return []
@@ -183,19 +287,23 @@ class UpstreamRegistry:
         want_ranks = [None] if n == 1 else list(range(n))
         if [t.dp_rank for t in current] != want_ranks:
             tpl = current[0]
-            cb = self._cb
-            new = [dataclasses.replace(
-                tpl, name=server if rank is None else f"{server}/dp{rank}", dp_rank=rank, engine_load=None, inflight=0,
-                health_failures=0, last_error="", breaker=CircuitBreaker(cb.failure_threshold, cb.cooldown_s),
-                meta={}, misconfigured=list(tpl.misconfigured), priority_values=dict(tpl.priority_values))
-                for rank in want_ranks]
+            new = [dataclasses.replace(tpl, name=server if rank is None else f"{server}/dp{rank}", dp_rank=rank,
+                                       state=self._rank_state(tpl.state))
+                   for rank in want_ranks]
             _splice(self.targets, current, new)
             _splice(self.by_pool[tpl.pool], current, new)
             current = new
         for t in current:
             for k, v in facts.items():
-                setattr(t, k, v)
+                setattr(t.state, k, v)
         return current
+
+    def _rank_state(self, server: TargetState) -> TargetState:
+        """A new rank's state: what is about the server or the pool carries over; its own load, breaker and errors
+        start fresh."""
+        return dataclasses.replace(server, breaker=CircuitBreaker(self._cb.failure_threshold, self._cb.cooldown_s),
+                                   engine_load=None, health_failures=0, last_error="",
+                                   misconfigured=list(server.misconfigured))
 
 
 def _splice(seq: list[Target], old: list[Target], new: list[Target]) -> None:

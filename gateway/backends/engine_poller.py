@@ -86,7 +86,7 @@ class EnginePoller:
         except (httpx.HTTPError, ValueError, KeyError, TypeError):
             self._reachable[server] = False
             for x in targets:
-                x.engine_load = None
+                x.state.engine_load = None
 
     async def _preflight(self, server: str, t: Target) -> list[Target] | None:
         pool = self.pools.get(t.pool)
@@ -108,7 +108,7 @@ class EnginePoller:
         checks = rep.checks()
         if rep.facts is None:
             for x in self.registry.servers().get(server, []):
-                x.misconfigured = checks
+                x.state.misconfigured = checks
             return None
         return await self._apply(server, t, rep.facts, misconfigured=checks)
 
@@ -147,11 +147,12 @@ def _assign(targets: list[Target], rows: list[tuple[int, LoadView]] | None) -> N
     """Each rank target gets its rank's row; a server-wide target gets the sum."""
     for t in targets:
         if rows is None:
-            t.engine_load = None
+            t.state.engine_load = None
         elif t.dp_rank is None:
-            t.engine_load = LoadView(sum(v.queued_prefill_tokens for _, v in rows), sum(v.inflight for _, v in rows))
+            t.state.engine_load = LoadView(sum(v.queued_prefill_tokens for _, v in rows),
+                                           sum(v.inflight for _, v in rows))
         else:
-            t.engine_load = next((v for r, v in rows if r == t.dp_rank), None)
+            t.state.engine_load = next((v for r, v in rows if r == t.dp_rank), None)
 
 
 def _rows_v1_loads(data: dict[str, Any]) -> list[tuple[int, LoadView]]:

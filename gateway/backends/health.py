@@ -46,7 +46,7 @@ class HealthChecker:
     async def check_all(self) -> None:
         groups: dict[tuple[str, str], list[Target]] = {}
         for t in self.registry.targets:
-            if t.kind != "litellm":
+            if t.caps.health_probe:
                 groups.setdefault((t.pool, t.server), []).append(t)
         await asyncio.gather(*(self._check(ts) for ts in groups.values()))
 
@@ -66,16 +66,25 @@ class HealthChecker:
     async def _check(self, targets: list[Target]) -> None:
         t = targets[0]
         ok = await self._probe(t, t.health_path)
-        if not ok and t.kind == "sglang" and t.health_path != BUSY_NOT_DEAD:
+        if not ok and t.caps.engine_loads and t.health_path != BUSY_NOT_DEAD:
             ok = await self._probe(t, BUSY_NOT_DEAD)  # a slow /health behind a long prefill: busy, not dead
         for x in targets:
+            s = x.state
             if ok:
-                x.health_failures = 0
-                x.healthy = True
+                s.health_failures = 0
+                s.healthy = True
             else:
-                x.health_failures += 1
-                if x.health_failures >= UNHEALTHY_AFTER and x.healthy:
+                s.health_failures += 1
+                if s.health_failures >= UNHEALTHY_AFTER and s.healthy:
                     log.warning("replica %s of pool %s marked unhealthy", x.name, x.pool)
-                    x.healthy = False
+                    s.healthy = False
             self.metrics.replica_healthy.labels(x.pool, x.name).set(1 if x.healthy else 0)
             self.metrics.breaker_open.labels(x.pool, x.name).set(0 if x.breaker.available() else 1)
+
+    def unreachable(self, t: Target) -> None:
+        """The dispatcher could not connect: unhealthy at once (no request waits on it again) until a probe answers."""
+        if t.state.healthy:
+            log.warning("replica %s of pool %s refused a connection: marked unhealthy until a probe answers", t.name,
+                        t.pool)
+        t.state.healthy = False
+        self.metrics.replica_healthy.labels(t.pool, t.name).set(0)

@@ -62,9 +62,10 @@ class ControlPlane:
         for t in self.registry.targets:
             pricing, weight = self._base[t.server]
             o = state.pools.get(t.pool)
-            t.drained = t.name in state.drained or t.server in state.drained  # draining a server drains its ranks
-            t.weight = o.weight if o is not None and o.weight is not None else weight
-            t.pricing = o.pricing if o is not None and o.pricing is not None else pricing
+            s = t.state
+            s.drained = t.name in state.drained or t.server in state.drained  # draining a server drains its ranks
+            s.weight = o.weight if o is not None and o.weight is not None else weight
+            s.pricing = o.pricing if o is not None and o.pricing is not None else pricing
         self.state = state
         self.applied_at = time.time()
 

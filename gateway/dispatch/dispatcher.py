@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -73,8 +74,11 @@ class _Tries:
 
 class Dispatcher:
     def __init__(self, cfg: GatewayConfig, backends: dict[str, Backend], metrics: GatewayMetrics, feedback: Feedback,
-                 quarantine: Quarantine | None = None, tracer: Any = None) -> None:
+                 quarantine: Quarantine | None = None, tracer: Any = None,
+                 on_unreachable: Callable[[Target], None] = lambda t: None) -> None:
+        """`on_unreachable`: told of a refused connection (HealthChecker.unreachable marks the target down)."""
         self.cfg = cfg
+        self.on_unreachable = on_unreachable
         self.backends = backends
         self.metrics = metrics
         self.feedback = feedback
@@ -158,11 +162,11 @@ class Dispatcher:
             tries.bad_pools.add(target.pool)
             self._log_credentials(target, e)
             return None
-        target.last_error = e.message
+        target.state.last_error = e.message
         if cause is Cause.REPLICA:
             target.breaker.failure(None)
             if e.connect:
-                target.healthy = False
+                self.on_unreachable(target)  # the health checker owns `healthy`
             return None
         if cause is Cause.HANG:
             tries.hangs += 1

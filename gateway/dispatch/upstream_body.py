@@ -15,14 +15,14 @@ def adapt_body(body: dict[str, Any], target: Target, stream: bool, tenant: Tenan
     priority class as an explicit value (never the client's). Every other field passes untouched."""
     out = dict(body)
     out["model"] = target.upstream_model
-    if target.kind == "sglang":
+    if target.caps.dp_ranks:
         # the rank is the router's choice, never the client's: any client pin is replaced or removed
         for k in ("data_parallel_rank", "routed_dp_rank"):
             out.pop(k, None)
         pin = target.pin_field()
         if pin is not None:
             out[pin] = target.dp_rank
-    if tenant is not None and target.kind == "sglang":
+    if tenant is not None and target.caps.cache_salt:
         out["cache_salt"] = tenant.cache_namespace(body.get("cache_salt"))
     if tenant is not None:
         # Explicit for every class, "normal" included: with --enable-priority-scheduling SGLang gives a request

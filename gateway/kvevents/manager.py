@@ -246,7 +246,7 @@ class KvEventsManager:
     def ranks_for(self, index_key: str) -> list[RankState] | None:
         name = index_key.rpartition("@")[0]
         t = next((x for x in self.registry.targets if x.name == name), None)
-        if t is None or t.kind != "sglang":
+        if t is None or not t.caps.prefix_cache:
             return None
         ep = self.endpoints.get(t.server)
         if ep is None:

@@ -26,8 +26,7 @@ class Router(Protocol):
 
 
 def target_info(t: Target) -> TargetInfo:
-    # the one place a backend kind becomes a routing capability: SGLang engines hold a prefix cache we track
-    return TargetInfo(t.name, t.index_key, t.pool, t.timing, t.pricing, t, t.weight, prefix_cache=t.kind == "sglang")
+    return TargetInfo(t.name, t.index_key, t.pool, t.timing, t.pricing, t, t.weight, prefix_cache=t.caps.prefix_cache)
 
 
 class PipelineRouter:

@@ -1,6 +1,7 @@
 """Tenant policies: files merge over defaults, every error names the file and the field, the shipped schemas and
 examples are current, and the derived values (cache namespace, priority) follow one rule."""
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -95,7 +96,7 @@ def test_cache_namespaces_isolate_by_default_and_share_only_by_group():
 def test_priority_comes_from_the_policy_never_the_client():
     reg = UpstreamRegistry(CFG)
     mi, hosted = reg.by_pool["mi"][0], reg.by_pool["hosted"][0]
-    mi.priority_scheduling = True  # as the preflight reads it from /server_info
+    mi.state.priority_scheduling = True  # as the preflight reads it from /server_info
     body = {"model": "glm-5.2", "messages": [], "priority": 99, "cache_salt": "x"}
     high = adapt_body(body, mi, False, tenant(priority="high"))
     assert high["priority"] == 10 and high["cache_salt"] == "tenant:a:x" and high["model"] == "m"
@@ -109,21 +110,22 @@ def test_priority_is_explicit_for_every_class_on_servers_that_schedule_by_it():
     reg = UpstreamRegistry(CFG)
     mi = reg.by_pool["mi"][0]
     body = {"model": "glm-5.2", "messages": []}
-    mi.priority_scheduling = True
+    mi.state.priority_scheduling = True
     assert [adapt_body(body, mi, False, tenant(priority=p))["priority"] for p in ("high", "normal", "low")] == [10, 0, -10]
     # a server without priority scheduling (or not yet inspected) gets none: --abort-on-priority-when-disabled
     # would refuse every request that carries one
     for known in (False, None):
-        mi.priority_scheduling = known
+        mi.state.priority_scheduling = known
         assert "priority" not in adapt_body({**body, "priority": 5}, mi, False, tenant(priority="high"))
-    mi.priority_scheduling = True
-    mi.low_priority_values_first = True  # --schedule-low-priority-values-first: the server reads the scale upside down
+    mi.state.priority_scheduling = True
+    mi.state.low_priority_values_first = True  # --schedule-low-priority-values-first: the server reads the scale upside down
     assert [adapt_body(body, mi, False, tenant(priority=p))["priority"] for p in ("high", "normal", "low")] == [-10, 0, 10]
-    mi.low_priority_values_first = False
-    mi.send_priority, mi.priority_scheduling = "always", None
+    mi.state.low_priority_values_first = False
+    mi = dataclasses.replace(mi, send_priority="always")  # the pool's setting (a rank's copy shares its state)
+    mi.state.priority_scheduling = None
     assert adapt_body(body, mi, False, tenant(priority="normal"))["priority"] == 0
-    mi.send_priority = "never"
-    mi.priority_scheduling = True
+    mi = dataclasses.replace(mi, send_priority="never")
+    mi.state.priority_scheduling = True
     assert "priority" not in adapt_body(body, mi, False, tenant(priority="high"))
 
 
@@ -146,11 +148,11 @@ def test_dp_rank_targets_pin_the_rank_the_router_chose():
     body = {"messages": [], "data_parallel_rank": 0, "routed_dp_rank": 0}
     old = adapt_body(body, ranks[1], False)  # version unknown: the field every release accepts
     assert old["data_parallel_rank"] == 1 and "routed_dp_rank" not in old
-    ranks[1].version = "0.5.23"
+    ranks[1].state.version = "0.5.23"
     new = adapt_body(body, ranks[1], False)
     assert new["routed_dp_rank"] == 1 and "data_parallel_rank" not in new
-    ranks[1].dp_pinning = "header"
-    assert "routed_dp_rank" not in adapt_body(body, ranks[1], False)
-    assert ranks[1].pin_headers() == {"X-Data-Parallel-Rank": "1"}
+    header = dataclasses.replace(ranks[1], dp_pinning="header")  # a pool with `dp_pinning: header`
+    assert "routed_dp_rank" not in adapt_body(body, header, False)
+    assert header.pin_headers() == {"X-Data-Parallel-Rank": "1"}
     assert reg.set_ranks("mi-0", 1)[0].name == "mi-0" and len(reg.targets) == 2  # merged back; hosted kept
     assert reg.get("mi-0") is reg.by_pool["mi"][0]

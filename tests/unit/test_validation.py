@@ -163,13 +163,13 @@ def test_limits_for_uses_the_servers_reported_context_unless_configured():
     cfg = parse_config(config([sglang_pool("s", ["http://127.0.0.1:1", "http://127.0.0.1:2"])]))
     reg = UpstreamRegistry(cfg)
     assert limits_for(cfg, ["s"], reg).context_tokens is None
-    reg.by_pool["s"][0].context_tokens = 202752
+    reg.by_pool["s"][0].state.context_tokens = 202752
     assert limits_for(cfg, ["s"], reg).context_tokens == 202752
-    reg.by_pool["s"][1].context_tokens = 65536
+    reg.by_pool["s"][1].state.context_tokens = 65536
     assert limits_for(cfg, ["s"], reg).context_tokens == 65536
     cfg2 = parse_config(config([{**sglang_pool("s", ["http://127.0.0.1:1"]), "context_tokens": 8192}]))
     reg2 = UpstreamRegistry(cfg2)
-    reg2.by_pool["s"][0].context_tokens = 65536
+    reg2.by_pool["s"][0].state.context_tokens = 65536
     assert limits_for(cfg2, ["s"], reg2).context_tokens == 8192
 
 
