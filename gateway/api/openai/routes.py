@@ -7,6 +7,7 @@ import time
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
 
+from gateway.api.fastpath import HOT
 from gateway.api.openai.proxy import OpenAIProxy
 from gateway.errors import ModelNotFound
 from gateway.state import AppState
@@ -22,14 +23,14 @@ def _proxy(request: Request) -> OpenAIProxy:
     return request.app.state.proxy  # type: ignore[no-any-return]
 
 
-@router.post("/v1/chat/completions")
-async def chat_completions(request: Request) -> Response:
-    return await _proxy(request).handle(request, "chat/completions")
+async def _hot(request: Request) -> Response:
+    return await _proxy(request).handle(request, HOT[request.url.path])
 
 
-@router.post("/v1/completions")
-async def completions(request: Request) -> Response:
-    return await _proxy(request).handle(request, "completions")
+# POST on these two is answered by the fast path (api/fastpath.py) before FastAPI sees it; they are declared so that
+# any other method is FastAPI's 405 (in the OpenAI shape), and so the FastAPI app alone still serves them.
+for _path in HOT:
+    router.add_api_route(_path, _hot, methods=["POST"])
 
 
 def _card(name: str) -> dict[str, object]:
