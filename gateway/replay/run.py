@@ -71,6 +71,8 @@ class ReplayResult:
     shed: int
     branches: dict[str, dict[str, float]] = field(default_factory=dict)
     sim_seconds: float = 0.0
+    # per minute of arrivals: [start s, requests, prompt, predicted cached, realized cached, best candidate held]
+    timeline: list[list[float]] = field(default_factory=list)
 
     def row(self) -> list[Any]:
         return [self.label, self.requests, f"{self.hit_rate * 100:.1f}%", f"{self.lru_hit_rate * 100:.1f}%",
@@ -126,13 +128,18 @@ def summarize(label: str, recs: Sequence[Record], infos: dict[str, TargetInfo], 
         b["predicted"] += r.predicted_cached
         b["cached"] += r.cached
         b["best"] += r.best_cached
+    timeline: dict[int, list[float]] = {}
+    for r in done:  # predicted vs real cached tokens over time (does the index drift from the engines?)
+        w = timeline.setdefault(int(r.arrival // 60), [int(r.arrival // 60) * 60.0, 0, 0, 0, 0, 0])
+        for k, v in enumerate((1, r.prompt, r.predicted_cached, r.cached, r.best_cached), 1):
+            w[k] += v
     return ReplayResult(
         label, len(recs), sum(r.cached for r in done) / prompt, bounds[0], bounds[1],
         sum(ttft) / len(ttft) if ttft else float("nan"), nearest_rank(ttft, 0.5), nearest_rank(ttft, 0.95),
         nearest_rank(ttft, 0.99), nearest_rank(slow, 0.95), sum(x <= sla for x in ttft) / max(1, len(ttft)),
         sum(not r.self_hosted for r in done) / max(1, len(done)),
         sum(cost_usd(infos[r.name], r) for r in done) / out_tokens * 1e6, sum(1 for r in recs if not r.name),
-        branches, sim_seconds)
+        branches, sim_seconds, [timeline[k] for k in sorted(timeline)])
 
 
 def nodes_targets(nodes: int, b200: int = 0) -> list[tuple[TargetInfo, ReplicaConfig]]:

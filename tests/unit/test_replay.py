@@ -88,6 +88,9 @@ def test_replay_compare_table_and_json(tmp_path: Path, capsys: pytest.CaptureFix
     assert mine["requests"] == rr["requests"] == len(read_trace(p))
     assert rr["hit_rate"] < mine["hit_rate"] <= mine["ideal_hit_rate"] + 1e-9
     assert 0 < mine["ttft_p50"] <= mine["ttft_p95"] <= mine["ttft_p99"] and mine["slowdown_p95"] >= 1
+    tl = mine["timeline"]  # predicted vs real cached tokens per minute add up to the run's hit rate
+    assert sum(w[4] for w in tl) / sum(w[2] for w in tl) == pytest.approx(mine["hit_rate"])
+    assert sum(w[1] for w in tl) == mine["requests"]
 
 
 def test_agent_workload_grows_contexts_and_shares_system_prompts() -> None:
@@ -96,3 +99,17 @@ def test_agent_workload_grows_contexts_and_shares_system_prompts() -> None:
     assert len(firsts) < 40  # Zipf-popular system prompts: sessions share leading blocks
     assert ideal_hit_rate(trace) > 0.5  # multi-turn: each turn extends the last
     assert [r.timestamp_ms for r in trace] == sorted(r.timestamp_ms for r in trace)
+
+
+def test_http_prompts_share_text_exactly_where_the_trace_shares_blocks() -> None:
+    """Rebuilt prompts: equal leading block ids give equal text on 512-token boundaries, so the gateway's chunk
+    hashes (and the engine's pages) agree exactly as far as the trace says and no further."""
+    from gateway.prefix.hashing import prefix_hashes
+    from gateway.replay.http import prompt_for
+
+    a, b = TraceRecord(0, 1800, 1, (5, 6, 7, 8)), TraceRecord(0, 2000, 1, (5, 6, 9, 10))
+    pa, pb = prompt_for(a), prompt_for(b)
+    assert (len(pa), len(pb)) == (1800 * 4, 2000 * 4) and pa[:4096] == pb[:4096] and pa[4096:4100] != pb[4096:4100]
+    ha = prefix_hashes("completions", {"prompt": pa}, "m", "", 256)
+    hb = prefix_hashes("completions", {"prompt": pb}, "m", "", 256)
+    assert ha[:4] == hb[:4] and ha[4] != hb[4]
