@@ -12,37 +12,38 @@ from fastapi import FastAPI
 from gateway.api import error_handlers, ops
 from gateway.api.admin import routes as admin_routes
 from gateway.api.fastpath import FastPath
+from gateway.api.messages import routes as messages_routes
 from gateway.api.middleware import RequestIdMiddleware
 from gateway.api.openai import routes as openai_routes
 from gateway.api.openai.proxy import OpenAIProxy
-from gateway.api.messages import routes as messages_routes
 from gateway.api.responses import routes as responses_routes
 from gateway.api.responses.store import build_store as build_response_store
 from gateway.backends.base import Backend
+from gateway.backends.engine_poller import EnginePoller
 from gateway.backends.health import HealthChecker
 from gateway.backends.hosted import LiteLLMBackend
 from gateway.backends.openai_compat import HttpBackend, SGLangBackend
 from gateway.config import GatewayConfig
+from gateway.control.plane import ControlPlane
+from gateway.control.store import MemoryControlStore, RedisControlStore
 from gateway.dispatch.dispatcher import Dispatcher
+from gateway.dispatch.feedback import Feedback
 from gateway.dispatch.quarantine import Quarantine
+from gateway.kvevents.setup import build as build_precise
 from gateway.observability.logging import setup_logging
 from gateway.observability.metrics import GatewayMetrics
 from gateway.observability.tracing import build_tracer
-from gateway.backends.engine_poller import EnginePoller
-from gateway.dispatch.feedback import Feedback
-from gateway.replay.recorder import TraceRecorder
+from gateway.prefix.index import PrefixIndex
 from gateway.prefix.memory import MemoryPrefixIndex
 from gateway.prefix.redis import RedisPrefixIndex
-from gateway.routing.load import MemoryLoadTracker, RedisLoadTracker
-from gateway.kvevents.setup import build as build_precise
+from gateway.replay.recorder import TraceRecorder
+from gateway.routing.load import LoadTracker, MemoryLoadTracker, RedisLoadTracker
 from gateway.routing.pipeline import PipelineRouter
 from gateway.routing.registry import build_engine
 from gateway.secrets import resolve as resolve_secrets
-from gateway.state import AppState
-from gateway.control.plane import ControlPlane
-from gateway.control.store import MemoryControlStore, RedisControlStore
-from gateway.tenancy.concurrency import ConcurrencyLimiter
 from gateway.shared_redis import RedisGuard, build_client, default_max_connections
+from gateway.state import AppState
+from gateway.tenancy.concurrency import ConcurrencyLimiter
 from gateway.tenancy.fallback import build_limits
 from gateway.tenancy.policy_loader import PolicyError
 from gateway.tenancy.policy_store import PolicyStore
@@ -77,6 +78,9 @@ def create_app(config: GatewayConfig, *, span_exporter: Any = None, transport: h
         health = HealthChecker(registry, http, config.health, metrics)
         rc = config.routing
         redis_client = None
+        index: PrefixIndex
+        loads: LoadTracker
+        redis_loads: RedisLoadTracker | None = None
         fell_back = lambda what, reason: metrics.shared_state_fallbacks.labels(what, reason).inc()  # noqa: E731
         if rc.redis_url:
             # a bounded pool that waits for a free connection: saturation is not an outage (shared_redis.py)
@@ -85,9 +89,9 @@ def create_app(config: GatewayConfig, *, span_exporter: Any = None, transport: h
                                         pool_timeout=rc.redis_pool_timeout_s)
             index = RedisPrefixIndex(redis_client, prefix=rc.redis_prefix, timeout=rc.redis_timeout_s,
                                      on_rtt=metrics.redis_rtt.observe, guard=RedisGuard("prefix index", on_fallback=fell_back))
-            loads = RedisLoadTracker(redis_client, prefix=rc.redis_prefix, timeout=rc.redis_timeout_s,
-                                     guard=RedisGuard("load", on_fallback=fell_back))
-            loads.start()
+            loads = redis_loads = RedisLoadTracker(redis_client, prefix=rc.redis_prefix, timeout=rc.redis_timeout_s,
+                                                   guard=RedisGuard("load", on_fallback=fell_back))
+            redis_loads.start()
             control_store: MemoryControlStore | RedisControlStore = RedisControlStore(redis_client, rc.redis_prefix)
         else:
             index, loads = MemoryPrefixIndex(), MemoryLoadTracker()
@@ -95,7 +99,7 @@ def create_app(config: GatewayConfig, *, span_exporter: Any = None, transport: h
         precise = None
         if rc.mode != "approximate":  # KV-event routing (docs/kv-events.md): the precise index wraps this one
             precise = build_precise(rc, registry, http, index, metrics.registry)
-            index = precise.index  # type: ignore[assignment]
+            index = precise.index
         limiter, budget = build_limits(redis_client, rc, fell_back)  # settlements Redis missed are queued and replayed
         metrics.settlements_pending.set_function(lambda: len(budget.pending))
 
@@ -157,8 +161,8 @@ def create_app(config: GatewayConfig, *, span_exporter: Any = None, transport: h
             recorder.close()
             await budget.stop()  # after the proxy's settlements: a last replay of anything still queued
             await state.dispatcher.quarantine.drain()
-            if isinstance(loads, RedisLoadTracker):
-                await loads.stop()
+            if redis_loads is not None:
+                await redis_loads.stop()
             if redis_client is not None:
                 await redis_client.aclose()
             await http.aclose()

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from enum import Enum
+from enum import StrEnum
 
 
-class BreakerState(str, Enum):
+class BreakerState(StrEnum):
     CLOSED = "closed"
     OPEN = "open"
     HALF_OPEN = "half_open"

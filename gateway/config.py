@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
@@ -98,7 +99,7 @@ class SGLangPool(_PoolBase):
         default="auto", description="auto: send an explicit priority (priority_values) to servers whose /server_info "
         "says enable_priority_scheduling; never to others, so --abort-on-priority-when-disabled cannot refuse them")
     priority_values: dict[Literal["high", "normal", "low"], int] = Field(
-        default_factory=lambda: {"high": 10, "normal": 0, "low": -10},  # type: ignore[arg-type,dict-item]
+        default_factory=lambda: {"high": 10, "normal": 0, "low": -10},  # type: ignore[arg-type]
         description="the SGLang priority sent per tenant class; `normal` is explicit so the server's default "
         "(lowest, or --default-priority-value) never applies")
 
@@ -399,7 +400,7 @@ def hash_key(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
 
-def error_location(err: dict) -> str:  # type: ignore[type-arg]
+def error_location(err: Mapping[str, Any]) -> str:
     out = ""
     for part in err["loc"]:
         if isinstance(part, int):

@@ -82,7 +82,7 @@ class TenantFile(_PolicyFields):
 class Tenant(_PolicyFields):
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
     api_key_hashes: list[str] = Field(min_length=1, description="sha256 hex of each key; never the key itself")
-    models: list[str] = Field(min_length=1)  # type: ignore[assignment]
+    models: list[str] = Field(min_length=1)
 
     @field_validator("api_key_hashes")
     @classmethod

@@ -43,7 +43,7 @@ class PoolSaturated(RedisError):
 class BoundedPool(BlockingConnectionPool):
     async def get_connection(self, *args: Any, **kwargs: Any) -> Any:
         try:
-            return await super().get_connection()
+            return await super().get_connection()  # type: ignore[no-untyped-call]  # redis-py leaves it unannotated
         except RedisConnectionError as e:
             # BlockingConnectionPool raises ConnectionError "from" the wait's asyncio timeout when no connection
             # freed up; a failed connect raises redis' own TimeoutError or a ConnectionError without that cause

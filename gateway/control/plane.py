@@ -77,7 +77,7 @@ class ControlPlane:
                     await self.refresh()
                 elif kind in self.actions:
                     await self.actions[kind](ev)
-            except Exception:  # noqa: BLE001 - one bad event must not stop this instance from hearing the next
+            except Exception:  # one bad event must not stop this instance from hearing the next (logged)
                 log.exception("control event %r failed on this instance", kind)
 
     async def _resync_loop(self) -> None:

@@ -145,7 +145,7 @@ class RedisControlStore:
                 await asyncio.sleep(1.0)
             finally:
                 try:
-                    await pubsub.aclose()
+                    await pubsub.aclose()  # type: ignore[no-untyped-call]  # redis-py leaves it unannotated
                 except (RedisError, OSError):
                     pass
 

@@ -17,7 +17,7 @@ Once a byte reached the client nothing is retried (the dispatcher only retries b
 from __future__ import annotations
 
 import re
-from enum import Enum
+from enum import StrEnum
 
 from gateway.backends.base import AttemptFailed
 from gateway.errors import (
@@ -29,7 +29,7 @@ from gateway.errors import (
 )
 
 
-class Cause(str, Enum):
+class Cause(StrEnum):
     REQUEST = "request"
     CREDENTIALS = "credentials"
     REPLICA = "replica"

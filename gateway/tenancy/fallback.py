@@ -172,8 +172,8 @@ class FallbackBudgetLedger(_Fallback):
             out = await self.local.usage(tenant)
             if self.shared is not None:  # Redis is away: say these are this instance's figures only
                 for day in out.values():
-                    day["shared"] = False  # type: ignore[assignment]
-            return out  # type: ignore[no-any-return]
+                    day["shared"] = False
+            return out
         for kind, row in out.items():
             queued = [(r, u) for r, u in self.pending if r.tenant == tenant and r.periods.get(kind) == row["period"]]
             for _, u in queued:
@@ -209,7 +209,7 @@ class FallbackBudgetLedger(_Fallback):
         while self.pending:
             batch = [self.pending[i] for i in range(min(self.replay_batch, len(self.pending)))]
             async with asyncio.timeout(self.timeout * 5):
-                await self.shared.settle_many(batch)  # type: ignore[arg-type]
+                await self.shared.settle_many(batch)
             for _ in batch:
                 self.pending.popleft()
             done += len(batch)

@@ -9,11 +9,13 @@ import json
 import sys
 from pathlib import Path
 
+from pydantic import BaseModel
+
 from gateway.config import ConfigError, load_config
 from gateway.policy_schema import PolicyDefaults, TenantFile
 from gateway.tenancy.policy_loader import load_policies
 
-SCHEMAS = {"tenant.schema.json": TenantFile, "defaults.schema.json": PolicyDefaults}
+SCHEMAS: dict[str, type[BaseModel]] = {"tenant.schema.json": TenantFile, "defaults.schema.json": PolicyDefaults}
 
 
 def schemas() -> dict[str, str]:

@@ -39,7 +39,7 @@ from gateway.errors import (
     NoCapacity,
 )
 from gateway.prediction.ttft import LoadView, predict_ttft, regime
-from gateway.routing.pipeline import merged_load
+from gateway.routing.engine import merged_load
 from gateway.state import AppState
 from gateway.tenancy.policy_loader import PolicyError
 from gateway.typed import Strict
