@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 import uuid
+from typing import Any
 
 import orjson
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from gateway.api import refusals
 from gateway.errors import GatewayError
 
 log = logging.getLogger("gateway.errors")
@@ -23,6 +26,14 @@ class RequestIdMiddleware:
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
+
+    def _gateway_state(self) -> Any:
+        """The AppState (the admin-only app reaches it through the main app), None before the lifespan ran."""
+        st = getattr(self.app, "state", None)
+        main = getattr(st, "main", None)
+        if main is not None:
+            st = getattr(main, "state", None)
+        return getattr(st, "gateway", None)
 
     @property
     def state(self) -> object:
@@ -41,7 +52,7 @@ class RequestIdMiddleware:
         rid = rid or uuid.uuid4().hex
         scope.setdefault("state", {})["request_id"] = rid
         raw = rid.encode()
-
+        t0 = time.monotonic()
         started = False
 
         async def send_with_id(message: Message) -> None:
@@ -52,6 +63,11 @@ class RequestIdMiddleware:
                 if not any(k == b"x-request-id" for k, _ in headers):
                     headers.append((b"x-request-id", raw))
                 message["headers"] = headers
+                status = message.get("status", 200)
+                if status >= 400 and refusals.counted(scope):
+                    st = self._gateway_state()
+                    if st is not None:
+                        refusals.account(st, scope, status, t0)
             await send(message)
 
         try:

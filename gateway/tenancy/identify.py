@@ -14,6 +14,9 @@ class TenantIndex:
         self.tenants: dict[str, Tenant] = {t.name: t for t in tenants}
         self._by_hash: dict[str, Tenant] = {h: t for t in self.tenants.values() for h in t.api_key_hashes}
 
+    def by_hash(self, digest: str) -> Tenant | None:
+        return self._by_hash.get(digest)
+
     def identify(self, authorization: str | None) -> Tenant:
         if not authorization:
             raise AuthenticationFailed("You didn't provide an API key. Send it in an Authorization header using "

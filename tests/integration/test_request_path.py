@@ -142,6 +142,40 @@ def test_every_refusal_is_counted_with_a_reason_and_logged(stack):
     assert "sk-wrong-key-123" not in everything and "nightingale" not in everything
 
 
+def test_refusals_on_every_other_endpoint_are_counted_and_logged(stack):
+    """Not only the chat path: a bad key on /v1/models, an unknown /v1 path, the Responses and Messages bridges
+    (before they reach the chat path), malformed JSON there, and the admin API — each is counted with its status and
+    reason and logged once, with no key in either. Chat-path refusals through a bridge are counted once, not twice."""
+    u, lines = stack["url"], stack["lines"]
+    bad = "sk-storm-key-0987"
+    sent = {
+        ("401", "auth", "v1/models"): httpx.get(u + "/v1/models", headers={"authorization": f"Bearer {bad}"}),
+        ("401", "auth", "v1"): httpx.get(u + "/v1/nope", headers={"authorization": f"Bearer {bad}"}),
+        ("404", "not_found", "v1"): httpx.get(u + "/v1/nope", headers={"authorization": f"Bearer {KEY_A}"}),
+        ("401", "auth", "v1/responses"): post(u, {"model": "glm-5.2", "input": "x"}, key=bad, path="/v1/responses"),
+        ("400", "invalid_request", "v1/responses"): post(u, b'{"model": ', path="/v1/responses"),
+        ("400", "invalid_request", "v1/messages"): post(u, b'{"model": ', path="/v1/messages"),
+        ("401", "auth", "v1/messages/count_tokens"): httpx.post(u + "/v1/messages/count_tokens", headers={"x-api-key": bad},
+                                                               json={"model": "glm-5.2", "messages": []}),
+        ("401", "auth", "admin"): httpx.get(u + "/admin/state", headers={"authorization": f"Bearer {bad}"}),
+    }
+    for (status, _, _), r in sent.items():
+        assert str(r.status_code) == status, (status, r.text)
+    wait_until(lambda: all(any(ln["request_id"] == r.headers["x-request-id"] for ln in lines.records)
+                           for r in sent.values()), what="a log line per refusal")
+    for (status, reason, endpoint), r in sent.items():
+        line = [ln for ln in lines.records if ln["request_id"] == r.headers["x-request-id"]]
+        assert len(line) == 1 and (line[0]["status"], line[0]["reason"], line[0]["endpoint"]) == (status, reason, endpoint)
+        assert metric(u, "gateway_requests_total", status=status, reason=reason) >= 1, (status, reason)
+    # a refusal the chat path made for a bridged request (bad model) is logged once, by the chat path
+    r = post(u, {"model": "no-such", "input": "x"}, path="/v1/responses")
+    assert r.status_code == 404
+    wait_until(lambda: any(ln["request_id"] == r.headers["x-request-id"] for ln in lines.records), what="its log line")
+    assert len([ln for ln in lines.records if ln["request_id"] == r.headers["x-request-id"]]) == 1
+    everything = httpx.get(u + "/metrics").text + str(lines.records)
+    assert bad not in everything
+
+
 def test_upstream_usage_is_clamped_counted_and_never_fatal(stack):
     """A provider reporting cached_tokens: -64 (the simulator once did) still gets its client a 200, with the usage
     clamped; the anomaly is counted per pool and kind; the request is accounted like any other."""

@@ -69,6 +69,7 @@ class OpenAIProxy:
         not read. Returns a JSON Response, or an EventStreamResponse whose `on_close` runs the accounting — call
         it (with a translating `send` if need be) or the request is never accounted."""
         st = self.state
+        request.scope.setdefault("state", {})["accounted"] = True  # every outcome below is accounted here
         edge = Edge(request.scope.get("state", {}).get("request_id") or uuid.uuid4().hex, endpoint, time.monotonic())
         slot: Slot | None = None
         try:

@@ -1,0 +1,72 @@
+"""Refusals that never reached the chat path's accounting — `/v1/models`, the Responses and Messages bridges before
+they call the chat path, the admin API, unknown paths — counted in `gateway_requests_total{status,reason}` and logged
+in the one-line request log like the chat path's own, so an auth storm or a client sending garbage is visible on every
+endpoint. The chat path marks the requests it accounts itself (`scope["state"]["accounted"]`); those are skipped.
+
+Labels stay bounded: the tenant is a configured tenant's name or "none", the model is always "unknown" here (the
+body is not read), the reason comes from a fixed map of statuses, and the logged endpoint is a known path prefix."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from typing import Any
+
+from gateway.observability.logging import log_request
+from gateway.state import AppState
+
+log = logging.getLogger("gateway.refusals")
+
+REASONS = {400: "invalid_request", 401: "auth", 403: "forbidden", 404: "not_found", 405: "method_not_allowed",
+           408: "body_timeout", 413: "body_too_large", 422: "invalid_request", 429: "rate_limit", 503: "no_capacity",
+           529: "no_capacity"}
+ENDPOINTS = ("/v1/responses", "/v1/messages/count_tokens", "/v1/messages", "/v1/models", "/admin", "/v1/")
+UNCOUNTED = frozenset({"/healthz", "/readyz", "/health", "/metrics"})  # probes: a draining 503 is no refusal
+
+
+def counted(scope: dict[str, Any]) -> bool:
+    return scope.get("path") not in UNCOUNTED and not scope.get("state", {}).get("accounted")
+
+
+def reason_of(status: int) -> str:
+    return REASONS.get(status, "internal" if status >= 500 else "invalid_request")
+
+
+def endpoint_of(path: str) -> str:
+    return next((e.strip("/") for e in ENDPOINTS if path.startswith(e)), "other")
+
+
+def _tenant(st: AppState, headers: list[tuple[bytes, bytes]]) -> str:
+    """The configured tenant whose key the request carried (Bearer or x-api-key), else "none"."""
+    key = None
+    for k, v in headers:
+        if k == b"authorization":
+            scheme, _, token = v.decode("latin-1").partition(" ")
+            key = token.strip() if scheme.lower() == "bearer" else None
+            break
+        if k == b"x-api-key":
+            key = v.decode("latin-1").strip()
+    if not key:
+        return "none"
+    digest = hashlib.sha256(key.encode()).hexdigest()
+    tenant = st.policies.index.by_hash(digest)
+    return tenant.name if tenant is not None else "none"
+
+
+def account(st: AppState, scope: dict[str, Any], status: int, started: float) -> None:
+    """Count and log one refusal; never raises (it runs after the response was decided)."""
+    try:
+        reason = reason_of(status)
+        tenant = _tenant(st, scope.get("headers", []))
+        st.metrics.requests.labels("unknown", "none", tenant, str(status), reason).inc()
+        if st.config.observability.log_requests:
+            log_request({
+                "request_id": scope.get("state", {}).get("request_id"), "tenant": tenant, "model": "unknown",
+                "endpoint": endpoint_of(scope.get("path", "")), "method": scope.get("method"), "stream": False,
+                "status": str(status), "reason": reason, "pool": "none", "replica": None, "route": None,
+                "attempts": 0, "ttft_ms": None, "duration_ms": round((time.monotonic() - started) * 1000, 1),
+                "prompt_tokens": 0, "cached_tokens": 0, "completion_tokens": 0, "cost_usd": 0.0, "error": reason,
+            })
+    except Exception:  # noqa: BLE001 - counting a refusal must never turn into a failure of its own
+        log.exception("counting a refusal failed")
