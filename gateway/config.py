@@ -81,8 +81,12 @@ class _PoolBase(_Strict):
     timing: PoolTiming = PoolTiming()
     max_n: int | None = Field(default=None, ge=1, le=128, description="largest `n` a request may ask of this pool; "
                               "default 8 for sglang (each sequence holds KV cache), 128 (OpenAI's bound) otherwise")
+    max_sequences: int | None = Field(default=None, ge=1, le=2048, description="largest prompts x n a completions "
+                                      "request may ask of this pool (a prompt list is a batch); default 64 for sglang, "
+                                      "2048 otherwise")
     context_tokens: int | None = Field(default=None, ge=1, description="the model's context length here: larger "
-                                       "max_tokens are refused at the edge (unset: only the API's bounds apply)")
+                                       "max_tokens are refused at the edge "
+                                       "(unset: the servers' /server_info context, when reported)")
 
 
 class SGLangPool(_PoolBase):

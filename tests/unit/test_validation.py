@@ -152,7 +152,7 @@ def test_limits_for_takes_the_narrowest_pool():
     cfg2 = parse_config(config([{**sglang_pool("s", ["http://127.0.0.1:1"]), "max_n": 16, "context_tokens": 131072},
                                 {**hosted, "context_tokens": 200000}],
                                models=[{"name": "glm-5.2", "pools": ["s", "h"]}]))
-    assert limits_for(cfg2, ["s", "h"]) == RequestLimits(max_n=16, context_tokens=131072)
+    assert limits_for(cfg2, ["s", "h"]) == RequestLimits(max_n=16, context_tokens=131072, max_sequences=64)
 
 
 def test_limits_for_uses_the_servers_reported_context_unless_configured():
@@ -194,3 +194,17 @@ def test_json_depth_is_bounded_at_parse_time():
 def test_unparseable_bodies_are_400(raw):
     with pytest.raises(InvalidRequest):
         parse_json(raw)
+
+
+def test_a_prompt_list_counts_as_prompts_times_n_against_the_pool_cap():
+    """A completions prompt list is a batch: 2,000 prompts x n 8 is 16,000 sequences, refused at the door (param
+    'prompt') like an oversized n; within the cap it passes; a single token-id prompt is one sequence."""
+    lim = RequestLimits(max_n=8, max_sequences=64)
+    body = {"model": "m", "prompt": ["a"] * 2000, "n": 8}
+    with pytest.raises(InvalidRequest) as e:
+        validate(body, "completions", lim)
+    assert e.value.param == "prompt" and "16000" in e.value.message
+    with pytest.raises(InvalidRequest):
+        validate({"model": "m", "prompt": [[1, 2]] * 65}, "completions", lim)
+    validate({"model": "m", "prompt": ["a"] * 8, "n": 8}, "completions", lim)
+    validate({"model": "m", "prompt": list(range(1, 500))}, "completions", lim)

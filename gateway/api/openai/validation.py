@@ -27,6 +27,8 @@ from gateway.tokenizer import count_tokens, prompt_text, render_chat
 MAX_JSON_DEPTH = 64
 MAX_N = 128                        # OpenAI's documented maximum for `n`
 DEFAULT_MAX_N_SELF_HOSTED = 8      # a pool of our own engines: n parallel sequences each hold KV cache
+MAX_SEQUENCES = 2048               # prompts x n of one completions request (OpenAI's bound on a prompt array)
+DEFAULT_MAX_SEQUENCES_SELF_HOSTED = 64  # a batch is as many sequences as its prompts x n: cap it like n
 MAX_OUTPUT_TOKENS = 2**31 - 1      # without a known context: the engines' int32 bound
 MAX_TOKEN_ID = 2**31 - 1           # token ids are int32 in every engine we front
 MAX_LOGIT_BIAS_ENTRIES = 1024
@@ -44,21 +46,24 @@ class RequestLimits:
 
     max_n: int = MAX_N
     context_tokens: int | None = None
+    max_sequences: int = MAX_SEQUENCES
 
 
 def limits_for(config: GatewayConfig, pools: Iterable[str], registry: Any = None) -> RequestLimits:
     """The narrowest limits of the pools a request may be dispatched to (any of them may end up serving it). The
     context is the pool's configured `context_tokens`, else (given the `UpstreamRegistry`) the smallest
     `context_length` its SGLang servers reported in /server_info."""
-    caps, contexts = [MAX_N], []
+    caps, contexts, seqs = [MAX_N], [], [MAX_SEQUENCES]
     for name in pools:
         p = config.pool(name)
         caps.append(p.max_n if p.max_n is not None else DEFAULT_MAX_N_SELF_HOSTED if p.kind == "sglang" else MAX_N)
+        seqs.append(p.max_sequences if p.max_sequences is not None else
+                    DEFAULT_MAX_SEQUENCES_SELF_HOSTED if p.kind == "sglang" else MAX_SEQUENCES)
         if p.context_tokens is not None:
             contexts.append(p.context_tokens)
         elif registry is not None:
             contexts += [t.context_tokens for t in registry.by_pool.get(name, []) if t.context_tokens]
-    return RequestLimits(max_n=min(caps), context_tokens=min(contexts) if contexts else None)
+    return RequestLimits(max_n=min(caps), context_tokens=min(contexts) if contexts else None, max_sequences=min(seqs))
 
 
 @dataclass(frozen=True)
@@ -133,7 +138,13 @@ def _is_token_id(v: Any) -> bool:
 def _check_size(body: dict[str, Any], endpoint: str, limits: RequestLimits) -> int | None:
     """`n` and the output cap, the fields whose bound depends on the route; returns the output cap, if any."""
     cap_n = min(limits.max_n, MAX_N)
-    _int(body, "n", 1, cap_n, "" if cap_n == MAX_N else " for this model (the serving pool's cap)")
+    n = _int(body, "n", 1, cap_n, "" if cap_n == MAX_N else " for this model (the serving pool's cap)")
+    prompt = body.get("prompt") if endpoint == "completions" else None
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+        seqs = len(prompt) * (n or 1)  # a prompt list is a batch: each prompt is n sequences of its own
+        if seqs > limits.max_sequences:
+            raise InvalidRequest(f"This request asks for {seqs} sequences (prompts x n); at most "
+                                 f"{limits.max_sequences} are allowed for this model.", param="prompt")
     out_cap = limits.context_tokens or MAX_OUTPUT_TOKENS
     why = " (the model's context length)" if limits.context_tokens else ""
     legacy = _int(body, "max_tokens", 1, out_cap, why)  # checked even when the newer field is also set
