@@ -29,12 +29,14 @@ RETRYABLE_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 # pydantic's "[type=..., input_value=<the client's input>, input_type=...]" and long quoted strings are the echoes.
 _PYDANTIC_INPUT = re.compile(r"\s*\[type=[^,\]]*(?:,\s*input_value=.*?)?(?:,\s*input_type=[^\]]*)?\]", re.DOTALL)
 _QUOTED = re.compile(r"'[^'\n]{40,}'|\"[^\"\n]{40,}\"")
+# a provider may echo the credential it refused: anything shaped like a key or a bearer token is masked
+_SECRET = re.compile(r"(?i)\bbearer\s+\S+|\b(?:sk|pk|rk|nvapi|key)[-_][A-Za-z0-9_\-]{6,}|\b[A-Za-z0-9_\-]{32,}\b")
 MAX_UPSTREAM_TEXT = 300
 
 
 def sanitize_upstream_text(text: str) -> str:
     """Bounded, single-line upstream error text with echoed input removed."""
-    t = _QUOTED.sub("'…'", _PYDANTIC_INPUT.sub("", text))
+    t = _SECRET.sub("[redacted]", _QUOTED.sub("'…'", _PYDANTIC_INPUT.sub("", text)))
     lines = [ln.strip() for ln in t.splitlines() if ln.strip() and not ln.strip().startswith("For further information")]
     t = "; ".join(lines[:4])
     return t if len(t) <= MAX_UPSTREAM_TEXT else t[:MAX_UPSTREAM_TEXT - 1] + "…"

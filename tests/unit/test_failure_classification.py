@@ -140,7 +140,12 @@ def test_sanitize_drops_echoed_input_and_bounds_length():
     out = sanitize_upstream_text(pyd)
     assert "secret" not in out and "validation error" in out and "messages.0.content" in out and "\n" not in out
     assert "secret" not in sanitize_upstream_text(f"Cannot process '{secret}'")
-    assert len(sanitize_upstream_text("x" * 5000)) == MAX_UPSTREAM_TEXT
+    assert len(sanitize_upstream_text("x " * 2500)) == MAX_UPSTREAM_TEXT
+    # a provider echoing the credential it refused must not put the gateway's own key in a log line
+    for echoed in ("Invalid API key: sk-live-1234567890abcdef", "Incorrect API key provided: nvapi-ABCDEFGH12345",
+                   "Authorization: Bearer abcdefgh", "token 9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"):
+        out = sanitize_upstream_text(echoed)
+        assert "[redacted]" in out and echoed.split()[-1] not in out, out
     msg, _ = upstream_message(500, b'{"object":"error","message":"Internal error: \'' + secret.encode() + b'\'","code":500}')
     assert "secret" not in msg and msg.startswith("Internal error")
 
