@@ -87,7 +87,7 @@ def generate(p: Params) -> list[TraceRecord]:
         append(sys_len[s.system])
         append(_lognormal(rng, p.user_median))
         at = start
-        for turn in range(s.turns):
+        for _ in range(s.turns):
             if s.length > p.max_context:
                 break
             partial = [next(fresh)] if s.length % BLOCK_TOKENS else []

@@ -53,7 +53,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def _table(headers: list[str], rows: list[list[Any]]) -> str:
     cells = [headers] + [[str(c) for c in r] for r in rows]
     w = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-    line = lambda r: "| " + " | ".join(c.ljust(w[i]) for i, c in enumerate(r)) + " |"  # noqa: E731
+
+    def line(r: list[str]) -> str:
+        return "| " + " | ".join(c.ljust(w[i]) for i, c in enumerate(r)) + " |"
+
     return "\n".join([line(cells[0]), "|" + "|".join("-" * (x + 2) for x in w) + "|"] + [line(r) for r in cells[1:]])
 
 

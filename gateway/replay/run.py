@@ -8,6 +8,7 @@ prompt length and the SLA; the simulated engine gets page keys at its own page s
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -100,7 +101,7 @@ def replay(trace: Sequence[TraceRecord], targets: Sequence[tuple[TargetInfo, Rep
 
     def arrivals() -> Iterator[tuple[float, Callable[[], Job]]]:
         for i, r in enumerate(trace):
-            yield r.timestamp_ms / 1000 / speed, (lambda r=r, i=i: to_job(r, i, routing.chunk_tokens, page, sla))
+            yield r.timestamp_ms / 1000 / speed, functools.partial(to_job, r, i, routing.chunk_tokens, page, sla)
 
     fleet.feed(arrivals())
     recs = fleet.run()

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Union
+from typing import Any
 
 from gateway.prediction.ttft import FREE, LoadView, QueueDrain, TtftCorrector
 from gateway.routing.decision import Decision
@@ -53,7 +53,7 @@ class LoadDelta:
     requests: float
 
 
-Effect = Union[IndexWrite, IndexDrop, LoadDelta]
+Effect = IndexWrite | IndexDrop | LoadDelta
 
 
 class Attempt:
