@@ -19,7 +19,7 @@ from starlette.responses import Response
 from gateway.api.error_handlers import to_response
 from gateway.api.openai.exchange import Exchange
 from gateway.api.openai.usage import clean_usage, usage_counts
-from gateway.backends.openai_compat import StreamBroken
+from gateway.backends.openai_compat import StreamBroken, sanitize_upstream_text
 from gateway.dispatch.dispatcher import Dispatched
 from gateway.errors import GatewayError
 from gateway.prediction.pricing import request_cost
@@ -166,6 +166,6 @@ class Relay:
             err = {}
         code = err.get("code") if isinstance(err, dict) else None
         overloaded = code in (503, 429, "503")
-        return sse_error(str((err or {}).get("message", "upstream error")),
+        return sse_error(sanitize_upstream_text(str((err or {}).get("message", "upstream error"))) or "upstream error",
                          "service_unavailable_error" if overloaded else "server_error",
                          "server_is_overloaded" if overloaded else "upstream_error")
