@@ -149,5 +149,5 @@ def test_redis_away_falls_back_to_the_local_cap():
 
 
 def test_fleet_scope_needs_redis():
-    with pytest.raises(ConfigError, match="max_concurrent_scope: 'fleet' needs routing.redis_url"):
+    with pytest.raises(ConfigError, match=r"max_concurrent_scope: 'fleet' needs routing\.redis_url"):
         parse_config(cap_config("http://127.0.0.1:9", "fleet"))

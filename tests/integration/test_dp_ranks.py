@@ -35,7 +35,9 @@ def test_ranks_discovered_after_a_start_without_the_server():
     gw = start_gateway(config([sglang_pool("p", [url])], routing={"load_poll_s": 0.1}))
     sims = None
     try:
-        names = lambda: gw.call(lambda: [t.name for t in gw.app.state.gateway.registry.by_pool["p"]])
+        def names() -> list[str]:
+            return gw.call(lambda: [t.name for t in gw.app.state.gateway.registry.by_pool["p"]])
+
         assert names() == ["p-0"]
         cfg = profile("mi355x-glm52-tp4", time_scale=20.0, dp_size=2, enable_cache_report=True)
         sims = ServerThread([create_sim_app(Replica(cfg, name="late"))], ports=[port]).start()
@@ -57,7 +59,9 @@ def test_config_dp_size_overrides_discovery_and_each_rank_gets_its_own_load():
     pool["replicas"][0]["dp_size"] = 2
     gw = start_gateway(config([pool], routing={"load_poll_s": 0.1}))
     try:
-        reg = lambda: gw.app.state.gateway.registry
+        def reg():
+            return gw.app.state.gateway.registry
+
         assert gw.call(lambda: [t.dp_rank for t in reg().by_pool["p"]]) == [0, 1]
         # a long request held on rank 1 (sent straight to the server) shows on p-0/dp1 only
         body = {"prompt": list(range(200)), "max_tokens": 100_000, "ignore_eos": True, "data_parallel_rank": 1}

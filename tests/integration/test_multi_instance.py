@@ -55,7 +55,7 @@ def test_three_serve_processes_share_placement_through_redis(redis_server, tmp_p
                        headers={"authorization": "Bearer adm"})
         assert r.status_code == 200
         for port in ports[1:]:
-            wait_until(lambda: any(x["drained"] for x in httpx.get(f"http://127.0.0.1:{port}/admin/replicas",
+            wait_until(lambda port=port: any(x["drained"] for x in httpx.get(f"http://127.0.0.1:{port}/admin/replicas",
                                                                    headers={"authorization": "Bearer adm"}).json()["replicas"]),
                        timeout=1.0, what=f"the drain on instance :{port}")
     finally:

@@ -15,8 +15,8 @@ from tests.helpers import start_sims, wait_until
 from tests.integration.gateway_fixtures import KEY_A, config, sglang_pool, start_gateway
 
 pytest.importorskip("opentelemetry.exporter.otlp.proto.http", reason="the `otlp` extra is not installed")
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest  # noqa: E402
-from opentelemetry.proto.trace.v1.trace_pb2 import Span  # noqa: E402
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 
 class Sink:
@@ -28,7 +28,7 @@ class Sink:
         sink = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            def do_POST(self) -> None:  # http.server's method name
                 body = self.rfile.read(int(self.headers["content-length"]))
                 sink.paths.append((self.path, self.headers.get("content-type", "")))
                 msg = ExportTraceServiceRequest()

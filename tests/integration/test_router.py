@@ -47,7 +47,7 @@ def test_two_instances_share_prefix_placement_through_redis(fleet, redis_server)
     try:
         for k in range(3):
             msgs = long_prompt(f"group-{k}")
-            h1, r1 = send(a, msgs)
+            h1, _ = send(a, msgs)
             h2, r2 = send(b, msgs[:1] + [{"role": "user", "content": "a different question"}])
             assert h1["x-gateway-replica"] == h2["x-gateway-replica"]
             assert h2["x-gateway-route"] == "prefix_hit"
@@ -118,7 +118,7 @@ def test_stale_entry_corrected_after_replica_restart(fleet):
         time.sleep(0.2)
         metrics = httpx.get(gw.urls[0] + "/metrics").text
         assert 'gateway_prefix_index_corrections_total{pool="p"} 1.0' in metrics
-        h2, r2 = send(gw, msgs)  # re-learned from this request's own insertion: warm again
+        _, r2 = send(gw, msgs)  # re-learned from this request's own insertion: warm again
         assert r2.usage.prompt_tokens_details.cached_tokens > 3000
     finally:
         gw.stop()
@@ -136,7 +136,7 @@ def test_redis_killed_mid_run_loses_no_request(fleet):
         n = 0
         while not stop.is_set():
             try:
-                h, r = send(gw, long_prompt(f"{tag}-{n % 3}"))
+                h, _ = send(gw, long_prompt(f"{tag}-{n % 3}"))
                 ok.append(h["x-gateway-replica"])
             except Exception as e:  # noqa: BLE001 - any failure is what this test counts
                 errors.append(repr(e))

@@ -69,7 +69,9 @@ def test_gateway_works_against_each_version(version):
     sims, _ = start_sims(1, sglang_version=version, dp_size=2, report_incarnation=False)
     gw = start_gateway(config([sglang_pool("p", sims.urls)], routing={"load_poll_s": 0.1}))
     try:
-        reg = lambda: gw.app.state.gateway.registry
+        def reg():
+            return gw.app.state.gateway.registry
+
         wait_until(lambda: gw.call(lambda: [t.name for t in reg().by_pool["p"]]) == ["p-0/dp0", "p-0/dp1"],
                    timeout=10, what="ranks discovered")
         field = gw.call(lambda: reg().by_pool["p"][0].pin_field())

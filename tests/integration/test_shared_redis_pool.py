@@ -25,7 +25,7 @@ def tenant() -> Tenant:
 async def hold_only_connection(client, seconds: float) -> asyncio.Task:
     """Occupy the pool's single connection with a blocking pop for `seconds`."""
     task = asyncio.create_task(client.blpop([f"nothing:{time.monotonic_ns()}"], timeout=seconds))
-    while not client.connection_pool._in_use_connections:
+    while not client.connection_pool._in_use_connections:  # noqa: ASYNC110 - redis-py's pool has no event to await
         await asyncio.sleep(0.001)
     return task
 

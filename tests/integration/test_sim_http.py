@@ -315,7 +315,7 @@ def test_old_sse_style_has_all_nulls():
 
 
 def test_dp_ranks_pinning():
-    st, reps = start_sims(1, dp_size=2)
+    st, _ = start_sims(1, dp_size=2)
     try:
         u = st.urls[0]
         p = {"prompt": list(range(300)), "max_tokens": 2}

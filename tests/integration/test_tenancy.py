@@ -174,7 +174,7 @@ def test_policy_files_hot_reload_and_an_invalid_change_never_replaces_the_runnin
         gw.stop()
     # and a gateway never starts on an invalid directory
     (tmp_path / "tenants" / "c.yaml").write_text("api_key_hashes: [x]\n")
-    with pytest.raises(ConfigError, match="tenants/c.yaml: api_key_hashes"):
+    with pytest.raises(ConfigError, match=r"tenants/c\.yaml: api_key_hashes"):
         create_app(parse_config(cfg))
 
 

@@ -111,7 +111,7 @@ def test_h1_pool_reuses_connections_and_closes_unfinished_ones():
             accepted.append(writer)
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
-                n = int([h for h in head.split(b"\r\n") if h.lower().startswith(b"content-length")][0].split(b":")[1])
+                n = int(next(h for h in head.split(b"\r\n") if h.lower().startswith(b"content-length")).split(b":")[1])
                 body = await reader.readexactly(n)
                 if body == b"slow":
                     writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n")

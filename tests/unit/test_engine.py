@@ -42,7 +42,7 @@ def test_single_stream_matches_spec_cross_check():
 
 def test_prefill_is_chunked_and_resumes_first():
     """A 40k-token prompt takes ceil(40k / 16384) = 3 prefill forwards before its first token."""
-    cfg, loop, vr = make()
+    _, loop, vr = make()
     log = []
     submit(vr, loop, np.arange(40_000, dtype=np.uint32), 4, log)
     loop.run()
@@ -50,7 +50,7 @@ def test_prefill_is_chunked_and_resumes_first():
 
 
 def test_identical_resend_is_cached_but_last_partial_page():
-    cfg, loop, vr = make()
+    _, loop, vr = make()
     tokens = np.arange(20_000, dtype=np.uint32)
     r1 = submit(vr, loop, tokens, 4, [])
     loop.run()
@@ -62,7 +62,7 @@ def test_identical_resend_is_cached_but_last_partial_page():
 
 def test_running_cap_queues_the_rest():
     """With max_running_requests=2, a third request waits until one finishes."""
-    cfg, loop, vr = make(max_running_requests=2)
+    _, loop, vr = make(max_running_requests=2)
     reqs = [submit(vr, loop, np.arange(100, dtype=np.uint32) + 1000 * i, 500, []) for i in range(3)]
     loop.run(until=1.0)
     assert sum(r.done_prefill for r in reqs) == 2
@@ -71,7 +71,7 @@ def test_running_cap_queues_the_rest():
 
 
 def test_kv_pressure_evicts_lru_and_blocks_when_full():
-    cfg, loop, vr = make(max_total_num_tokens=4096, page_size=64)
+    _, loop, vr = make(max_total_num_tokens=4096, page_size=64)
     a = np.arange(2048, dtype=np.uint32)
     b = np.arange(3000, dtype=np.uint32) + 50_000
     submit(vr, loop, a, 8, [])

@@ -198,7 +198,7 @@ def test_speculative_entry_after_first_token_is_short() -> None:
 
 def test_routing_mode_config() -> None:
     assert Routing().mode == "approximate"
-    with pytest.raises(ValueError, match="multiple of kv_events.block_size"):
+    with pytest.raises(ValueError, match=r"multiple of kv_events\.block_size"):
         Routing(mode="precise", chunk_tokens=96)
     with pytest.raises(ValueError, match="path: required"):
         Routing(mode="precise", kv_events={"tokenizer": {"kind": "hf"}})

@@ -71,7 +71,7 @@ def test_completions_and_token_prompts(tmp_path: Path) -> None:
 
 
 def test_bad_files_are_clear_errors(tmp_path: Path) -> None:
-    with pytest.raises(TokenizerFilesError, match="tokenizer.json"):
+    with pytest.raises(TokenizerFilesError, match=r"tokenizer\.json"):
         HfTokenizer.from_dir(str(tmp_path))
     (tmp_path / "tokenizer.json").write_text("{not json")
     with pytest.raises(TokenizerFilesError):
