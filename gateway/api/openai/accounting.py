@@ -51,7 +51,7 @@ def reason_for(stage: str, err: BaseException) -> tuple[str, str]:
     """(status, reason) of a request that ended with `err` raised at `stage`. Reasons are a small fixed set (a
     metric label): invalid_http (the HTTP parser refused it: servers.py), auth, body_too_large, body_timeout,
     invalid_body, malformed_json, invalid_request, model_not_found, pool_not_allowed, concurrency_limit, rate_limit,
-    shed, budget, upstream_rejected, upstream_error, no_capacity, upstream_timeout, client_disconnect, internal."""
+    shed, budget, quarantined, upstream_rejected, upstream_error, no_capacity, upstream_timeout, client_disconnect, internal."""
     if isinstance(err, (ClientDisconnect, asyncio.CancelledError)):
         return "499", "client_disconnect"
     if not isinstance(err, GatewayError):
@@ -67,7 +67,7 @@ def reason_for(stage: str, err: BaseException) -> tuple[str, str]:
         return status, by_stage[stage]
     if stage == "entitlements":
         return status, "model_not_found" if err.status == 404 else "pool_not_allowed"
-    return status, upstream_reason(err.status)
+    return status, upstream_reason(err.status, err.code)
 
 
 @dataclass

@@ -37,10 +37,12 @@ def dispatch_failed(ex: Exchange, e: GatewayError) -> None:
     ex.status, ex.error = str(e.status), e.message
     ex.error_target = getattr(e, "target", None)
     ex.error_attempts = int(getattr(e, "attempts", 0) or 0)
-    ex.reason = upstream_reason(e.status)
+    ex.reason = upstream_reason(e.status, e.code)
 
 
-def upstream_reason(status: int) -> str:
+def upstream_reason(status: int, code: str | None = None) -> str:
+    if code == "request_quarantined":  # refused before any upstream saw it
+        return "quarantined"
     if 400 <= status < 500:
         return "upstream_rejected"
     return {503: "no_capacity", 504: "upstream_timeout"}.get(status, "upstream_error")
