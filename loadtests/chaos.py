@@ -329,7 +329,7 @@ async def sc_poison(stack: Stack, lb: LoadBalancer, client: httpx.AsyncClient, a
     t = Tally()
     steady_t = Tally()
     load = asyncio.create_task(steady(lb, client, a.fault_s * 2, a.rate, steady_t))
-    for rounds in range(3):
+    for _ in range(3):
         for endpoint, body in POISON:
             code, _, _ = await send(client, lb.pick(), TENANTS["poison"][0], endpoint, body, t, timeout=20)
             if code >= 500 or code == -1:
@@ -449,11 +449,8 @@ async def sc_budget_burst(stack: Stack, lb: LoadBalancer, client: httpx.AsyncCli
     res_b = await asyncio.gather(*(send(client, stack.gw_urls[i % 2], key_b, "chat/completions", chat_body(i, False), t)
                                    for i in range(a.burst)))
     t0 = time.monotonic()
-    t0 = time.monotonic()
     res_r = await asyncio.gather(*(send(client, stack.gw_urls[i % 2], key_r, "completions",
                                         {"model": "glm-5.2", "prompt": f"r{i}", "max_tokens": 4}, t) for i in range(a.burst)))
-    # a token bucket of 50/min refills 50/60 per second while the burst runs
-    rate_cap = 50 + int((time.monotonic() - t0) * 50 / 60) + 1
     rate_elapsed = time.monotonic() - t0  # the bucket refills 50/min meanwhile (tenancy.md: bursts up to the limit)
     served = sum(float(h.get("x-gateway-cost-usd", 0)) for code, h, _ in res_b if code == 200)
     rate_ok = sum(1 for code, _, _ in res_r if code == 200)

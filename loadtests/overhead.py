@@ -149,7 +149,8 @@ async def main_async(a: argparse.Namespace) -> None:
         for t in targets:  # the sglang router registers workers in the background
             for _ in range(100):
                 try:
-                    r = httpx.post(t.base_urls[0] + "/v1/chat/completions", content=orjson.dumps(BODY), headers=t.headers,
+                    # warm-up before any measurement: blocking the loop here holds nothing up
+                    r = httpx.post(t.base_urls[0] + "/v1/chat/completions",  # noqa: ASYNC210 content=orjson.dumps(BODY), headers=t.headers,
                                    timeout=30, trust_env=False)
                     if r.status_code == 200:
                         break

@@ -39,10 +39,10 @@ async def main_async(a: argparse.Namespace) -> None:
         async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=200), trust_env=False) as c:
             tasks = [asyncio.create_task(stream_forever(c, u, stop, counter)) for u in urls for _ in range(48)]
             await asyncio.sleep(2)
-            base = [httpx.get(u + "/_sim/state").json()["ranks"][0] for u in urls]
+            base = [(await c.get(u + "/_sim/state")).json()["ranks"][0] for u in urls]
             t0, n0 = time.time(), counter[0]
             await asyncio.sleep(a.seconds)
-            states = [httpx.get(u + "/_sim/state").json()["ranks"][0] for u in urls]
+            states = [(await c.get(u + "/_sim/state")).json()["ranks"][0] for u in urls]
             events_s = (counter[0] - n0) / (time.time() - t0)
             stop.set()
             for t in tasks:
