@@ -62,6 +62,9 @@ def test_a_body_that_hangs_two_replicas_is_quarantined_and_ejects_none():
         assert all(s == ("closed", True) for s in states.values())
         assert _metric(gw.urls[0], "gateway_poison_quarantined_total") == 1
         assert _metric(gw.urls[0], "gateway_quarantine_refusals_total") == 1
+        refused = [ln for ln in httpx.get(gw.urls[0] + "/metrics").text.splitlines()
+                   if ln.startswith("gateway_requests_total{") and 'status="422"' in ln]
+        assert refused and all('reason="quarantined"' in ln for ln in refused), refused
     finally:
         gw.stop()
         sims.stop()
