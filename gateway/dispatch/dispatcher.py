@@ -223,6 +223,9 @@ class Dispatcher:
         err.target = tries.last
         if tries.count:
             err.extra_headers = {**err.extra_headers, "x-gateway-attempts": str(tries.count)}
+        if tries.last is not None:  # who answered (or was last tried), as on a served response
+            err.extra_headers = {**err.extra_headers, "x-gateway-pool": tries.last.pool,
+                                 "x-gateway-replica": tries.last.name}
         return err
 
     def _ejected(self, target: Target, overdue: int) -> None:

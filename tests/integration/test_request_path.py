@@ -249,6 +249,7 @@ def test_upstream_rejection_is_logged_with_who_answered(stack):
     finally:
         fake.status = 200
     assert r.status_code == 400
+    assert (r.headers["x-gateway-pool"], r.headers["x-gateway-replica"], r.headers["x-gateway-attempts"]) == ("h", "h", "1")
     rid = r.headers["x-request-id"]
     wait_until(lambda: any(ln["request_id"] == rid for ln in lines.records), what="logged")
     line = next(ln for ln in lines.records if ln["request_id"] == rid)
