@@ -2,7 +2,6 @@
 are the gateway's: neither may close replicas to everyone (real simulator over loopback, the openai SDK)."""
 
 import os
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -11,7 +10,7 @@ import pytest
 from openai import OpenAI
 
 from gateway.config import hash_key
-from tests.helpers import start_sims
+from tests.helpers import start_sims, wait_until
 from tests.integration.gateway_fixtures import (
     KEY_A,
     KEY_B,
@@ -159,7 +158,8 @@ def test_timeouts_on_a_replica_that_serves_others_are_not_held_against_it():
         with ThreadPoolExecutor(1) as pool:
             for i in range(3):
                 status = pool.submit(a_request, i)
-                time.sleep(0.3)  # A's request is waiting on the replica
+                wait_until(lambda: httpx.get(sims.urls[0] + "/_sim/state").json()["inflight"] >= 1, timeout=5,
+                           what="A's request waiting on the replica")
                 b.chat.completions.create(model="glm-5.2", messages=MSG, max_tokens=2)  # answered meanwhile
                 assert status.result() == 504
         breaker = gw.call(lambda: (gw.app.state.gateway.registry.get("p-0").breaker.failures,

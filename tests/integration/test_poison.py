@@ -147,7 +147,8 @@ def test_one_slow_request_ejects_no_replica():
         out: list = [None] * 6
         slow = threading.Thread(target=_stream, args=(gw.urls[0], "slow one", out, 0))
         slow.start()
-        time.sleep(0.2)
+        wait_until(lambda: sum(httpx.get(u + "/_sim/state").json()["inflight"] for u in sims.urls) >= 1, timeout=5,
+                   what="the slow one hanging on a replica")
         for i in range(1, 6):  # other traffic, on both replicas
             _stream(gw.urls[0], f"normal {i}", out, i)
         slow.join(30)

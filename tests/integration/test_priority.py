@@ -23,18 +23,20 @@ def _timed(url: str, body: dict, done: dict, tag: str, headers: dict | None = No
     done[tag] = time.monotonic()
 
 
-def _contend(send, blocker_tag: str, order: list[str]) -> dict[str, float]:
+def _contend(send, blocker_tag: str, order: list[str], sim: str) -> dict[str, float]:
     """One long request occupies the only running slot; the others queue behind it in `order` (arrival order), and
-    their finish times tell the scheduler's order."""
+    their finish times tell the scheduler's order. `sim`: the server's URL, whose queue is watched."""
     done: dict[str, float] = {}
+    rank = lambda: httpx.get(f"{sim}/_sim/state").json()["ranks"][0]  # noqa: E731
     threads = [threading.Thread(target=send, args=(blocker_tag, 1500, done))]
     threads[0].start()
-    time.sleep(0.3)  # the blocker is running
-    for tag in order:
+    wait_until(lambda: len(rank()["running"]) == 1, timeout=10, what="the blocker running")
+    for i, tag in enumerate(order, 1):
         t = threading.Thread(target=send, args=(tag, 150, done))
         t.start()
         threads.append(t)
-        time.sleep(0.05)  # distinct arrival times: FCFS would serve them in `order`
+        # queued before the next is sent: FCFS would serve them in `order`
+        wait_until(lambda i=i: len(rank()["waiting"]) == i, timeout=10, what=f"{tag} queued")
     for t in threads:
         t.join(60)
     return done
@@ -60,7 +62,7 @@ def test_sim_without_priority_ranks_lowest_unless_a_default_is_set():
                     body["priority"] = 1000
                 _timed(url, body, done, tag)
 
-            done = _contend(send, "blocker", ["no-priority", "explicit-low"])
+            done = _contend(send, "blocker", ["no-priority", "explicit-low"], sims.urls[0])
             assert min(("no-priority", "explicit-low"), key=done.__getitem__) == first
         finally:
             sims.stop()
@@ -77,9 +79,9 @@ def test_sim_preempts_a_running_request_beaten_by_more_than_the_threshold():
             prio = {"blocker": -10, "high": 10, "normal": 0}[tag]
             _timed(url, {"prompt": f"{tag} " * 50, "max_tokens": n, "ignore_eos": True, "priority": prio}, done, tag)
 
-        done = _contend(send, "blocker", ["normal"])
+        done = _contend(send, "blocker", ["normal"], sims.urls[0])
         assert done["blocker"] < done["normal"]
-        done = _contend(send, "blocker", ["high"])
+        done = _contend(send, "blocker", ["high"], sims.urls[0])
         assert done["high"] < done["blocker"]
     finally:
         sims.stop()
@@ -118,7 +120,7 @@ def test_gateway_high_before_normal_before_low_whatever_the_server_default(defau
                     "ignore_eos": True}
             _timed(url, body, done, tag, {"authorization": f"Bearer {KEYS[klass]}"})
 
-        done = _contend(send, "blocker", ["low", "normal", "high"])
+        done = _contend(send, "blocker", ["low", "normal", "high"], sims.urls[0])
         assert done["blocker"] < done["high"] < done["normal"] < done["low"]
     finally:
         gw.stop()

@@ -8,7 +8,7 @@ import pytest
 from openai import OpenAI
 
 from gateway.config import ConfigError
-from tests.helpers import RedisServer, start_sims
+from tests.helpers import RedisServer, start_sims, wait_until
 from tests.integration.gateway_fixtures import KEY_A, config, sglang_pool, start_gateway
 
 
@@ -111,13 +111,18 @@ def test_stale_entry_corrected_after_replica_restart(fleet):
         i = int(replica.rsplit("-", 1)[1])
         h, r = send(gw, msgs)
         assert h["x-gateway-replica"] == replica and r.usage.prompt_tokens_details.cached_tokens > 3000
+        before = httpx.get(sims.urls[i] + "/server_info").json()["incarnation"]
         httpx.post(sims.urls[i] + "/_sim/fault", json={"kind": "restart"})
-        time.sleep(0.2)
+
+        def restarted() -> bool:
+            info = httpx.get(sims.urls[i] + "/server_info").json()
+            return info["incarnation"] != before and info["status"] == "ready"
+
+        wait_until(restarted, timeout=5, what="the replica restarted")
         h, r = send(gw, msgs)  # predicted warm, the engine says cold: the stale entries are dropped
         assert r.usage.prompt_tokens_details.cached_tokens == 0
-        time.sleep(0.2)
-        metrics = httpx.get(gw.urls[0] + "/metrics").text
-        assert 'gateway_prefix_index_corrections_total{pool="p"} 1.0' in metrics
+        counted = 'gateway_prefix_index_corrections_total{pool="p"} 1.0'
+        wait_until(lambda: counted in httpx.get(gw.urls[0] + "/metrics").text, timeout=5, what="the correction counted")
         _, r2 = send(gw, msgs)  # re-learned from this request's own insertion: warm again
         assert r2.usage.prompt_tokens_details.cached_tokens > 3000
     finally:
@@ -146,7 +151,7 @@ def test_redis_killed_mid_run_loses_no_request(fleet):
     try:
         for t in threads:
             t.start()
-        time.sleep(1.0)
+        wait_until(lambda: len(ok) >= 6, timeout=10, what="traffic flowing before the outage")
         before = len(ok)
         srv.kill()
         time.sleep(1.5)

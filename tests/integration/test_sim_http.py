@@ -5,7 +5,7 @@ import json
 import httpx
 import pytest
 
-from tests.helpers import start_sims
+from tests.helpers import start_sims, wait_until
 
 
 def sse_events(text):
@@ -264,11 +264,7 @@ def test_fault_hang_and_disconnect_frees_request(sims):
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(f"{st.urls[0]}/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}]},
                    headers={"x-sim-fault": "hang"}, timeout=0.5)
-    import time
-    deadline = time.time() + 5
-    while time.time() < deadline and st.call(lambda: len(reps[0]._inflight)):
-        time.sleep(0.05)
-    assert st.call(lambda: len(reps[0]._inflight)) == 0
+    wait_until(lambda: st.call(lambda: len(reps[0]._inflight)) == 0, timeout=5, what="the hung request freed")
 
 
 def test_queue_full_503():
@@ -291,13 +287,12 @@ def test_restart_clears_cache_and_changes_incarnation():
         httpx.post(f"{u}/v1/completions", json=p, timeout=30)
         assert httpx.post(f"{u}/v1/completions", json=p, timeout=30).json()["usage"]["prompt_tokens_details"]["cached_tokens"] == 640
         assert httpx.post(f"{u}/_sim/fault", json={"kind": "restart"}).status_code == 200
-        import time
-        for _ in range(100):
+
+        def restarted() -> bool:
             info = httpx.get(f"{u}/server_info").json()
-            if info["incarnation"] != before and info["status"] == "ready":
-                break
-            time.sleep(0.02)
-        assert info["incarnation"] != before
+            return info["incarnation"] != before and info["status"] == "ready"
+
+        wait_until(restarted, timeout=5, what="the restarted replica ready")
         assert httpx.post(f"{u}/v1/completions", json=p, timeout=30).json()["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
     finally:
         st.stop()

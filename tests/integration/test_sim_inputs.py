@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.helpers import env_without_proxies, free_port, start_sims, wait_http
+from tests.helpers import env_without_proxies, free_port, start_sims, wait_http, wait_until
 
 CHAT = "/v1/chat/completions"
 COMP = "/v1/completions"
@@ -194,7 +194,8 @@ def test_gateway_sim_exits_on_sigterm_with_work_in_flight():
                                                               "ignore_eos": True, "stream": True}), daemon=True)]
         for t in threads:
             t.start()
-        time.sleep(0.5)
+        wait_until(lambda: httpx.get(url + "/_sim/state").json()["inflight"] >= 2, timeout=10,
+                   what="both requests in flight")
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=8)  # raises if it is still running
     finally:
