@@ -106,6 +106,7 @@ def test_h1_pool_reuses_connections_and_closes_unfinished_ones():
 
     async def go():
         accepted = []
+        eof = asyncio.Event()
 
         async def handle(reader, writer):
             accepted.append(writer)
@@ -117,6 +118,7 @@ def test_h1_pool_reuses_connections_and_closes_unfinished_ones():
                     writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n")
                     await writer.drain()
                     await reader.read()  # until the client closes
+                    eof.set()
                     return
                 writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
                 await writer.drain()
@@ -135,7 +137,7 @@ def test_h1_pool_reuses_connections_and_closes_unfinished_ones():
         first = await resp.aiter_raw().__anext__()
         assert first == b"hello"
         await resp.aclose()  # unfinished: the connection is closed, the server sees EOF
-        await asyncio.sleep(0.05)
+        await asyncio.wait_for(eof.wait(), 5)
         resp, reused = await pool.request("/x", b"{}", {}, 1.0)
         assert not reused and len(accepted) == 2
         pool.close()
