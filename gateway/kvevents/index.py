@@ -42,7 +42,9 @@ class PreciseIndex:
         self.answers = {"events": 0, "fallback": 0}  # replica answers by source (metrics)
 
     async def match(self, hashes: Sequence[int], replicas: Sequence[str]) -> dict[str, int]:
-        approx = await self.inner.match(hashes, replicas)
+        return self.combine(hashes, replicas, await self.inner.match(hashes, replicas))
+
+    def combine(self, hashes: Sequence[int], replicas: Sequence[str], approx: dict[str, int]) -> dict[str, int]:
         out: dict[str, int] = {}
         for key in replicas:
             ranks = self.ranks_for(key)
@@ -89,3 +91,20 @@ class PreciseIndex:
 
     async def size(self) -> int:
         return await self.inner.size()
+
+    # -- the same, synchronously, over an in-memory approximate index (the virtual-clock fleet: kvevents/fleet.py)
+    def match_sync(self, hashes: Sequence[int], replicas: Sequence[str] | None = None) -> dict[str, int]:
+        keys = list(replicas) if replicas is not None else []
+        return self.combine(hashes, keys, self.inner.match_sync(hashes, keys))  # type: ignore[attr-defined]
+
+    def insert_sync(self, replica: str, hashes: Sequence[int], ttl: float) -> None:
+        self.spec.insert_sync(replica, hashes, ttl if ttl <= self.dispatch_ttl_s else self.lag_ttl_s)
+        self.inner.insert_sync(replica, hashes, ttl)  # type: ignore[attr-defined]
+
+    def invalidate_sync(self, replica: str, hashes: Sequence[int]) -> None:
+        self.spec.invalidate_sync(replica, hashes)
+        self.inner.invalidate_sync(replica, hashes)  # type: ignore[attr-defined]
+
+    def drop_replica_sync(self, replica: str) -> None:
+        self.spec.drop_replica_sync(replica)
+        self.inner.drop_replica_sync(replica)  # type: ignore[attr-defined]

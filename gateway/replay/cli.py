@@ -19,6 +19,7 @@ from dataclasses import asdict
 from typing import Any
 
 from gateway.config import ConfigError, Routing, load_config
+from gateway.kvevents.fleet import install as install_mode
 from gateway.replay.bounds import ideal_hit_rate, lru_hit_rate
 from gateway.replay.run import HEADERS, ReplayResult, nodes_targets, replay, targets_from_config
 from gateway.replay.trace import TraceError, read_trace
@@ -37,6 +38,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compare", action="store_true",
                    help="one table: this router, round_robin, least_loaded and 2 instances with unshared state")
     p.add_argument("--instances", type=int, default=1, help="gateway instances (requests dealt round-robin)")
+    p.add_argument("--modes", default=None, help="routing.mode per run, comma-separated: approximate,precise,hybrid "
+                   "(precise/hybrid read the simulated engines' caches as lag-free KV events; docs/kv-events.md)")
     p.add_argument("--unshared", action="store_true", help="instances keep per-process index and load (no Redis)")
     p.add_argument("--speed", type=float, default=1.0, help="k > 1 compresses arrivals k times, k < 1 stretches them")
     p.add_argument("--limit", type=int, default=None, help="only the first N requests")
@@ -103,18 +106,28 @@ def _run(args: argparse.Namespace) -> int:
                 ("prefix_sla_cost", 2, False)]
     else:
         runs = [(args.policy or routing.policy, args.instances, not args.unshared)]
+    modes = [m.strip() for m in args.modes.split(",")] if args.modes else [routing.mode]
+    for m in modes:
+        if m not in ("approximate", "precise", "hybrid"):
+            raise ValueError(f"--modes: unknown mode {m!r} (approximate, precise, hybrid)")
+    runs = [(*r, m) for r in runs for m in modes]  # type: ignore[misc]
     kv = sum(c.max_total_num_tokens for i, c in targets if i.prefix_cache)
     bounds = ideal_hit_rate(trace), lru_hit_rate(trace, kv)
     results = []
-    for policy, instances, shared in runs:
+    for policy, instances, shared, mode in runs:
         bar = None
         if not args.no_progress:
             from tqdm import tqdm  # light, and already used by the load tests
 
             bar = tqdm(total=len(trace), desc=f"{policy} x{instances}", unit="req", file=sys.stderr, leave=False)
         t0 = time.perf_counter()
-        r = replay(trace, targets, routing.model_copy(update={"policy": policy}), instances=instances, shared=shared,
-                   speed=args.speed, progress=bar.update if bar else None, bounds=bounds)
+        rc = routing.model_copy(update={"policy": policy, "mode": mode})
+        page = targets[0][1].page_size
+        r = replay(trace, targets, rc, instances=instances, shared=shared, speed=args.speed,
+                   progress=bar.update if bar else None, bounds=bounds,
+                   fleet_hook=lambda fleet, rc=rc, page=page: install_mode(fleet, rc, page))
+        if len(modes) > 1:
+            r.label += f" [{mode}]"
         if bar:
             bar.close()
         print(f"  {r.label}: {time.perf_counter() - t0:.1f} s wall", file=sys.stderr)

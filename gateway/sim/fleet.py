@@ -117,6 +117,7 @@ class Fleet:
         self.on_decision = on_decision
         self.records: list[Record] = []
         self.on_arrival: Callable[[], None] | None = None  # progress hook
+        self.on_job: Callable[[Job], None] | None = None  # each job before it is routed (kvevents/fleet.py)
 
     # -- setup -------------------------------------------------------------------------------------------------
     def warm(self, name: str, page_keys: Sequence[int], hashes: Sequence[int]) -> None:
@@ -160,6 +161,8 @@ class Fleet:
         inst = self.instances[k % len(self.instances)]
         eng, req = inst.engine, job.req
         infos = self.infos
+        if self.on_job:
+            self.on_job(job)
         matches = inst.index.match_sync(req.hashes, [i.key for i in infos]) if eng.uses_prefix and req.hashes else {}
         loads = {i.name: inst.loads.view(i.name) for i in infos}
         decision = eng.decide(req, infos, matches, loads, now)

@@ -208,3 +208,43 @@ def test_routing_mode_config() -> None:
     assert r.kv_events.static["r0"].dp_size == 2
     with pytest.raises((ConfigError, ValueError)):
         parse_config({"models": [], "routing": {"mode": "exact"}})
+
+
+# -- the virtual-clock fleet (gateway replay --modes) ------------------------------------------------------------
+def _fleet_job(mode: str) -> tuple[object, object, object]:
+    from gateway.kvevents.fleet import install
+    from gateway.routing.request import RoutingRequest
+    from gateway.sim.fleet import Fleet, Job, mi355x_targets
+
+    routing = Routing(mode=mode)
+    fleet = Fleet(mi355x_targets(2), routing)
+    install(fleet, routing, page_size=64)
+    pages = list(range(1000, 1000 + 16))  # 16 pages of 64 = 4 chunks of 256
+    hashes = (11, 12, 13, 14)
+    job = Job(RoutingRequest("r", "t", "m", "chat/completions", True, 1024, 8, hashes), pages, 1024, 8)
+    return fleet, job, pages
+
+
+@pytest.mark.parametrize("mode", ["precise", "hybrid"])
+def test_fleet_modes_read_the_engine_cache(mode: str) -> None:
+    fleet, job, pages = _fleet_job(mode)
+    a = fleet.infos[0]  # type: ignore[attr-defined]
+    fleet.warm(a.name, pages, job.req.hashes)  # type: ignore[attr-defined]  # cached there, and indexed
+    inst = fleet.instances[0]  # type: ignore[attr-defined]
+    fleet.on_job(job)  # type: ignore[attr-defined]
+    assert inst.index.match_sync(job.req.hashes, [a.key]) == {a.key: 4}  # type: ignore[attr-defined]
+    cache = fleet.ranks[a.name].rank.cache  # type: ignore[attr-defined]
+    cache.evict(8 * 64)  # the engine drops the last 8 pages (2 chunks), leaves first
+    fleet.loop.now = 10.0  # type: ignore[attr-defined]  # past the speculative window of the warm-up's entry
+    # both read the engine's cache; hybrid also saw the evictions reach its approximate index
+    assert inst.index.match_sync(job.req.hashes, [a.key]) == {a.key: 2}  # type: ignore[attr-defined]
+    assert inst.index.inner.match_sync(job.req.hashes, [a.key]) == {a.key: 2 if mode == "hybrid" else 4}  # type: ignore[attr-defined]
+
+
+def test_fleet_approximate_is_untouched() -> None:
+    fleet, job, pages = _fleet_job("approximate")
+    assert fleet.on_job is None  # type: ignore[attr-defined]
+    a = fleet.infos[0]  # type: ignore[attr-defined]
+    fleet.warm(a.name, pages, job.req.hashes)  # type: ignore[attr-defined]
+    fleet.ranks[a.name].rank.cache.evict(8 * 64)  # type: ignore[attr-defined]
+    assert fleet.instances[0].index.match_sync(job.req.hashes, [a.key]) == {a.key: 4}  # type: ignore[attr-defined]

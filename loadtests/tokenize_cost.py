@@ -1,0 +1,128 @@
+"""CPU per request of the request side of precise routing (routing.mode precise/hybrid) on a 20,000-token chat:
+tokenizing it as the engine will see it and chaining its page keys, next to the approximate mode's text-chunk hashes.
+
+    .venv/bin/python -m loadtests.tokenize_cost            # ~30 s (most of it training the benchmark's tokenizer)
+
+No model files are downloaded: the real-tokenizer rows use a byte-level BPE tokenizer.json (32k vocabulary) trained
+here on generated text, with a ChatML template, through the gateway's HfTokenizer (HF `tokenizers` + jinja2). A real
+model's tokenizer (GLM's 150k vocabulary) is the same algorithm; its cost grows with the text, not the vocabulary.
+Rows: the first turn of a conversation (nothing cached), the next turn (the previous turn's ids reused, only the new
+messages encoded), and the simulator's token rule (the default). Process CPU time, median of `--reps`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from gateway.kvevents.request_keys import TokenPrefixHasher
+from gateway.prefix.hashing import prefix_hashes
+from gateway.tokenizers.real import HfTokenizer
+from gateway.tokenizers.sim import SimRuleTokenizer
+
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def words(rng: np.random.Generator, n: int) -> str:
+    syll = ["ka", "lo", "mi", "ne", "ru", "ta", "shi", "po", "an", "er", "in", "on", "st", "qu", "ve", "za"]
+    out = []
+    for _ in range(n):
+        w = "".join(syll[i] for i in rng.integers(0, len(syll), int(rng.integers(1, 4))))
+        out.append(w + ("," if rng.random() < 0.08 else ""))
+    return " ".join(out)
+
+
+def build_tokenizer(d: Path, vocab: int) -> HfTokenizer:
+    rng = np.random.default_rng(0)
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=["<|im_start|>", "<|im_end|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator((words(rng, 200) for _ in range(5000)), trainer)
+    tok.save(str(d / "tokenizer.json"))
+    (d / "tokenizer_config.json").write_text(json.dumps({"chat_template": CHATML, "eos_token": "<|im_end|>"}))
+    return HfTokenizer.from_dir(str(d))
+
+
+def conversation(t: HfTokenizer, target: int) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
+    """A chat of about `target` tokens under `t` (system prompt + turns), and its next turn."""
+    rng = np.random.default_rng(1)
+    msgs = [{"role": "system", "content": words(rng, 3000)}]
+    while len(t.encode_text(t.render(msgs, None))) < target:
+        msgs += [{"role": "user", "content": words(rng, 600)}, {"role": "assistant", "content": words(rng, 400)}]
+    msgs.append({"role": "user", "content": words(rng, 300)})
+    nxt = [*msgs, {"role": "assistant", "content": words(rng, 200)}, {"role": "user", "content": words(rng, 300)}]
+    return msgs, nxt
+
+
+def cpu_ms(fn: Callable[[], Any], reps: int) -> float:
+    times = []
+    for _ in range(reps):
+        t0 = time.process_time()
+        fn()
+        times.append(time.process_time() - t0)
+    return statistics.median(times) * 1000
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--tokens", type=int, default=20_000)
+    p.add_argument("--vocab", type=int, default=32_000)
+    p.add_argument("--reps", type=int, default=30)
+    p.add_argument("--block-size", type=int, default=64)
+    a = p.parse_args()
+    with tempfile.TemporaryDirectory() as d:
+        hf = build_tokenizer(Path(d), a.vocab)
+        msgs, nxt = conversation(hf, a.tokens)
+        body, next_body = {"messages": msgs}, {"messages": nxt}
+        n_tokens = len(hf.encode_request("chat/completions", body))
+        sim = SimRuleTokenizer()
+        hf_hasher = TokenPrefixHasher(hf, a.block_size)
+        sim_hasher = TokenPrefixHasher(sim, a.block_size)
+        sim_text_tokens = len(sim.encode_request("chat/completions", body))
+
+        def cold() -> None:
+            hf._cache.clear()
+            hf_hasher("chat/completions", body, "m", "tenant:a", 256)
+
+        def warm() -> None:
+            hf._cache.clear()
+            hf.encode_request("chat/completions", body)  # the previous turn, cached (not timed below)
+
+        def next_turn() -> None:
+            hf_hasher("chat/completions", next_body, "m", "tenant:a", 256)
+
+        next_times = []
+        for _ in range(a.reps):
+            warm()
+            next_times.append(cpu_ms(next_turn, 1))
+        rows = [
+            ("HF tokenizer, first turn: template + encode + page keys", cpu_ms(cold, a.reps)),
+            ("HF tokenizer, next turn (previous turn's ids cached)", statistics.median(next_times)),
+            ("HF tokenizer, encode only (first turn)", cpu_ms(lambda: hf.encode_text(hf.render(msgs, None)), a.reps)),
+            ("simulator token rule: render + ids + page keys", cpu_ms(lambda: sim_hasher("chat/completions", body, "m",
+                                                                                        "tenant:a", 256), a.reps)),
+            ("approximate mode: text-chunk hashes (today's default)", cpu_ms(lambda: prefix_hashes(
+                "chat/completions", body, "m", "tenant:a", 256), a.reps)),
+        ]
+        print(f"request: {n_tokens} tokens under the benchmark tokenizer ({a.vocab} vocab), "
+              f"{sim_text_tokens} under the simulator's rule; {len(json.dumps(body)) // 1024} KiB body; "
+              f"block size {a.block_size}; median of {a.reps}")
+        print("| step | CPU ms per request |\n|---|---|")
+        for name, ms in rows:
+            print(f"| {name} | {ms:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
