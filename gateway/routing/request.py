@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
@@ -19,4 +19,3 @@ class RoutingRequest:
     objective: str = "cost"  # cost | latency
     on_sla_miss: str = "spill"  # spill | shed
     group_key: int = 0  # cold placement key: a chunk hash deep enough to identify the shared prefix
-    extra: dict[str, object] = field(default_factory=dict)
