@@ -30,8 +30,11 @@ TENANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "other": ("sk-chaos-other", {}),
     "poison": ("sk-chaos-poison", {}),
     "capped": ("sk-chaos-capped", {"max_concurrent": 5}),
+    "capped_fleet": ("sk-chaos-capped-fleet", {"max_concurrent": 5, "max_concurrent_scope": "fleet"}),
     "budget": ("sk-chaos-budget", {"budget": {"usd_per_day": 0.001}}),
     "rate": ("sk-chaos-rate", {"rate_limits": {"requests_per_minute": 50}}),
+    "budget400": ("sk-chaos-budget400", {"budget": {"usd_per_day": 0.001}}),
+    "rate400": ("sk-chaos-rate400", {"rate_limits": {"requests_per_minute": 50}}),
     "fuzz": ("sk-chaos-fuzz", {}),
 }
 
