@@ -7,7 +7,8 @@ No model files are downloaded: the real-tokenizer rows use a byte-level BPE toke
 here on generated text, with a ChatML template, through the gateway's HfTokenizer (HF `tokenizers` + jinja2). A real
 model's tokenizer (GLM's 150k vocabulary) is the same algorithm; its cost grows with the text, not the vocabulary.
 Rows: the first turn of a conversation (nothing cached), the next turn (the previous turn's ids reused, only the new
-messages encoded), and the simulator's token rule (the default). Process CPU time, median of `--reps`.
+messages encoded), the simulator's token rule (the default), and what every gateway instance spends consuming the
+engine's events for such a request (its store and, later, its eviction). Process CPU time, median of `--reps`.
 """
 
 from __future__ import annotations
@@ -21,10 +22,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from gateway.kvevents.blocks import RankBlocks
 from gateway.kvevents.request_keys import TokenPrefixHasher
+from gateway.kvevents.wire import decode_batch
 from gateway.prefix.hashing import prefix_hashes
 from gateway.tokenizers.real import HfTokenizer
 from gateway.tokenizers.sim import SimRuleTokenizer
@@ -66,6 +70,22 @@ def conversation(t: HfTokenizer, target: int) -> tuple[list[dict[str, str]], lis
     return msgs, nxt
 
 
+def events_for(tokens: list[int], block_size: int) -> tuple[bytes, bytes]:
+    """The engine's events for this prompt (0.5.23 encoding): one coalesced BlockStored, later one BlockRemoved."""
+    n = len(tokens) // block_size
+    hashes = list(range(1, n + 1))
+    store = {"type": "BlockStored", "block_hashes": hashes, "parent_block_hash": None, "token_ids": tokens[: n * block_size],
+             "block_size": block_size, "lora_id": None, "medium": "GPU", "cache_salt": "tenant:a"}
+    return (msgspec.msgpack.encode([time.time(), [store], 0]),
+            msgspec.msgpack.encode([time.time(), [{"type": "BlockRemoved", "block_hashes": hashes, "medium": "GPU"}], 0]))
+
+
+def consume(store: bytes, remove: bytes) -> None:
+    blocks = RankBlocks()
+    blocks.apply(decode_batch(store).events)
+    blocks.apply(decode_batch(remove).events)
+
+
 def cpu_ms(fn: Callable[[], Any], reps: int) -> float:
     times = []
     for _ in range(reps):
@@ -91,6 +111,7 @@ def main() -> None:
         hf_hasher = TokenPrefixHasher(hf, a.block_size)
         sim_hasher = TokenPrefixHasher(sim, a.block_size)
         sim_text_tokens = len(sim.encode_request("chat/completions", body))
+        store, remove = events_for(sim.encode_request("chat/completions", body).tolist(), a.block_size)
 
         def cold() -> None:
             hf._cache.clear()
@@ -115,6 +136,8 @@ def main() -> None:
                                                                                         "tenant:a", 256), a.reps)),
             ("approximate mode: text-chunk hashes (today's default)", cpu_ms(lambda: prefix_hashes(
                 "chat/completions", body, "m", "tenant:a", 256), a.reps)),
+            ("event consumer: decode + index this request's BlockStored, then its BlockRemoved",
+             cpu_ms(lambda: consume(store, remove), a.reps)),
         ]
         print(f"request: {n_tokens} tokens under the benchmark tokenizer ({a.vocab} vocab), "
               f"{sim_text_tokens} under the simulator's rule; {len(json.dumps(body)) // 1024} KiB body; "

@@ -57,7 +57,11 @@ class RankBlocks:
                 prev = keys.orphan_seed(ev.parent)
             else:
                 prev = keys.to_digest(pk)
-        own = keys.chain(prev, ev.tokens[: len(ev.hashes) * bs], bs)
+        try:
+            own = keys.chain(prev, ev.tokens[: len(ev.hashes) * bs], bs)
+        except (TypeError, OverflowError):  # a token id that is not a uint32
+            self.malformed += 1
+            return
         for h, k in zip(ev.hashes, own, strict=False):
             self.by_engine[h] = k
             self.held.add(k)

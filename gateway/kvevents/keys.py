@@ -10,7 +10,9 @@ identifies its whole prefix, and the engine evicts leaves first), so the routing
 
 from __future__ import annotations
 
+import array
 import hashlib
+import sys
 from collections.abc import Sequence
 
 import numpy as np
@@ -30,9 +32,8 @@ def orphan_seed(engine_parent: int) -> bytes:
 
 def chain(prev: bytes, tokens: np.ndarray | Sequence[int], block_size: int) -> list[int]:
     """Keys of the full pages of `tokens`, chained on `prev` (a trailing partial page has none)."""
-    arr = np.asarray(tokens, dtype=np.uint32)
-    n = min(len(arr) // block_size, MAX_PAGES)
-    raw = arr[: n * block_size].astype("<u4", copy=False).tobytes()
+    n = min(len(tokens) // block_size, MAX_PAGES)
+    raw = _u32le(tokens[: n * block_size])
     step = block_size * 4
     out = []
     h = prev
@@ -41,6 +42,15 @@ def chain(prev: bytes, tokens: np.ndarray | Sequence[int], block_size: int) -> l
         h = b2(h + raw[i * step : (i + 1) * step], digest_size=8).digest()
         out.append(int.from_bytes(h, "big", signed=True))
     return out
+
+
+def _u32le(tokens: np.ndarray | Sequence[int]) -> bytes:
+    if isinstance(tokens, np.ndarray):
+        return tokens.astype("<u4", copy=False).tobytes()
+    a = array.array("I", tokens)  # 3x faster than numpy from a list (the event path: msgpack gives lists)
+    if sys.byteorder == "big":
+        a.byteswap()
+    return a.tobytes()
 
 
 def to_digest(key: int) -> bytes:

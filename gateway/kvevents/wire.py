@@ -81,13 +81,19 @@ def _ints(v: Any) -> list[int]:
     return [x for x in v if isinstance(x, int)] if isinstance(v, list) else []
 
 
+def _tokens(v: Any) -> list[int]:
+    """Token ids unchecked here (10k+ per event): a non-uint32 element fails the page hashing, which counts the
+    event as malformed (kvevents/blocks.py)."""
+    return v if isinstance(v, list) else []
+
+
 def _from_map(d: dict[str, Any]) -> Event | None:
     kind = d.get("type")
     if kind == "BlockStored":
         salt = d.get("cache_salt")
         parent = d.get("parent_block_hash")
         return Stored(_ints(d.get("block_hashes")), parent if isinstance(parent, int) else None,
-                      _ints(d.get("token_ids")), int(d.get("block_size") or 0), salt if isinstance(salt, str) else None)
+                      _tokens(d.get("token_ids")), int(d.get("block_size") or 0), salt if isinstance(salt, str) else None)
     if kind == "BlockRemoved":
         return Removed(_ints(d.get("block_hashes")))
     if kind == "AllBlocksCleared":
@@ -99,7 +105,7 @@ def _from_array(a: list[Any]) -> Event | None:
     kind = a[0]
     if kind == "BlockStored" and len(a) >= 5:
         parent = a[2]
-        return Stored(_ints(a[1]), parent if isinstance(parent, int) else None, _ints(a[3]),
+        return Stored(_ints(a[1]), parent if isinstance(parent, int) else None, _tokens(a[3]),
                       int(a[4]) if isinstance(a[4], int) else 0)
     if kind == "BlockRemoved" and len(a) >= 2:
         return Removed(_ints(a[1]))

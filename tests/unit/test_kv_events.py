@@ -138,6 +138,8 @@ def test_malformed_store_and_clear() -> None:
     blocks = RankBlocks()
     blocks.apply([Stored([1, 2], None, [1] * 20, 16)])  # 2 pages need 32 tokens
     assert blocks.malformed == 1 and len(blocks) == 0
+    blocks.apply([Stored([1], None, [1] * 15 + ["x"], 16), Stored([1], None, [-1] * 16, 16)])  # not uint32 ids
+    assert blocks.malformed == 3 and len(blocks) == 0
     applied = blocks.apply([Stored([1], None, [1] * 16, 16), Cleared()])
     assert len(blocks) == 0 and applied.cleared
 
