@@ -79,7 +79,7 @@ class FleetPrecise:
         for inst in fleet.instances:
             if id(inst.index) not in wrapped:  # a shared index is wrapped once
                 self.inners.append(inst.index)
-                wrapped[id(inst.index)] = PreciseIndex(inst.index, routing.mode, views.get,
+                wrapped[id(inst.index)] = PreciseIndex(inst.index, routing.mode, lambda key: views.get(key),
                                                        dispatch_ttl_s=routing.speculative_ttl_s,
                                                        lag_ttl_s=routing.kv_events.speculative_s,
                                                        clock=lambda: fleet.loop.now)

@@ -15,23 +15,30 @@ Writes and drops go to both the approximate index and the speculative layer.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Sequence
 from typing import Protocol
 
-from gateway.kvevents.blocks import RankBlocks
 from gateway.prefix.index import PrefixIndex
 from gateway.prefix.memory import MemoryPrefixIndex
 
 
+class HeldBlocks(Protocol):
+    @property
+    def held(self) -> Container[int]: ...
+
+
 class RankView(Protocol):
-    blocks: RankBlocks
+    """What the index reads of a rank: the keys it holds (kvevents/blocks.RankBlocks) and its subscription's health."""
+
+    @property
+    def blocks(self) -> HeldBlocks: ...
 
     @property
     def healthy(self) -> bool: ...
 
 
 class PreciseIndex:
-    def __init__(self, inner: PrefixIndex, mode: str, ranks_for: Callable[[str], list[RankView] | None], *,
+    def __init__(self, inner: PrefixIndex, mode: str, ranks_for: Callable[[str], Sequence[RankView] | None], *,
                  dispatch_ttl_s: float, lag_ttl_s: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.inner = inner
         self.mode = mode  # precise | hybrid
@@ -60,7 +67,7 @@ class PreciseIndex:
                 out[key] = n
         return out
 
-    def _run(self, key: str, hashes: Sequence[int], ranks: list[RankView]) -> int:
+    def _run(self, key: str, hashes: Sequence[int], ranks: Sequence[RankView]) -> int:
         """Longest run of leading keys held by one of the ranks or speculatively by this replica."""
         spec = self.spec.match_sync(hashes, [key]).get(key, 0)
         n = 0

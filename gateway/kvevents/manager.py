@@ -170,7 +170,8 @@ class KvEventsManager:
             info = None
         if not isinstance(info, dict):
             return self.endpoints.get(server)  # unreachable now: keep what we had (the subscription shows health)
-        ep = endpoints_from_descriptor(info.get("kv_events"), t.base_url) if info.get("kv_events") else None
+        desc = info.get("kv_events")
+        ep = endpoints_from_descriptor(desc, t.base_url) if isinstance(desc, dict) else None
         if ep is None:
             self.problems[server] = ("no kv_events in /server_info (events off, or SGLang < 0.5.13: set "
                                      "routing.kv_events.static): approximate routing for this replica")

@@ -66,7 +66,7 @@ class PrefixCache:
     nodes: dict[int, Node] = field(default_factory=dict)
     stats: CacheStats = field(default_factory=CacheStats)
     _heap: list[tuple[float, int, int, Node]] = field(default_factory=list)
-    _seq: itertools.count = field(default_factory=itertools.count)
+    _seq: itertools.count[int] = field(default_factory=itertools.count)
     locked_pages: int = 0
     events: CacheEvents | None = None
     _pending: OrderedDict[int, tuple[bytes, str | None]] = field(default_factory=OrderedDict)
@@ -133,7 +133,7 @@ class PrefixCache:
     # -- mutation ---------------------------------------------------------------------------------------------
     def insert(self, keys: Sequence[int], now: float, lock: bool = False) -> list[Node]:
         """Insert the chain `keys` (a full path from the root); returns its nodes, locked once more if `lock`."""
-        path = []
+        path: list[Node] = []
         parent: Node | None = None
         new_from = -1
         for k in keys:
