@@ -57,7 +57,10 @@ class KvEventsConfig:
         """The `--kv-events-config` JSON; None when absent or the null publisher. Raises ValueError when invalid."""
         if raw is None or raw == "":
             return None
-        data = json.loads(raw) if isinstance(raw, str) else dict(raw)
+        try:
+            data = json.loads(raw) if isinstance(raw, str) else dict(raw)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"--kv-events-config: not JSON ({e})") from None
         if not isinstance(data, dict):
             raise ValueError("--kv-events-config: expected a JSON object")  # noqa: TRY004 (callers catch ValueError)
         known = {"publisher", "endpoint", "replay_endpoint", "buffer_steps", "hwm", "topic", "bind", "format",
