@@ -307,3 +307,45 @@ def test_sim_kv_events_control_validates(fleet: Fleet) -> None:
     for bad in ({"drop_batches": -1}, {"drop_batches": "x"}, [1]):
         r = httpx.post(f"{u}/_sim/kv_events", json=bad)
         assert r.status_code == 400 and r.json()["object"] == "error" and r.json()["message"]
+
+
+def test_two_instances_over_redis_hybrid_events_correct_the_shared_index() -> None:
+    """Hybrid with the approximate index in Redis (two instances): both subscribe, both route on the events, and a
+    flush seen through the events empties the shared index's entries for that replica."""
+    from tests.helpers import RedisServer
+
+    redis = RedisServer()
+    redis.start()
+    base = free_port()
+    st, _ = start_sims(1, kv_events_config=kv_config(base))
+    gws = []
+    try:
+        r = {"mode": "hybrid", "redis_url": redis.url, "kv_events": {"discovery_interval_s": 0.3}}
+        gws = [start_gateway(config([sglang_pool("p", st.urls)], routing=r)) for _ in range(2)]
+        for g in gws:
+            wait_until(lambda g=g: httpx.get(f"{g.urls[0]}/readyz").json()["kv_events"]["healthy"] == 1, 5, "subscribed")
+        body = {"model": "glm-5.2", "messages": [{"role": "user", "content": prompt(1)}], "max_tokens": 2}
+        assert httpx.post(f"{gws[0].urls[0]}/v1/chat/completions", headers=H, json=body, timeout=30).status_code == 200
+        pages = httpx.get(f"{st.urls[0]}/_sim/state").json()["ranks"][0]["cache_pages"]
+        for g in gws:  # the instance that did not route it knows the blocks too
+            wait_until(lambda g=g: next(iter(httpx.get(f"{g.urls[0]}/readyz").json()["kv_events"]["subscriptions"]
+                                             .values()))["blocks"] == pages, CONVERGE_S, "blocks on both instances")
+        second = httpx.post(f"{gws[1].urls[0]}/v1/chat/completions", headers=H, json=body, timeout=30)
+        assert second.headers["x-gateway-route"] == "prefix_hit"
+        state = gws[0].app.app.app.state.gateway  # type: ignore[attr-defined]
+        index = getattr(state, "index", None) or state.extra["index"]
+        hasher = getattr(state, "prefix_hasher", None) or state.extra["prefix_hasher"]
+        keys = hasher("chat/completions", body, "glm-5.2", "tenant:tenant-a", 256)
+        key = state.registry.targets[0].index_key
+
+        def shared_entries() -> int:
+            return asyncio.run_coroutine_threadsafe(index.inner.match(keys, [key]), gws[0].loop).result(5).get(key, 0)
+
+        assert shared_entries() > 0
+        assert httpx.post(f"{st.urls[0]}/flush_cache").status_code == 200
+        wait_until(lambda: shared_entries() == 0, CONVERGE_S, "the shared index emptied by AllBlocksCleared")
+    finally:
+        for g in gws:
+            g.stop()
+        st.stop()
+        redis.stop()
