@@ -250,3 +250,28 @@ def test_fleet_approximate_is_untouched() -> None:
     fleet.warm(a.name, pages, job.req.hashes)  # type: ignore[attr-defined]
     fleet.ranks[a.name].rank.cache.evict(8 * 64)  # type: ignore[attr-defined]
     assert fleet.instances[0].index.match_sync(job.req.hashes, [a.key]) == {a.key: 4}  # type: ignore[attr-defined]
+
+
+def test_subscription_sequence_rules_without_a_socket() -> None:
+    from gateway.kvevents.subscriber import Subscription
+
+    applied: list[int] = []
+    resets: list[str] = []
+    sub = Subscription(None, "tcp://h:1", None, "", on_batch=lambda b: applied.append(int(b.ts)),  # type: ignore[arg-type]
+                       on_reset=resets.append)
+    sub._first_after_connect = False
+
+    def msg(seq: int) -> list[bytes]:
+        return [b"", seq.to_bytes(8, "big"), msgspec.msgpack.encode([float(seq), [["AllBlocksCleared"]]])]
+
+    for seq in (0, 1, 1, 2):  # in order, a duplicate skipped
+        sub._receive(msg(seq))
+    assert applied == [0, 1, 2] and not resets
+    sub._receive(msg(0))  # the sequence restarted: the engine restarted
+    assert resets == ["restart"] and applied[-1] == 0 and sub.stats.resets == 1
+    sub._receive(msg(5))  # a gap: held until the replay resolves it
+    assert sub.resyncing and sub._pending_gap is not None and sub.stats.gaps == 1 and not sub.healthy
+    asyncio.run(sub._resolve_gap())  # no replay socket: the rank's view is dropped, the batch applied
+    assert resets == ["restart", "gap"] and applied[-1] == 5 and not sub.resyncing
+    sub._receive([b"", b"\x00"])  # not three frames with an 8-byte sequence
+    assert sub.stats.bad_payloads == 1
