@@ -253,6 +253,8 @@ class Routing(_Strict):
                                                 "share of a budget's remainder (and of a rate limit) one instance may "
                                                 "use alone (default: 1 / the instances alive when it was last seen)")
     load_poll_s: float = Field(default=1.0, gt=0, description="engine /v1/loads reconciliation period")
+    queue_drain: bool = Field(default=False, description="credit the done part of a replica's prefill queue "
+                              "(more cache hits on long-prompt traffic; unstable near capacity without a spill pool)")
     concurrency_lease_s: float = Field(default=30.0, ge=1, le=600, description="fleet-wide max_concurrent: a slot "
                                        "not renewed for this long (its instance died) is freed")
 

@@ -65,7 +65,6 @@ class TtftCorrector:
         self.factor: dict[tuple[str, str], float] = {}  # what predictions are multiplied by, per (pool, regime)
         self._mean: dict[tuple[str, str], float] = {}
         self._var: dict[tuple[str, str], float] = {}
-        self._size: dict[tuple[str, str], float] = {}  # EW mean of the uncorrected predictions observed
 
     def get(self, pool: str, regime_: str = FREE) -> float:
         """What a prediction for this pool in this regime is multiplied by (the regime's prior until it is seen)."""
@@ -78,33 +77,29 @@ class TtftCorrector:
             return
         key = (pool, regime_ if self.split_regimes else FREE)
         ratio = min(self.hi, max(self.lo, observed / predicted_uncorrected))
-        # Weighted by the prediction's size (an EW ratio of sums): a request predicted at 0.2 s that waits 0.8 s for
-        # the prefill forward it shares with requests dispatched after it is a 4x ratio but a small absolute miss;
-        # unweighted, such requests pulled the factor to ~1.9 for every prediction on the conversation trace.
-        size = self._size.get(key, predicted_uncorrected)
-        size += self.alpha * (predicted_uncorrected - size)
-        self._size[key] = size
-        a = min(0.5, self.alpha * predicted_uncorrected / size)
         mean = self._mean.get(key, PRIOR[key[1]])
         d = ratio - mean
-        mean = min(self.hi, max(self.lo, mean + a * d))
-        var = (1 - a) * (self._var.get(key, 0.0) + a * d * d)  # EW variance (West's update)
+        mean = min(self.hi, max(self.lo, mean + self.alpha * d))
+        var = (1 - self.alpha) * (self._var.get(key, 0.0) + self.alpha * d * d)  # EW variance (West's update)
         self._mean[key], self._var[key] = mean, var
         self.factor[key] = min(self.hi, max(self.lo, mean + self.z * math.sqrt(var)))
 
 
+DRAIN_SHARE = 0.5  # of the prefill rate: long contexts prefill slower, and co-batched requests finish together
+DRAIN_BELOW = 1 / 8  # of max_running in flight: past it nothing is credited
+
+
 class QueueDrain:
-    """How much of each replica's tracked prefill queue is already done (stateful, clock passed in).
+    """How much of each replica's tracked prefill queue is already done (stateful, clock passed in); opt-in
+    (`routing.queue_drain`).
 
     The tracked queue counts a request's uncached tokens until its first token, so a 60k-token prompt that is 80%
     prefilled still counts in full: on the conversation trace the warm replica a request left had a tracked queue
     ~1.4x its real remaining work (38k vs 26k tokens at the median), enough to call it infeasible and lose the hit.
-    SGLang prefills FCFS and without pause while work is queued and a running slot is free, so the done part grows
-    at the prefill rate over such intervals; a drop in the tracked queue (a first token, from any gateway) removes
-    done tokens first. Credit is given only while few requests are in flight (under max_running / 8): on busier
-    replicas it over-credited and tipped the Wafer workload on 4 nodes at 0.95x, no spill pool, into overload (seed 0:
-    72.7% within the SLA with a max_running / 4 limit, 99.8% with / 8; tests/unit/test_fleet_des.py at 1.5x: 92% with
-    no limit but a full batch).
+    SGLang prefills FCFS and without pause while work is queued and a slot is free, so the done part grows at a share
+    of the prefill rate while the replica has work and few requests in flight; a drop in the tracked queue (a first
+    token, from any gateway) removes done tokens first. Off by default: near capacity without a spill pool it makes
+    the fleet bistable (docs/routing.md: the Wafer workload on 4 nodes at 0.95x, 3 of 8 seeds tip into overload).
     """
 
     def __init__(self) -> None:
@@ -116,7 +111,7 @@ class QueueDrain:
         done = max(0.0, done - max(0.0, last_q - q))  # released tokens were the first in line
         if q <= 0:
             done = 0.0
-        elif draining:  # it was prefilling since `at` (queue non-empty, a slot free); otherwise the start is unknown
-            done = min(q, done + t.prefill_tokens_per_s * max(0.0, now - at))
-        self._state[name] = (done, q, now, q > 0 and load.inflight < t.max_running / 8)
+        elif draining:  # it was prefilling since `at`; otherwise the start is unknown: credit none
+            done = min(q, done + DRAIN_SHARE * t.prefill_tokens_per_s * max(0.0, now - at))
+        self._state[name] = (done, q, now, q > 0 and load.inflight < t.max_running * DRAIN_BELOW)
         return LoadView(q - done, load.inflight)

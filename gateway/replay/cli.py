@@ -44,6 +44,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--speed", type=float, default=1.0, help="k > 1 compresses arrivals k times, k < 1 stretches them")
     p.add_argument("--limit", type=int, default=None, help="only the first N requests")
     p.add_argument("--sla-ms", type=float, default=None, help="TTFT SLA (default: the config's routing.ttft_sla_ms)")
+    p.add_argument("--queue-drain", action="store_true", help="what-if routing.queue_drain: true")
     p.add_argument("--branches", action="store_true", help="also print where the hits go, per decision branch")
     p.add_argument("--json", dest="json_out", help="write the results as JSON here")
     p.add_argument("--no-progress", action="store_true")
@@ -101,6 +102,8 @@ def _run(args: argparse.Namespace) -> int:
         raise ValueError("the fleet has no targets")
     if args.sla_ms:
         routing = routing.model_copy(update={"ttft_sla_ms": args.sla_ms})
+    if args.queue_drain:
+        routing = routing.model_copy(update={"queue_drain": True})
     if args.compare:
         runs = [("prefix_sla_cost", 1, True), ("round_robin", 1, True), ("least_loaded", 1, True),
                 ("prefix_sla_cost", 2, False)]

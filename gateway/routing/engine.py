@@ -80,7 +80,8 @@ class Attempt:
 
 class RoutingEngine:
     def __init__(self, policy: Policy, params: Any, *, uses_prefix: bool, chunk_tokens: int,
-                 corrector: TtftCorrector, speculative_ttl_s: float, residency_ttl_s: float) -> None:
+                 corrector: TtftCorrector, speculative_ttl_s: float, residency_ttl_s: float,
+                 queue_drain: bool = False) -> None:
         self.policy = policy
         self.params = params
         self.uses_prefix = uses_prefix  # False: the policy ignores prefixes, so callers may skip the lookup
@@ -88,7 +89,7 @@ class RoutingEngine:
         self.corrector = corrector
         self.speculative_ttl_s = speculative_ttl_s
         self.residency_ttl_s = residency_ttl_s
-        self.drain = QueueDrain()
+        self.drain = QueueDrain() if queue_drain else None
 
     # -- the decision ------------------------------------------------------------------------------------------
     def decide(self, req: RoutingRequest, targets: Sequence[TargetInfo], matches: Mapping[str, int],
@@ -100,7 +101,7 @@ class RoutingEngine:
         views = {}
         for t in targets:
             v = loads.get(t.name, LoadView())
-            if now is not None:
+            if self.drain is not None and now is not None:
                 v = self.drain.remaining(t.name, t.timing, v, now)
             views[t.name] = merged_load(v, engine_loads.get(t.name) if engine_loads else None)
         cands = build_candidates(req, targets, matches if self.uses_prefix else {}, views, self.corrector.get,

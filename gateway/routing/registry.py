@@ -34,4 +34,5 @@ def build_engine(cfg: Routing, corrector: TtftCorrector | None = None) -> Routin
     policy, params, uses_prefix = build_policy(cfg)
     return RoutingEngine(policy, params, uses_prefix=uses_prefix, chunk_tokens=cfg.chunk_tokens,
                          corrector=corrector or TtftCorrector(z=cfg.ttft_quantile_z),
-                         speculative_ttl_s=cfg.speculative_ttl_s, residency_ttl_s=cfg.residency_ttl_s)
+                         speculative_ttl_s=cfg.speculative_ttl_s, residency_ttl_s=cfg.residency_ttl_s,
+                         queue_drain=cfg.queue_drain)

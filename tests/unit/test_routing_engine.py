@@ -42,7 +42,7 @@ def synthetic_trace(n: int, seed: int = 0) -> list[TraceRecord]:
     return out
 
 
-def gateway_config(policy: str) -> GatewayConfig:
+def gateway_config(policy: str, queue_drain: bool = False) -> GatewayConfig:
     """Four SGLang replicas (never contacted: the replay simulates them)."""
     pool = {"name": "mi355x", "kind": "sglang", "model": "zai-org/GLM-5.2",
             "replicas": [{"name": f"mi355x-{i}", "url": f"http://127.0.0.1:{9 + i}"} for i in range(4)],
@@ -50,15 +50,16 @@ def gateway_config(policy: str) -> GatewayConfig:
                         "prefill_tokens_per_s": 16700, "decode_tokens_per_s": 3600}}
     return parse_config({"models": [{"name": "glm-5.2", "pools": ["mi355x"]}], "pools": [pool],
                          "tenants": [{"name": "t", "api_key_hashes": ["0" * 64], "models": ["glm-5.2"]}],
-                         "routing": {"policy": policy}})
+                         "routing": {"policy": policy, "queue_drain": queue_drain}})
 
 
-@pytest.mark.parametrize("policy", ["prefix_sla_cost", "least_loaded"])
-def test_replay_and_gateway_make_the_same_decision_for_the_same_inputs(policy: str) -> None:
+@pytest.mark.parametrize("policy, queue_drain", [("prefix_sla_cost", False), ("prefix_sla_cost", True),
+                                                 ("least_loaded", False)])
+def test_replay_and_gateway_make_the_same_decision_for_the_same_inputs(policy: str, queue_drain: bool) -> None:
     """At every arrival of a replay, the gateway's own PipelineRouter (registry -> candidates -> one lookup + one load
     snapshot -> engine), given the same index and load, ranks the same targets on the same branch with the same
     features: the replay runs the gateway's routing, not a copy."""
-    cfg = gateway_config(policy)
+    cfg = gateway_config(policy, queue_drain)
     registry = UpstreamRegistry(cfg)
     route = cfg.models[0]
     aio = asyncio.new_event_loop()
