@@ -11,7 +11,7 @@ Scenarios: `evicting` (the groups' prefixes exceed the fleet's KV: evictions dec
 Figures: prompt-token hit rate (the engines' cached_tokens), TTFT p50/p95 and the share within the SLA (simulated
 seconds), index corrections (engine reported fewer cached tokens than the gateway predicted), and the precise
 index's answers by source. `--instances N`: N gateways per mode, each with its own in-memory index (clients
-alternate). Writes loadtests/out/kv_events_modes_x<N>.json.
+alternate). Writes loadtests/out/kv_events_modes_<scenarios>_x<N>.json.
 """
 
 from __future__ import annotations
@@ -174,7 +174,7 @@ async def main_async(a: argparse.Namespace) -> None:
             for p in [*gws, sim]:
                 p.stop()
     OUT.parent.mkdir(exist_ok=True)
-    out_path = OUT.with_name(f"kv_events_modes_x{a.instances}.json")
+    out_path = OUT.with_name(f"kv_events_modes_{'_'.join(scenarios)}_x{a.instances}.json")
     out_path.write_text(json.dumps(out, indent=1, default=str))
     print(table(out))
 
