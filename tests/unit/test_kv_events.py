@@ -275,3 +275,19 @@ def test_subscription_sequence_rules_without_a_socket() -> None:
     assert resets == ["restart", "gap"] and applied[-1] == 5 and not sub.resyncing
     sub._receive([b"", b"\x00"])  # not three frames with an 8-byte sequence
     assert sub.stats.bad_payloads == 1
+
+
+def test_descriptor_endpoints_dial_the_replica_host_for_a_wildcard() -> None:
+    from gateway.kvevents.manager import endpoints_from_descriptor
+
+    d = {"publisher": "zmq", "endpoint_host": "*", "endpoint_port_base": 5557, "topic": "", "block_size": 64,
+         "dp_size": 2, "replay_endpoint_port_base": 5600}
+    ep = endpoints_from_descriptor(d, "http://10.1.2.3:30000")
+    assert ep is not None and (ep.pub(0), ep.pub(1), ep.replay(1)) == ("tcp://10.1.2.3:5557", "tcp://10.1.2.3:5558",
+                                                                       "tcp://10.1.2.3:5601")
+    assert endpoints_from_descriptor({**d, "endpoint_host": "engine-0"}, "http://10.1.2.3:30000").pub(0) == \
+        "tcp://engine-0:5557"  # type: ignore[union-attr]
+    no_replay = endpoints_from_descriptor({k: v for k, v in d.items() if k != "replay_endpoint_port_base"}, "http://h:1")
+    assert no_replay is not None and no_replay.replay(0) is None
+    for bad in ({**d, "publisher": "null"}, {**d, "endpoint_port_base": "5557"}, {}):
+        assert endpoints_from_descriptor(bad, "http://h:1") is None
