@@ -12,6 +12,9 @@ PEERS = {
     # 1.106.2 resolves against this index; never 1.82.7/1.82.8 (compromised releases)
     "litellm": ["litellm[proxy]==1.106.2"],
     "vllm-router": ["vllm-router==0.1.17"],
+    # a client, not a router: guidellm probes GET /health before benchmarking (issue 19); it requires torch, and
+    # torch==2.13.0 is the CPU build this machine carries (a newer one would pull CUDA packages)
+    "guidellm": ["torch==2.13.0", "guidellm==0.8.1"],
 }
 
 
