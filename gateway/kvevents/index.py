@@ -9,6 +9,7 @@ answers per replica (`routing.mode`):
   restart the events report applied to the approximate index (so it stops predicting evicted prefixes);
 - either mode, for a replica whose subscriptions are not all healthy (not discovered, disconnected, mid-resync):
   the approximate index's answer, per replica, so a lost subscription degrades routing and never fails a request.
+  In precise mode the approximate index is asked only for those replicas (all healthy: no lookup there, so no Redis round trip).
 Writes and drops go to both the approximate index and the speculative layer.
 """
 
@@ -49,13 +50,22 @@ class PreciseIndex:
         self.answers = {"events": 0, "fallback": 0}  # replica answers by source (metrics)
 
     async def match(self, hashes: Sequence[int], replicas: Sequence[str]) -> dict[str, int]:
-        return self.combine(hashes, replicas, await self.inner.match(hashes, replicas))
+        views = {key: self._healthy_ranks(key) for key in replicas}
+        # precise with every replica on its events: the approximate index is not asked (no Redis round trip)
+        need = [k for k, v in views.items() if v is None] if self.mode == "precise" else list(replicas)
+        approx = await self.inner.match(hashes, need) if need else {}
+        return self.combine(hashes, replicas, approx, views)
 
-    def combine(self, hashes: Sequence[int], replicas: Sequence[str], approx: dict[str, int]) -> dict[str, int]:
+    def _healthy_ranks(self, key: str) -> Sequence[RankView] | None:
+        ranks = self.ranks_for(key)
+        return ranks if ranks and all(r.healthy for r in ranks) else None
+
+    def combine(self, hashes: Sequence[int], replicas: Sequence[str], approx: dict[str, int],
+                views: dict[str, Sequence[RankView] | None] | None = None) -> dict[str, int]:
         out: dict[str, int] = {}
         for key in replicas:
-            ranks = self.ranks_for(key)
-            if not ranks or not all(r.healthy for r in ranks):
+            ranks = views[key] if views is not None else self._healthy_ranks(key)
+            if ranks is None:
                 self.answers["fallback"] += 1
                 n = approx.get(key, 0)
             else:

@@ -4,6 +4,7 @@ the per-rank block view and the precise index's per-replica fallback (docs/kv-ev
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 
 import msgspec
 import numpy as np
@@ -291,3 +292,29 @@ def test_descriptor_endpoints_dial_the_replica_host_for_a_wildcard() -> None:
     assert no_replay is not None and no_replay.replay(0) is None
     for bad in ({**d, "publisher": "null"}, {**d, "endpoint_port_base": "5557"}, {}):
         assert endpoints_from_descriptor(bad, "http://h:1") is None
+
+
+def test_precise_asks_the_approximate_index_only_for_replicas_that_fall_back() -> None:
+    class Counting(MemoryPrefixIndex):
+        def __init__(self) -> None:
+            super().__init__()
+            self.asked: list[list[str]] = []
+
+        async def match(self, hashes: Sequence[int], replicas: Sequence[str]) -> dict[str, int]:
+            self.asked.append(list(replicas))
+            return await super().match(hashes, replicas)
+
+    async def run() -> None:
+        inner = Counting()
+        ranks = {"a@1": [_Rank({1})], "b@1": [_Rank({1})]}
+        idx = PreciseIndex(inner, "precise", ranks.get, dispatch_ttl_s=10, lag_ttl_s=2)
+        assert await idx.match([1], ["a@1", "b@1"]) == {"a@1": 1, "b@1": 1}
+        assert inner.asked == []  # every replica answered from its events: no Redis round trip
+        ranks["b@1"][0].healthy = False
+        await idx.match([1], ["a@1", "b@1"])
+        assert inner.asked == [["b@1"]]
+        hybrid = PreciseIndex(inner, "hybrid", ranks.get, dispatch_ttl_s=10, lag_ttl_s=2)
+        await hybrid.match([1], ["a@1", "b@1"])
+        assert inner.asked[-1] == ["a@1", "b@1"]
+
+    asyncio.run(run())
