@@ -2,13 +2,17 @@
 ConfigError naming the variable (never the first request), and the values reach only where they are used."""
 
 import dataclasses
+import subprocess
+import sys
 
 import pytest
+import yaml
 
 from gateway.app import create_app
 from gateway.config import ConfigError, hash_key, parse_config
 from gateway.secrets import resolve
 from gateway.upstreams import UpstreamRegistry
+from tests.helpers import env_without_proxies
 
 ENV = "H10_TEST_UPSTREAM_KEY"
 
@@ -60,3 +64,15 @@ def test_a_target_is_immutable_and_its_live_state_is_one_object():
     t.state.healthy = False  # the writer's way (HealthChecker)
     assert not t.healthy and not t.routable()
     assert not t.caps.prefix_cache and not t.caps.cache_salt and t.url("models") == "http://127.0.0.1:1/v1/models"
+
+
+@pytest.mark.parametrize("command", ["serve", "check"])
+def test_serve_and_check_refuse_to_start_naming_the_unset_variable(tmp_path, command):
+    """`gateway serve` exits 2 with the config error before listening; `gateway check` says the same."""
+    path = tmp_path / "gw.yaml"
+    path.write_text(yaml.safe_dump(cfg(api_key_env=ENV)))
+    env = {k: v for k, v in env_without_proxies().items() if k != ENV}
+    args = [sys.executable, "-m", "gateway.cli", command, "--config", str(path)] + (["--port", "1"] if command == "serve"
+                                                                                    else [])
+    r = subprocess.run(args, env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert r.returncode == 2 and f"${ENV} is not set" in r.stdout + r.stderr
