@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 if TYPE_CHECKING:
+    from gateway.sim.engine import Rank
     from gateway.sim.replica import Replica
 
 TTFT_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400)
@@ -32,7 +33,7 @@ class _SchedulerCollector:
         def lv(rank: int) -> list[str]:
             return [model, "unified", "0", "0", "0"] + ([str(rank)] if multi else [])
 
-        gauges = {
+        gauges: dict[str, Callable[[Rank], float]] = {
             "num_running_reqs": lambda r: len(r.running),
             "num_queue_reqs": lambda r: len(r.waiting),
             "num_used_tokens": lambda r: r.used_tokens(),
@@ -61,7 +62,9 @@ class _SchedulerCollector:
             rt.add_metric(lv(rr.rank.dp_rank) + ["prefill_cache"], c.cached_tokens)
             rt.add_metric(lv(rr.rank.dp_rank) + ["decode"], c.generation_tokens)
         yield rt
-        tot = lambda attr: float(sum(getattr(rr.rank.counters, attr) for rr in rep.ranks))  # noqa: E731
+        def tot(attr: str) -> float:
+            return float(sum(getattr(rr.rank.counters, attr) for rr in rep.ranks))
+
         for name, attr, extra in (
             ("prompt_tokens", "prompt_tokens", None),
             ("generation_tokens", "generation_tokens", None),
@@ -70,21 +73,24 @@ class _SchedulerCollector:
             ("num_aborted_requests", "aborted", None),
         ):
             labels = ["model_name"] + ([extra[0]] if extra else [])
-            c = CounterMetricFamily(f"sglang:{name}", name.replace("_", " "), labels=labels)
-            c.add_metric([model] + ([extra[1]] if extra else []), tot(attr))
-            yield c
+            fam = CounterMetricFamily(f"sglang:{name}", name.replace("_", " "), labels=labels)
+            fam.add_metric([model] + ([extra[1]] if extra else []), tot(attr))
+            yield fam
 
 
 class ReplicaMetrics:
     def __init__(self, replica: Replica) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(_SchedulerCollector(replica))  # type: ignore[arg-type]
+        self.registry.register(_SchedulerCollector(replica))
         model = replica.cfg.served_model_name
-        kw = {"labelnames": ["model_name"], "registry": self.registry}
-        self.ttft = Histogram("sglang:time_to_first_token_seconds", "TTFT", buckets=TTFT_BUCKETS, **kw).labels(model)
-        self.itl = Histogram("sglang:inter_token_latency_seconds", "ITL", buckets=ITL_BUCKETS, **kw).labels(model)
-        self.e2e = Histogram("sglang:e2e_request_latency_seconds", "E2E", buckets=E2E_BUCKETS, **kw).labels(model)
-        self.queue = Histogram("sglang:queue_time_seconds", "queue time", buckets=QUEUE_BUCKETS, **kw).labels(model)
+
+        def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Any:
+            return Histogram(name, doc, labelnames=["model_name"], registry=self.registry, buckets=buckets).labels(model)
+
+        self.ttft = histogram("sglang:time_to_first_token_seconds", "TTFT", TTFT_BUCKETS)
+        self.itl = histogram("sglang:inter_token_latency_seconds", "ITL", ITL_BUCKETS)
+        self.e2e = histogram("sglang:e2e_request_latency_seconds", "E2E", E2E_BUCKETS)
+        self.queue = histogram("sglang:queue_time_seconds", "queue time", QUEUE_BUCKETS)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
