@@ -59,7 +59,7 @@ def start_gateway(a: argparse.Namespace, work: Path, mode: str, sims: list[str],
                       "replicas": [{"name": f"mi355x-{i}", "url": u} for i, u in enumerate(sims)]}],
            "tenants": [{"name": "bench", "api_key_hashes": [hash_key(KEY)], "models": ["glm-5.2"]}],
            "routing": {"mode": mode, "ttft_sla_ms": a.sla * 1000 / ts, "stickiness_penalty_ms": 1000 / ts,
-                       "kv_events": {"block_size": 64, "discovery_interval_s": 1.0}},
+                       "kv_events": {"block_size": 64, "discovery_interval_s": 1.0, "speculative_s": a.speculative_s}},
            "observability": {"log_requests": False}, "timeouts": {"first_byte": 600, "total": 3000, "idle": 120}}
     path = work / f"gw-{mode}-{port}.yaml"
     path.write_text(yaml.safe_dump(cfg))
@@ -208,6 +208,7 @@ def main() -> None:
     p.add_argument("--time-scale", type=float, default=6.0)
     p.add_argument("--sla", type=float, default=2.22, help="TTFT SLA, simulated seconds")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--speculative-s", type=float, default=2.0, help="routing.kv_events.speculative_s (wall seconds)")
     p.add_argument("--sim-port", type=int, default=31400)
     p.add_argument("--kv-port", type=int, default=32400)
     p.add_argument("--port", type=int, default=31300)
