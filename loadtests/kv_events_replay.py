@@ -25,6 +25,7 @@ def main() -> None:
     p.add_argument("--nodes", type=int, default=2)
     p.add_argument("--kv-per-rank", type=int, default=1_200_000, help="max_total_num_tokens of each TP4 rank")
     p.add_argument("--limit", type=int, default=None)
+    p.add_argument("--speculative-s", type=float, default=2.0, help="routing.kv_events.speculative_s (simulated s)")
     p.add_argument("--instances", default="1,2", help="gateway instances per run; above 1 each keeps its own index")
     a = p.parse_args()
     trace = read_trace(a.trace, a.limit)
@@ -34,7 +35,7 @@ def main() -> None:
     rows = []
     for n in (int(x) for x in a.instances.split(",")):
         for mode in ("approximate", "precise", "hybrid"):
-            routing = Routing(mode=mode)
+            routing = Routing(mode=mode, kv_events={"speculative_s": a.speculative_s})
             page = targets[0][1].page_size
             t0 = time.perf_counter()
             r = replay(trace, targets, routing, instances=n, shared=n == 1, bounds=bounds,
@@ -43,7 +44,7 @@ def main() -> None:
             print(f"  {r.label}: {time.perf_counter() - t0:.1f} s wall", flush=True)
             rows.append(r.row())
     print(f"\n{a.trace}: {len(trace)} requests on {a.nodes} nodes ({2 * a.nodes} ranks x {a.kv_per_rank / 1e6:.1f}M KV "
-          f"tokens); ideal hit {bounds[0] * 100:.1f}%, LRU bound {bounds[1] * 100:.1f}%")
+          f"tokens; speculative_s {a.speculative_s:g}); ideal hit {bounds[0] * 100:.1f}%, LRU bound {bounds[1] * 100:.1f}%")
     widths = [max(len(str(x)) for x in col) for col in zip(HEADERS, *rows, strict=False)]
     for i, line in enumerate([HEADERS, *rows]):
         print("| " + " | ".join(str(c).ljust(w) for c, w in zip(line, widths, strict=False)) + " |")
