@@ -18,6 +18,7 @@ import httpx
 import orjson
 from tqdm import tqdm
 
+from gateway.backends.sse import sse_payloads
 from gateway.sim.stats import nearest_rank, window_throughput
 from loadtests.workload import WaferWorkload
 
@@ -47,28 +48,21 @@ async def one_request(client: httpx.AsyncClient, url: str, body: dict[str, Any],
             if r.status_code != 200:
                 res.error = f"HTTP {r.status_code}: {(await r.aread())[:200]!r}"
                 return res
-            buf = b""
             done = False
-            async for chunk in r.aiter_raw():
-                buf += chunk
-                while b"\n\n" in buf:
-                    frame, buf = buf.split(b"\n\n", 1)
-                    if not frame.startswith(b"data: "):
-                        continue
-                    payload = frame[6:]
-                    if payload == b"[DONE]":
-                        done = True
-                        continue
-                    if payload.startswith(b'{"error"'):
-                        res.error = payload[:200].decode(errors="replace")
-                        continue
-                    if res.ttft is None:  # the first chunk (the role chunk) is sent at the first token
-                        res.ttft = (time.perf_counter() - start) * scale
-                    if b'"usage":{' in payload and b'"choices":[]' in payload:
-                        u = orjson.loads(payload)["usage"]
-                        res.prompt_tokens = u.get("prompt_tokens") or 0
-                        res.completion_tokens = u.get("completion_tokens") or 0
-                        res.cached_tokens = ((u.get("prompt_tokens_details") or {}).get("cached_tokens")) or 0
+            async for payload in sse_payloads(r.aiter_raw()):
+                if payload == b"[DONE]":
+                    done = True
+                    continue
+                if payload.startswith(b'{"error"'):
+                    res.error = payload[:200].decode(errors="replace")
+                    continue
+                if res.ttft is None:  # the first chunk (the role chunk) is sent at the first token
+                    res.ttft = (time.perf_counter() - start) * scale
+                if b'"usage":{' in payload and b'"choices":[]' in payload:
+                    u = orjson.loads(payload)["usage"]
+                    res.prompt_tokens = u.get("prompt_tokens") or 0
+                    res.completion_tokens = u.get("completion_tokens") or 0
+                    res.cached_tokens = ((u.get("prompt_tokens_details") or {}).get("cached_tokens")) or 0
             res.end = res.sent + (time.perf_counter() - start) * scale
             res.ok = done and not res.error and res.ttft is not None
             if not done and not res.error:
