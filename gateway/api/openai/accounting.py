@@ -153,7 +153,7 @@ class Accounting:
             ctx = _Ctx(ex, now)
             for name, step in (("usage", self._usage), ("metrics", self._metrics), ("sla", self._sla),
                                ("budget", self._settle), ("rate_limits", self._adjust_rate), ("recent", self._recent),
-                               ("span", self._span), ("log", self._log)):
+                               ("record", self._record), ("span", self._span), ("log", self._log)):
                 self._step(name, step, ctx)
 
     def _release_load(self, ex: Exchange) -> None:
@@ -228,6 +228,11 @@ class Accounting:
         ex, t = c.ex, c.ex.served_by
         self.recent.append(RecentDecision(time.time(), ex.request_id, ex.tenant.name, ex.parsed.model, ex.status,
                                           t.name if t is not None else None, ex.attempts, ex.decision))
+
+    def _record(self, c: _Ctx) -> None:
+        """One anonymized trace line when `recording.path` is set (gateway/replay/recorder.py)."""
+        if self.state.recorder is not None:
+            self.state.recorder.record(c.ex.rreq, c.ex.usage, c.ex.started)
 
     def _span(self, c: _Ctx) -> None:
         end_span(c.ex, c.prompt, c.cached, c.completion)
