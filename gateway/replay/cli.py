@@ -23,6 +23,7 @@ from gateway.kvevents.fleet import install as install_mode
 from gateway.replay.bounds import ideal_hit_rate, lru_hit_rate
 from gateway.replay.run import HEADERS, ReplayResult, nodes_targets, replay, targets_from_config
 from gateway.replay.trace import TraceError, read_trace
+from gateway.sim.fleet import Fleet
 
 POLICIES = ("prefix_sla_cost", "round_robin", "least_loaded")
 
@@ -113,11 +114,11 @@ def _run(args: argparse.Namespace) -> int:
     for m in modes:
         if m not in ("approximate", "precise", "hybrid"):
             raise ValueError(f"--modes: unknown mode {m!r} (approximate, precise, hybrid)")
-    runs = [(*r, m) for r in runs for m in modes]  # type: ignore[misc]
+    with_modes = [(policy, n, shared, m) for policy, n, shared in runs for m in modes]
     kv = sum(c.max_total_num_tokens for i, c in targets if i.prefix_cache)
     bounds = ideal_hit_rate(trace), lru_hit_rate(trace, kv)
     results = []
-    for policy, instances, shared, mode in runs:
+    for policy, instances, shared, mode in with_modes:
         bar = None
         if not args.no_progress:
             from tqdm import tqdm  # light, and already used by the load tests
@@ -126,9 +127,12 @@ def _run(args: argparse.Namespace) -> int:
         t0 = time.perf_counter()
         rc = routing.model_copy(update={"policy": policy, "mode": mode})
         page = targets[0][1].page_size
+
+        def hook(fleet: Fleet, rc: Routing = rc, page: int = page) -> None:
+            install_mode(fleet, rc, page)
+
         r = replay(trace, targets, rc, instances=instances, shared=shared, speed=args.speed,
-                   progress=bar.update if bar else None, bounds=bounds,
-                   fleet_hook=lambda fleet, rc=rc, page=page: install_mode(fleet, rc, page))
+                   progress=bar.update if bar else None, bounds=bounds, fleet_hook=hook)
         if len(modes) > 1:
             r.label += f" [{mode}]"
         if bar:
