@@ -13,7 +13,7 @@ from openai import OpenAI
 from gateway.config import parse_config
 from gateway.replay.run import replay, targets_from_config
 from gateway.replay.trace import read_trace
-from tests.helpers import start_sims
+from tests.helpers import start_sims, wait_until
 from tests.integration.gateway_fixtures import KEY_A, config, sglang_pool, start_gateway
 
 TIME_SCALE = 20.0  # the simulators run 20x faster than real time; the replay stretches the arrivals back
@@ -42,6 +42,8 @@ def test_recorded_session_replays_to_the_same_hit_rate(tmp_path: Path) -> None:
                 msgs.append({"role": "assistant", "content": r.choices[0].message.content or ""})
                 seen_prompt += r.usage.prompt_tokens
                 seen_cached += r.usage.prompt_tokens_details.cached_tokens
+        # accounting (and so the record) runs just after each response: wait for the last one
+        wait_until(lambda: out.exists() and len(out.read_text().splitlines()) == 24, 10, "24 recorded requests")
     finally:
         gw.stop()
         sims.stop()
