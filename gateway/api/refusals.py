@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
+from collections.abc import MutableMapping
 from typing import Any
 
 from gateway.observability.logging import log_request
@@ -25,7 +26,7 @@ ENDPOINTS = ("/v1/responses", "/v1/messages/count_tokens", "/v1/messages", "/v1/
 UNCOUNTED = frozenset({"/healthz", "/readyz", "/health", "/metrics"})  # probes: a draining 503 is no refusal
 
 
-def counted(scope: dict[str, Any]) -> bool:
+def counted(scope: MutableMapping[str, Any]) -> bool:
     return scope.get("path") not in UNCOUNTED and not scope.get("state", {}).get("accounted")
 
 
@@ -54,7 +55,7 @@ def _tenant(st: AppState, headers: list[tuple[bytes, bytes]]) -> str:
     return tenant.name if tenant is not None else "none"
 
 
-def account(st: AppState, scope: dict[str, Any], status: int, started: float) -> None:
+def account(st: AppState, scope: MutableMapping[str, Any], status: int, started: float) -> None:
     """Count and log one refusal; never raises (it runs after the response was decided)."""
     try:
         reason = reason_of(status)
