@@ -12,8 +12,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     from gateway import admin_cli
     from gateway import serve as serve_mod
-    from gateway.tenancy import schema_cli
     from gateway.sim import cli as sim_cli
+    from gateway.tenancy import schema_cli
 
     p_serve = sub.add_parser("serve", help="run the gateway from a config file")
     p_serve.add_argument("--config", required=True)

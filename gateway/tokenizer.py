@@ -39,7 +39,8 @@ def token_array(text: str) -> np.ndarray:
 
 
 def token_ids(text: str) -> list[int]:
-    return token_array(text).tolist()
+    ids: list[int] = token_array(text).tolist()
+    return ids
 
 
 def content_text(content: Any) -> str:

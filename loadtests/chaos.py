@@ -380,7 +380,7 @@ async def sc_content_failures(stack: Stack, lb: LoadBalancer, client: httpx.Asyn
     base = stack.gw_urls[0]
     for i in range(8):
         endpoint, bad = ENGINE_REFUSED[i % len(ENGINE_REFUSED)]
-        code, h, data = await send(client, base, TENANTS["poison"][0], endpoint, bad, t, timeout=20)
+        code, h, _ = await send(client, base, TENANTS["poison"][0], endpoint, bad, t, timeout=20)
         if not 400 <= code < 500 or "x-gateway-replica" not in h:
             t.fail(f"content-caused failure #{i} answered {code} ({h.get('x-gateway-replica', 'no replica')})")
         ok_code, _, _ = await send(client, base, TENANTS["steady"][0], "chat/completions", chat_body(i, False), t)
@@ -463,7 +463,7 @@ async def sc_burst_concurrency(stack: Stack, lb: LoadBalancer, client: httpx.Asy
         long = {"max_tokens": 6000, "ignore_eos": True}  # ~1.7 s each here: the poll below cannot miss them
         peak, done = 0, asyncio.Event()
 
-        async def watch() -> None:  # the engines' own count: requests in flight on every replica (nothing else runs)
+        async def watch(done: asyncio.Event = done) -> None:  # the engines' own in-flight count (nothing else runs)
             nonlocal peak
             while not done.is_set():
                 states = await asyncio.gather(*(client.get(f"{u}/_sim/state", timeout=5) for u in stack.sim_urls),

@@ -17,9 +17,10 @@ from collections.abc import Sequence
 from typing import Protocol
 
 import redis.asyncio as aioredis
+
 from gateway.background import BackgroundTask
-from gateway.shared_redis import REDIS_ERRORS, RedisGuard
 from gateway.prediction.ttft import LoadView
+from gateway.shared_redis import REDIS_ERRORS, RedisGuard
 
 log = logging.getLogger("gateway.load")
 

@@ -5,6 +5,7 @@ Used for fast calibration checks (the Wafer table in seconds, not hours) and, la
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 from collections.abc import Callable
@@ -43,7 +44,7 @@ class VirtualRank:
         if step is None:
             return
         self.busy = True
-        self.loop.at(self.loop.now + step.duration, lambda s=step: self._done(s))
+        self.loop.at(self.loop.now + step.duration, functools.partial(self._done, step))
 
     def _done(self, step: Step) -> None:
         self.busy = False

@@ -312,11 +312,11 @@ def parse_completion(body: dict[str, Any], vocab: int, context_length: int) -> t
     if isinstance(prompt, str):
         seqs = [token_array(prompt)]
     elif isinstance(prompt[0], str):
-        seqs = [token_array(p) for p in prompt]  # type: ignore[arg-type]
+        seqs = [token_array(p) for p in prompt]
     elif isinstance(prompt[0], int):
-        seqs = [_ids(prompt, vocab)]  # type: ignore[arg-type]
+        seqs = [_ids(prompt, vocab)]
     else:
-        seqs = [_ids(p, vocab) for p in prompt]  # type: ignore[arg-type]
+        seqs = [_ids(p, vocab) for p in prompt]
     if len(seqs) * req.n > MAX_CHOICES:
         raise _bad(f"{len(seqs)} prompts x n={req.n} exceeds the simulator's bound of {MAX_CHOICES} choices per request.")
     return req, seqs

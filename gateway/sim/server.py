@@ -15,7 +15,7 @@ import numpy as np
 import orjson
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
 from gateway.asgi import AbortConnection, EventStreamResponse, run_until_disconnect
@@ -29,11 +29,11 @@ from gateway.sim.protocol import (
     ChunkWriter,
     CompletionRequest,
     SimHTTPError,
+    check_prompt_len,
     error_body,
     new_id,
     output_text,
     parse_chat,
-    check_prompt_len,
     parse_completion,
     plan_chat,
     plan_json,
@@ -68,7 +68,7 @@ def _decode(raw: bytes) -> dict[str, Any]:
         raise SimHTTPError(400, f"JSON decode error: {e}") from None
     if not isinstance(body, dict):
         raise SimHTTPError(400, "1 validation error for request\n  Input should be a valid dictionary")
-    return body  # type: ignore[no-any-return]
+    return body
 
 
 def _json(obj: Any, status: int = 200) -> Response:
@@ -120,7 +120,7 @@ class SimServer:
         ranks = self.replica.num_ranks
         if dp is not None and (isinstance(dp, bool) or not isinstance(dp, int) or not 0 <= dp < ranks):
             raise SimHTTPError(400, f"data_parallel_rank must be in [0, {ranks}), got {dp}.", "BadRequestError")
-        return dp  # type: ignore[no-any-return]
+        return dp
 
     def _priority(self, body: dict[str, Any]) -> int:
         """SGLang's rules: with priority scheduling, a request without `priority` gets --default-priority-value
@@ -479,7 +479,7 @@ class SimServer:
             try:
                 changes = orjson.loads(await request.body() or b"{}")
                 if not isinstance(changes, dict):
-                    raise ValueError("expected a JSON object")
+                    raise ValueError("expected a JSON object")  # noqa: TRY004 - caught below as a 400, like a bad value
                 unknown = set(changes) - set(rep.cfg.__dataclass_fields__) - set(rep.cfg.timing.__dataclass_fields__) - {"slow_factor"}
                 if unknown:
                     raise ValueError(f"unknown settings: {sorted(unknown)}")

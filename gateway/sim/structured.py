@@ -200,16 +200,16 @@ class _Gen:
             first = -(-lo // step) * step
             if first > hi:
                 raise SchemaError("no multiple of multipleOf within the bounds")
-            return first + step * self.rng.randint(0, min((hi - first) // step, 100))
-        return self.rng.randint(lo, hi)
+            return int(first + step * self.rng.randint(0, min((hi - first) // step, 100)))
+        return int(self.rng.randint(lo, hi))
 
     def _number(self, s: dict[str, Any], depth: int) -> float | int:
         if isinstance(s.get("multipleOf"), int):
-            return self._integer(s, depth)
+            return int(self._integer(s, depth))
         lo, hi = _bounds(s, integer=False)
         r = self.rng.random()
         v = round(lo * (1 - r) + hi * r, 3)  # no hi - lo: it overflows to inf for bounds near ±1e308
-        return v if lo <= v <= hi else lo
+        return float(v if lo <= v <= hi else lo)
 
     def _boolean(self, s: dict[str, Any], depth: int) -> bool:
         return self.rng.random() < 0.5

@@ -235,7 +235,7 @@ def _check_tools(body: dict[str, Any]) -> list[Any] | None:
                     raise InvalidRequest(f"tools[{i}].function.parameters must be a JSON Schema object.",
                                          param=f"tools[{i}].function.parameters")
     choice = body.get("tool_choice")
-    if choice is not None and not (isinstance(choice, dict) or isinstance(choice, str) and choice in TOOL_CHOICES):
+    if choice is not None and not isinstance(choice, dict) and not (isinstance(choice, str) and choice in TOOL_CHOICES):
         raise InvalidRequest("'tool_choice' must be 'none', 'auto', 'required' or an object naming a tool.",
                              param="tool_choice")
     return tools
