@@ -22,7 +22,10 @@ setup: $(BIN)/gateway $(NODE_SDK)
 demo: setup
 	$(BIN)/gateway demo
 
+# lint (ruff), types (mypy --strict on gateway/, configured in pyproject.toml), then the whole suite
 test: setup
+	$(BIN)/ruff check gateway tests loadtests
+	$(BIN)/mypy
 	$(BIN)/python -m pytest -q -x tests
 
 .PHONY: setup demo test
