@@ -122,7 +122,7 @@ class Stack:
                        # the simulator runs `ts` times faster than real time: the timing model in wall time
                        "timing": {"base_s": 0.14 / ts, "prefill_tokens_per_s": 16700 * ts, "decode_step_s": 0.0467 / ts}}],
             "tenants": tenants,
-            "timeouts": {"connect": 1.0, "first_byte": 10.0, "idle": 10.0, "total": 60.0, "body_read": BODY_READ_S},
+            "timeouts": {"connect": 1.0, "first_byte": 30.0, "idle": 30.0, "total": 60.0, "body_read": BODY_READ_S},
             "health": {"interval_s": 1.0, "timeout_s": 2.0},
             "routing": {"redis_url": self.redis.url, "ttft_sla_ms": 2220 / ts, "redis_timeout_s": 0.25},
             "admin": {"token_hashes": [hash_key(ADMIN_TOKEN)]},

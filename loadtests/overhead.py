@@ -113,6 +113,12 @@ def start_targets(a: argparse.Namespace, sim_urls: list[str], work: Path) -> lis
     gw = Proc("gateway", [sys.executable, "-m", "gateway.cli", "serve", "--config", str(work / "gw.yaml"), "--port", str(a.port)],
               f"http://127.0.0.1:{a.port}/healthz", log=work / "gateway.log")
     targets.append(Target("this gateway", [f"http://127.0.0.1:{a.port}"], gw, {"authorization": f"Bearer {KEY}"}))
+    if a.baseline:  # the gateway of another checkout (e.g. `git worktree add /tmp/base <rev>`), same config, same run
+        base = Proc("gateway-baseline", [sys.executable, "-m", "gateway.cli", "serve", "--config", str(work / "gw.yaml"),
+                                         "--port", str(a.port + 4)],
+                    f"http://127.0.0.1:{a.port + 4}/healthz", log=work / "gateway-baseline.log", cwd=a.baseline)
+        targets.append(Target(f"gateway @ {a.baseline_label}", [f"http://127.0.0.1:{a.port + 4}"], base,
+                              {"authorization": f"Bearer {KEY}"}))
 
     if "litellm" in a.peers and (bin_ := ensure("litellm")):
         model_list = [{"model_name": "glm-5.2", "litellm_params": {"model": "hosted_vllm/zai-org/GLM-5.2", "api_base": u + "/v1",
@@ -150,7 +156,8 @@ async def main_async(a: argparse.Namespace) -> None:
             for _ in range(100):
                 try:
                     # warm-up before any measurement: blocking the loop here holds nothing up
-                    r = httpx.post(t.base_urls[0] + "/v1/chat/completions",  # noqa: ASYNC210 content=orjson.dumps(BODY), headers=t.headers,
+                    r = httpx.post(t.base_urls[0] + "/v1/chat/completions",  # noqa: ASYNC210
+                                   content=orjson.dumps(BODY), headers=t.headers,
                                    timeout=30, trust_env=False)
                     if r.status_code == 200:
                         break
@@ -204,7 +211,9 @@ def main() -> None:
     p.add_argument("--concurrency", type=int, default=1)
     p.add_argument("--port", type=int, default=18480)
     p.add_argument("--sim-port", type=int, default=18400)
-    p.add_argument("--peers", default="litellm,sglang-router")
+    p.add_argument("--peers", default="litellm,sglang-router", help="comma-separated; '' for none")
+    p.add_argument("--baseline", default=None, help="a checkout of an earlier revision: its gateway joins the run")
+    p.add_argument("--baseline-label", default="baseline")
     asyncio.run(main_async(p.parse_args()))
 
 

@@ -61,7 +61,7 @@ def rss_mib(pid: int) -> float:
 
 class Proc:
     def __init__(self, name: str, cmd: list[str], ready_url: str, env: dict[str, str] | None = None,
-                 headers: dict[str, str] | None = None, log: Path | None = None) -> None:
+                 headers: dict[str, str] | None = None, log: Path | None = None, cwd: str | None = None) -> None:
         self.name = name
         self.ready_url = ready_url
         self.headers = headers or {}
@@ -71,7 +71,8 @@ class Proc:
             full_env.pop(k, None)
         full_env["NO_PROXY"] = "127.0.0.1,localhost"
         self.started = time.time()
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=full_env, start_new_session=True)
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=full_env, start_new_session=True,
+                                     cwd=cwd)
 
     @property
     def pid(self) -> int:

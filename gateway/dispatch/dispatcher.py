@@ -29,6 +29,7 @@ from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from gateway.backends.base import AttemptFailed, Backend, Opened, UpstreamCall
+from gateway.circuit_breaker import BreakerState
 from gateway.config import GatewayConfig
 from gateway.dispatch.ejection import StallDetector, Waiting
 from gateway.dispatch.feedback import Attempt, Feedback
@@ -116,8 +117,13 @@ class Dispatcher:
             tries.last = target
             if tries.count > 1:
                 self.metrics.retries.labels(target.pool).inc()
-            call = UpstreamCall(endpoint, adapt_body(body, target, stream, tenant), stream, request_id,
-                                min(self.cfg.timeouts.first_byte, remaining))
+            first_byte = min(self.cfg.timeouts.first_byte, remaining)
+            # the trial request to a replica ejected for stalling gets only stall_s to show it answers again: a
+            # still-hung replica must not hold a client for a whole first-byte timeout every cooldown
+            probing_stalled = target.breaker.state is BreakerState.HALF_OPEN and target.breaker.reason == "stalled"
+            if probing_stalled:
+                first_byte = min(first_byte, self.cfg.retry.stall_s)
+            call = UpstreamCall(endpoint, adapt_body(body, target, stream, tenant), stream, request_id, first_byte)
             attempt = Attempt(req, target, decision)
             try:
                 await self.feedback.dispatched(attempt)
@@ -125,6 +131,10 @@ class Dispatcher:
             except AttemptFailed as e:
                 self.feedback.finished(attempt, failed=True)
                 tries.errors.append(e)
+                if probing_stalled and e.timeout:  # still hung: open again; says nothing about this body
+                    target.breaker.trip("stalled")
+                    self.metrics.upstream_errors.labels(target.pool, target.name, "stalled").inc()
+                    continue
                 if (err := self._failed(target, e, bp, tries)) is not None:
                     raise self._tag(err, tries) from None
                 if tries.hangs == 1:

@@ -136,6 +136,40 @@ def test_a_hung_replica_is_ejected_within_seconds_not_a_first_byte_timeout_per_r
         sims.stop()
 
 
+def test_the_trial_after_a_stall_ejection_costs_stall_s_not_a_first_byte_timeout():
+    """Once the cooldown of a replica ejected for stalling has passed, the one trial request it gets has only stall_s
+    to answer: still hung, the trial moves to another replica at once and the breaker opens again — no client waits a
+    first-byte timeout each cooldown (the chaos suite's hung replica once cost two clients 30 s each this way)."""
+    sims, _ = start_sims(2)
+    gw = start_gateway(config([sglang_pool("p", sims.urls)], routing={"policy": "round_robin"},
+                              timeouts={"first_byte": 20.0},
+                              retry={"stall_s": 0.5, "stall_min_requests": 2},
+                              circuit_breaker={"failure_threshold": 3, "cooldown_s": 0.5}))
+    try:
+        httpx.post(sims.urls[0] + "/_sim/fault", json={"kind": "hang", "count": 1000})
+        out: list = [None] * 4
+        threads = [threading.Thread(target=_stream, args=(gw.urls[0], f"hello {i}", out, i)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert gw.call(lambda: gw.app.state.gateway.registry.get("p-0").breaker.reason) == "stalled"
+        took = []
+        for i in range(6):  # cooldowns pass meanwhile: some of these are the hung replica's trials
+            time.sleep(0.3)
+            t0 = time.monotonic()
+            r = httpx.post(gw.urls[0] + "/v1/chat/completions", headers=AUTH, timeout=30,
+                           json={"model": "glm-5.2", "messages": [{"role": "user", "content": f"later {i}"}], "max_tokens": 2})
+            took.append(time.monotonic() - t0)
+            assert r.status_code == 200 and r.headers["x-gateway-replica"] == "p-1", r.text
+        assert max(took) < 10.0, took  # a trial waiting out the 20 s first-byte timeout would show here
+        tried = _metric(gw.urls[0], 'gateway_upstream_errors_total{kind="stalled",pool="p",replica="p-0"}')
+        assert tried >= 1  # at least one trial went to the hung replica and was cut at stall_s
+    finally:
+        gw.stop()
+        sims.stop()
+
+
 def test_one_slow_request_ejects_no_replica():
     """A request that hangs on a replica which keeps answering others: that request fails over after its own
     first-byte timeout, and the replica stays in routing."""
