@@ -46,15 +46,16 @@ class Capabilities:
     dp_ranks: bool  # data-parallel ranks that a request can be pinned to
     engine_loads: bool  # /server_info, /v1/loads and /ping: server facts, the engine's load floor, preflight
     health_probe: bool  # an HTTP liveness probe (litellm: none; its provider is assumed up)
+    self_hosted: bool  # an engine we run: bounded batches (the self-hosted n / sequence defaults), simulated as one
 
 
 CAPABILITIES: dict[str, Capabilities] = {
     "sglang": Capabilities(prefix_cache=True, cache_salt=True, priority=True, dp_ranks=True, engine_loads=True,
-                           health_probe=True),
+                           health_probe=True, self_hosted=True),
     "openai": Capabilities(prefix_cache=False, cache_salt=False, priority=False, dp_ranks=False, engine_loads=False,
-                           health_probe=True),
+                           health_probe=True, self_hosted=False),
     "litellm": Capabilities(prefix_cache=False, cache_salt=False, priority=False, dp_ranks=False, engine_loads=False,
-                            health_probe=False),
+                            health_probe=False, self_hosted=False),
 }
 
 

@@ -51,7 +51,7 @@ def targets_from_config(cfg: GatewayConfig, model: str | None = None) -> list[tu
         raise ValueError(f"model {model!r} is not in the config (models: {[m.name for m in cfg.models]})")
     reg = UpstreamRegistry(cfg, keys={p.name: None for p in cfg.pools})  # nothing is called: no API keys needed
     mi, b2 = profile("mi355x-glm52-tp4"), profile("b200-glm52")
-    return [(target_info(t), mi if t.kind == "sglang" else b2) for pool in route.pools for t in reg.by_pool.get(pool, [])]
+    return [(target_info(t), mi if t.caps.self_hosted else b2) for pool in route.pools for t in reg.by_pool.get(pool, [])]
 
 
 @dataclass

@@ -21,6 +21,7 @@ import orjson
 from gateway.config import GatewayConfig
 from gateway.errors import InvalidRequest
 from gateway.tokenizer import count_tokens, prompt_text, render_chat
+from gateway.upstreams import CAPABILITIES
 
 # Nesting deeper than this is refused at parse time: orjson re-serialises at most 254 levels (and Python's own
 # recursion is finite), so a bound well below that means nothing downstream can fail on a body we accepted.
@@ -56,9 +57,10 @@ def limits_for(config: GatewayConfig, pools: Iterable[str], registry: Any = None
     caps, contexts, seqs = [MAX_N], [], [MAX_SEQUENCES]
     for name in pools:
         p = config.pool(name)
-        caps.append(p.max_n if p.max_n is not None else DEFAULT_MAX_N_SELF_HOSTED if p.kind == "sglang" else MAX_N)
+        own = CAPABILITIES[p.kind].self_hosted
+        caps.append(p.max_n if p.max_n is not None else DEFAULT_MAX_N_SELF_HOSTED if own else MAX_N)
         seqs.append(p.max_sequences if p.max_sequences is not None else
-                    DEFAULT_MAX_SEQUENCES_SELF_HOSTED if p.kind == "sglang" else MAX_SEQUENCES)
+                    DEFAULT_MAX_SEQUENCES_SELF_HOSTED if own else MAX_SEQUENCES)
         if p.context_tokens is not None:
             contexts.append(p.context_tokens)
         elif registry is not None:
