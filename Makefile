@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 $(BIN)/gateway: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev,litellm,otlp]'
+	$(BIN)/pip install -q -e '.[dev,litellm,otlp,tokenize]'
 	touch $(BIN)/gateway
 
 # The OpenAI Node SDK, for the test that a bad key is an AuthenticationError in every client (skipped, saying why,
