@@ -88,9 +88,11 @@ def create_app(config: GatewayConfig, *, span_exporter: Any = None, transport: h
                                         max_connections=rc.redis_max_connections or default_max_connections(rc.expected_inflight),
                                         pool_timeout=rc.redis_pool_timeout_s)
             index = RedisPrefixIndex(redis_client, prefix=rc.redis_prefix, timeout=rc.redis_timeout_s,
-                                     on_rtt=metrics.redis_rtt.observe, guard=RedisGuard("prefix index", on_fallback=fell_back))
+                                     on_rtt=metrics.redis_rtt.observe, guard=RedisGuard("prefix index", on_fallback=fell_back,
+                                                                                 hung_after=rc.redis_hung_after_s))
             loads = redis_loads = RedisLoadTracker(redis_client, prefix=rc.redis_prefix, timeout=rc.redis_timeout_s,
-                                                   guard=RedisGuard("load", on_fallback=fell_back))
+                                                   guard=RedisGuard("load", on_fallback=fell_back,
+                                                                    hung_after=rc.redis_hung_after_s))
             redis_loads.start()
             control_store: MemoryControlStore | RedisControlStore = RedisControlStore(redis_client, rc.redis_prefix)
         else:

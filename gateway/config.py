@@ -247,6 +247,8 @@ class Routing(_Strict):
                                    "sized for; the Redis pool's default size follows from it")
     redis_max_connections: int | None = Field(default=None, ge=2, le=10_000, description="Redis connections per "
                                               "instance (default: max(32, expected_inflight / 2)); more calls wait")
+    redis_hung_after_s: float = Field(default=3.0, gt=0, le=300, description="Redis calls that only time out count as "
+                                      "Redis being away once nothing at all has succeeded for this long")
     redis_pool_timeout_s: float = Field(default=0.5, gt=0, description="wait for a free Redis connection; running "
                                         "out of it is saturation (retried), never taken for Redis being away")
     limits_fallback_share: float | None = Field(default=None, gt=0, le=1, description="while Redis is away, the "

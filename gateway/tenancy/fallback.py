@@ -237,7 +237,7 @@ def build_limits(client: Any, rc: Routing, on_fallback: Callable[[str, str], Non
     """The app's rate limiter and budget ledger: Redis-backed when `client` is given, in memory otherwise."""
     share = FleetShare(client, rc.redis_prefix, rc.limits_fallback_share) if client is not None else None
     limiter = FallbackRateLimiter(client and RedisRateLimiter(client, rc.redis_prefix), MemoryRateLimiter(),
-                                  RedisGuard("rate limits", on_fallback=on_fallback), rc.limits_redis_timeout_s, share)
+                                  RedisGuard("rate limits", on_fallback=on_fallback, hung_after=rc.redis_hung_after_s), rc.limits_redis_timeout_s, share)
     budget = FallbackBudgetLedger(client and RedisBudgetLedger(client, rc.redis_prefix), MemoryBudgetLedger(),
-                                  RedisGuard("budgets", on_fallback=on_fallback), rc.limits_redis_timeout_s, share)
+                                  RedisGuard("budgets", on_fallback=on_fallback, hung_after=rc.redis_hung_after_s), rc.limits_redis_timeout_s, share)
     return limiter, budget

@@ -74,7 +74,8 @@ def test_concurrent_burst_holds_budget_and_rate_limit_and_the_ledger_is_exact(fl
                           # two gateways, two simulators and 400 clients share one Python process here: an event
                           # loop can stall for a second under the GIL, which must not read as Redis (or a replica)
                           # being away — that is what this test rules out, not what it provokes
-                          "redis_timeout_s": 3.0, "redis_pool_timeout_s": 4.0, "limits_redis_timeout_s": 5.0},
+                          "redis_timeout_s": 1.0, "redis_pool_timeout_s": 4.0, "limits_redis_timeout_s": 5.0,
+                          "redis_hung_after_s": 30.0},
                  timeouts={"connect": 10.0})
     a, b = start_gateway(cfg), start_gateway(cfg)
     caplog.set_level(logging.WARNING)
