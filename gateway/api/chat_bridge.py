@@ -41,6 +41,14 @@ def with_bearer(request: Request, api_key: str | None) -> Request:
     return Request(scope, request.receive)
 
 
+def first_choice(chunk: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """(choice, delta) of a chat.completion.chunk's first choice; None for a chunk without one (the usage chunk)."""
+    choices = chunk.get("choices") or []
+    if not choices or not isinstance(choices[0], dict):
+        return None
+    return choices[0], choices[0].get("delta") or {}
+
+
 def sse_event(name: str, data: dict[str, Any]) -> bytes:
     return b"event: " + name.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
 

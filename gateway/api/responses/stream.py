@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from gateway.api.chat_bridge import sse_event
+from gateway.api.chat_bridge import first_choice, sse_event
 from gateway.api.responses.translate import (
     ResponsesRequest,
     error_code,
@@ -57,11 +57,10 @@ class ResponsesStream:
     def chunk(self, chunk: dict[str, Any]) -> bytes:
         if isinstance(chunk.get("usage"), dict):
             self.usage = usage_from_chat(chunk["usage"])
-        choices = chunk.get("choices") or []
-        if not choices or not isinstance(choices[0], dict):
+        first = first_choice(chunk)
+        if first is None:
             return b""
-        choice = choices[0]
-        delta = choice.get("delta") or {}
+        choice, delta = first
         out = b""
         thought = delta.get("reasoning_content")
         if isinstance(thought, str) and thought:
