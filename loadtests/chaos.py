@@ -312,7 +312,7 @@ async def sc_redis_down(stack: Stack, lb: LoadBalancer, client: httpx.AsyncClien
     load = asyncio.create_task(steady(lb, client, a.redis_down_s + 2 * a.fault_s, a.rate, t))
     spend = asyncio.create_task(spender())
     await asyncio.sleep(a.fault_s)
-    stack.redis.kill()
+    stack.redis.kill(hard=True)  # a crash: only what the AOF fsynced survives
     await asyncio.sleep(a.redis_down_s)
     await asyncio.to_thread(stack.redis.start)
     await asyncio.gather(load, spend)

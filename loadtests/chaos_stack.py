@@ -8,7 +8,6 @@ import asyncio
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -21,6 +20,7 @@ import yaml
 
 from gateway.config import hash_key
 from loadtests.procs import Proc
+from tests.helpers import RedisServer, free_port
 
 ADMIN_TOKEN = "chaos-admin-token"
 BODY_READ_S = 2.0  # the gateway's body-read timeout here: a client that declares more than it sends waits this long
@@ -39,51 +39,13 @@ TENANTS: dict[str, tuple[str, dict[str, Any]]] = {
 }
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class RedisProc:
-    """redis-server with AOF in its own directory: kill() and start() again keep what it had written."""
-
-    def __init__(self, work: Path) -> None:
-        self.port = free_port()
-        self.dir = work / "redis"
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.start()
-
-    def start(self) -> None:
-        exe = shutil.which("redis-server") or "/usr/bin/redis-server"
-        self.proc = subprocess.Popen([exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-                                      "--appendonly", "yes", "--appendfsync", "everysec", "--dir", str(self.dir)],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-        deadline = time.time() + 10
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
-                    return
-            except OSError:
-                if time.time() > deadline:
-                    raise RuntimeError("redis-server did not start") from None
-                time.sleep(0.05)
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(10)
-
-
 class Stack:
     def __init__(self, replicas: int = 3, time_scale: float = 20.0, log_dir: Path | None = None) -> None:
         self.work = Path(tempfile.mkdtemp(prefix="gw-chaos-"))
         self.logs = log_dir or self.work
         self.logs.mkdir(parents=True, exist_ok=True)
         self.time_scale = time_scale
-        self.redis = RedisProc(self.work)
+        self.redis = RedisServer(appendonly=True)  # AOF in its own directory: a restart keeps what was written
         self.sim_ports = [free_port() for _ in range(replicas)]
         self.sims: list[Proc] = [self._sim(i) for i in range(replicas)]
         for s in self.sims:
@@ -160,7 +122,7 @@ class Stack:
                 g.stop()
         for s in self.sims:
             s.stop()
-        self.redis.kill()
+        self.redis.stop()
         shutil.rmtree(self.work, ignore_errors=True)
 
     # -- addresses ------------------------------------------------------------------------------------------------
