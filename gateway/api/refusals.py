@@ -8,7 +8,6 @@ body is not read), the reason comes from a fixed map of statuses, and the logged
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import time
 from collections.abc import MutableMapping
@@ -50,8 +49,7 @@ def _tenant(st: AppState, headers: list[tuple[bytes, bytes]]) -> str:
             key = v.decode("latin-1").strip()
     if not key:
         return "none"
-    digest = hashlib.sha256(key.encode()).hexdigest()
-    tenant = st.policies.index.by_hash(digest)
+    tenant = st.policies.index.for_key(key)
     return tenant.name if tenant is not None else "none"
 
 

@@ -14,8 +14,9 @@ class TenantIndex:
         self.tenants: dict[str, Tenant] = {t.name: t for t in tenants}
         self._by_hash: dict[str, Tenant] = {h: t for t in self.tenants.values() for h in t.api_key_hashes}
 
-    def by_hash(self, digest: str) -> Tenant | None:
-        return self._by_hash.get(digest)
+    def for_key(self, key: str) -> Tenant | None:
+        """The tenant a raw key belongs to (compared as its SHA-256 digest), if any."""
+        return self._by_hash.get(hashlib.sha256(key.strip().encode()).hexdigest())
 
     def identify(self, authorization: str | None) -> Tenant:
         if not authorization:
@@ -24,7 +25,7 @@ class TenantIndex:
         scheme, _, key = authorization.partition(" ")
         if scheme.lower() != "bearer" or not key.strip():
             raise AuthenticationFailed("Malformed Authorization header: expected 'Bearer <key>'.")
-        tenant = self._by_hash.get(hashlib.sha256(key.strip().encode()).hexdigest())
+        tenant = self.for_key(key)
         if tenant is None:
             # OpenAI's wording: clients (litellm among them) classify a 401 as an authentication error by this text
             raise AuthenticationFailed("Incorrect API key provided. Use a key issued for this gateway "
