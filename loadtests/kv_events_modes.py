@@ -1,23 +1,30 @@
-"""routing.mode approximate vs precise vs hybrid: the same simulated fleet, the same arrivals, one run.
+"""routing.mode approximate vs precise vs hybrid: the same simulated fleet, the same arrivals.
 
-    .venv/bin/python -m loadtests.kv_events_modes                     # ~3 minutes on 2 cores
-    .venv/bin/python -m loadtests.kv_events_modes --instances 2       # two gateway instances per mode
+    .venv/bin/python -m loadtests.kv_events_modes --repeat 2                          # ~7 minutes on 2 cores
+    .venv/bin/python -m loadtests.kv_events_modes --scenarios evicting --instances 2 --repeat 2
+    .venv/bin/python -m loadtests.kv_events_modes --scenarios cotenant,bystander --repeat 2
 
-One `gateway sim` process (R replicas, KV events on, `--kv-capacity` per replica) and three gateways in front of it,
-one per mode (each started idle, so its approximate index starts empty). For each scenario the three modes run in
-turn on the same fleet: every engine's cache is flushed first (/flush_cache), then the Wafer workload (a shared
-prefix per group + fresh text, seeded: the same groups in the same order at the same times) is sent open-loop.
-Scenarios: `evicting` (the groups' prefixes exceed the fleet's KV: evictions decide) and `fitting` (they fit).
+Each (scenario, mode) runs on a fleet of its own: a fresh `gateway sim` (R replicas, KV events on, `--kv-capacity`
+per replica) and fresh gateways in front of it, then the seeded Wafer workload (a shared prefix per group + fresh
+text: the same groups in the same order at the same times) is sent open-loop. `--repeat N` runs every mode N times,
+the order rotated each time, and the table shows the means (with each run's hit rate).
+Scenarios: `evicting` (the groups' prefixes exceed the fleet's KV: evictions decide), `fitting` (they fit),
+`bystander` (a second client sends its own prompts straight to the replicas: evictions the gateway does not see),
+`cotenant` (a second client sends the tenant's own groups, with its cache_salt, straight to the replicas: it
+evicts and warms prefixes the gateway does not see), `trace` (the Mooncake conversation trace over HTTP).
 Figures: prompt-token hit rate (the engines' cached_tokens), TTFT p50/p95 and the share within the SLA (simulated
-seconds), index corrections (engine reported fewer cached tokens than the gateway predicted), and the precise
-index's answers by source. `--instances N`: N gateways per mode, each with its own in-memory index (clients
-alternate). Writes loadtests/out/kv_events_modes_<scenarios>_x<N>.json.
+seconds), index corrections (engine reported fewer cached tokens than the gateway predicted), predicted vs reported
+cached tokens, the event views against the engines' pages (sampled during the run, and settled after it), and the
+precise index's answers by source. `--instances N`: N gateways per mode, each with its own in-memory index (clients
+alternate). Writes loadtests/out/kv_events_modes_<scenarios>_x<N>.json (every request's group, replica, cached
+tokens, TTFT and route, for analysis).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import sys
 import tempfile
@@ -25,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import yaml
 
 from gateway.config import hash_key
@@ -37,12 +45,23 @@ from loadtests.runner import run_rate, summarize
 from loadtests.workload import WaferWorkload
 
 KEY = "sk-kv-modes"
+TENANT = "bench"
+SERVED = "zai-org/GLM-5.2"  # the simulator's served model name (the bystander calls the replicas directly)
 MODES = ("approximate", "precise", "hybrid")
 OUT = Path(__file__).parent / "out" / "kv_events_modes.json"
 
 
+class SameTenant(WaferWorkload):
+    """The Wafer workload as the gateway forwards it for the bench tenant (its cache_salt), sent straight to the
+    replicas round-robin."""
+
+    def body(self, group: int, max_tokens: int | None = None) -> dict[str, Any]:
+        return {**super().body(group, max_tokens), "cache_salt": f"tenant:{TENANT}"}
+
+
 def start_fleet(a: argparse.Namespace, work: Path, kv_capacity: int, tag: str) -> tuple[Proc, list[str]]:
-    kv = json.dumps({"publisher": "zmq", "endpoint": f"tcp://*:{a.kv_port}", "replay_endpoint": f"tcp://*:{a.kv_port + 50}"})
+    kv = json.dumps({"publisher": "zmq", "endpoint": f"tcp://127.0.0.1:{a.kv_port}",  # loopback only
+                     "replay_endpoint": f"tcp://127.0.0.1:{a.kv_port + 50}"})
     p = Proc(f"sim-{tag}", [sys.executable, "-m", "gateway.cli", "sim", "--enable-cache-report", "--replicas", str(a.replicas),
                             "--port", str(a.sim_port), "--time-scale", str(a.time_scale), "--jitter", "0",
                             "--kv-capacity", str(kv_capacity), "--kv-events-config", kv],
@@ -57,7 +76,7 @@ def start_gateway(a: argparse.Namespace, work: Path, mode: str, sims: list[str],
            "pools": [{"name": "mi355x", "kind": "sglang", "model": "zai-org/GLM-5.2", "pricing": MI355X_PRICE,
                       "timing": wall_timing(MI355X_TIMING, ts),
                       "replicas": [{"name": f"mi355x-{i}", "url": u} for i, u in enumerate(sims)]}],
-           "tenants": [{"name": "bench", "api_key_hashes": [hash_key(KEY)], "models": ["glm-5.2"]}],
+           "tenants": [{"name": TENANT, "api_key_hashes": [hash_key(KEY)], "models": ["glm-5.2"]}],
            "routing": {"mode": mode, "ttft_sla_ms": a.sla * 1000 / ts, "stickiness_penalty_ms": 1000 / ts,
                        "kv_events": {"block_size": 64, "discovery_interval_s": 1.0, "speculative_s": a.speculative_s}},
            "observability": {"log_requests": False}, "timeouts": {"first_byte": 600, "total": 3000, "idle": 120}}
@@ -88,6 +107,36 @@ async def metrics_text(c: httpx.AsyncClient, urls: list[str]) -> list[str]:
     return [(await c.get(u.removesuffix("/v1") + "/metrics")).text for u in urls]
 
 
+async def view_vs_engine(c: httpx.AsyncClient, urls: list[str], sims: list[str]) -> tuple[int, int] | None:
+    """Pages the engines hold that the event views lack, and pages the views hold that the engines do not, summed
+    over ranks and gateway instances (None in approximate mode: no views). Compared by count per rank: an unreported
+    store shows as missing, an unreported eviction as extra."""
+    engine: list[int] = []
+    for s in sims:
+        engine += [rk["cache_pages"] for rk in (await c.get(f"{s}/_sim/state")).json()["ranks"]]
+    missing = extra = 0
+    for u in urls:
+        kv = (await c.get(u.removesuffix("/v1") + "/readyz")).json().get("kv_events")
+        if not kv:
+            return None
+        views = [sub["blocks"] for _, sub in sorted(kv["subscriptions"].items())]
+        for v, e in zip(views, engine, strict=False):
+            missing += max(0, e - v)
+            extra += max(0, v - e)
+    return missing, extra
+
+
+async def watch_views(urls: list[str], sims: list[str], out: list[tuple[int, int]]) -> None:
+    async with httpx.AsyncClient(timeout=5, trust_env=False) as c:
+        while True:
+            await asyncio.sleep(1.0)
+            with contextlib.suppress(httpx.HTTPError):
+                got = await view_vs_engine(c, urls, sims)
+                if got is None:
+                    return
+                out.append(got)
+
+
 def total(texts: list[str], name: str, labels: str = "") -> float:
     return sum(counter(t, name, labels) for t in texts)
 
@@ -102,10 +151,18 @@ async def run_mode(a: argparse.Namespace, urls: list[str], sims: list[str], wl_a
         before = await metrics_text(c, urls)
         evicted_before = await evicted_pages(c, sims)
     wl = WaferWorkload(**wl_args)
-    res = await run_rate(urls, a.rate, a.duration, wl, api_key=KEY, time_scale=a.time_scale, seed=a.seed, progress=False)
+    samples: list[tuple[int, int]] = []
+    watch = asyncio.create_task(watch_views(urls, sims, samples))
+    try:
+        res = await run_rate(urls, a.rate, a.duration, wl, api_key=KEY, time_scale=a.time_scale, seed=a.seed,
+                             progress=False)
+    finally:
+        watch.cancel()
     async with httpx.AsyncClient(timeout=30, trust_env=False) as c:
         after = await metrics_text(c, urls)
         evicted = await evicted_pages(c, sims) - evicted_before
+        await asyncio.sleep(1.0)  # the last batches arrive
+        settled = await view_vs_engine(c, urls, sims)
 
     def delta(name: str, labels: str = "") -> float:
         return total(after, name, labels) - total(before, name, labels)
@@ -117,6 +174,15 @@ async def run_mode(a: argparse.Namespace, urls: list[str], sims: list[str], wl_a
     s["answers_fallback"] = delta("gateway_kv_events_index_answers", 'source="fallback"')
     s["evicted_pages"] = evicted
     s["tokenize_s_per_req"] = delta("gateway_request_tokenize_seconds") / max(len(res), 1)
+    if samples:  # while the load ran: the event views' pages against the engines' (sampled once a second)
+        s["view_pages_missing"] = sum(m for m, _ in samples) / len(samples)
+        s["view_pages_extra"] = sum(x for _, x in samples) / len(samples)
+    if settled is not None:
+        s["view_settled_missing"], s["view_settled_extra"] = settled
+    s["cached_predicted"] = delta("gateway_cached_tokens_predicted")
+    s["cached_reported"] = delta("gateway_cached_tokens_reported")
+    s["requests_log"] = [[round(r.sent, 3), r.group, r.headers.get("x-gateway-replica", ""), r.prompt_tokens,
+                          r.cached_tokens, r.ttft, r.headers.get("x-gateway-route", "")] for r in res]
     return s
 
 
@@ -143,55 +209,101 @@ async def run_trace_mode(a: argparse.Namespace, urls: list[str], sims: list[str]
     return out
 
 
+async def run_one(a: argparse.Namespace, work: Path, scen: str, cap: int, mode: str,
+                  wl_args: dict[str, Any]) -> dict[str, Any]:
+    """One mode on a fleet of its own: a fresh `gateway sim` and fresh gateways, so no mode inherits another's
+    process state (an earlier layout ran the modes in turn on one sim, always in the same order)."""
+    sim, sims = start_fleet(a, work, cap, f"{scen}-{mode}")
+    ports = [a.port + j for j in range(a.instances)]  # `instances` gateways, own in-memory index each, clients alternate
+    gws = [start_gateway(a, work, mode, sims, port) for port in ports]
+    try:
+        for g in gws:
+            g.wait_ready(120)
+        await asyncio.sleep(2.5)  # discovery and subscriptions
+        urls = [f"http://127.0.0.1:{p}/v1" for p in ports]
+        if scen == "trace":
+            return await run_trace_mode(a, urls, sims)
+        by = None
+        if scen in ("bystander", "cotenant"):  # a second client on the same replicas, around the gateway
+            if scen == "bystander":  # its own prefixes, its own namespace: it only evicts
+                by_wl = WaferWorkload(**{**wl_args, "seed": a.seed + 1000, "groups": a.bystander_groups}, model=SERVED)
+            else:  # the tenant's own prefixes and cache namespace (another router, a batch job): it evicts and warms
+                by_wl = SameTenant(**wl_args, model=SERVED)
+                by_wl._rng = np.random.default_rng(a.seed + 1000)  # the same groups, other fresh text and order
+            by = asyncio.create_task(run_rate([f"{u}/v1" for u in sims], a.bystander_rate, a.duration, by_wl,
+                                              time_scale=a.time_scale, seed=a.seed + 1000, progress=False))
+        r = await run_mode(a, urls, sims, wl_args)
+        if by is not None:
+            others = await by
+            r["bystander"] = {"requests": len(others), "ok": sum(x.ok for x in others)}
+        return r
+    finally:
+        for p in [*gws, sim]:
+            p.stop()
+
+
 async def main_async(a: argparse.Namespace) -> None:
     work = Path(tempfile.mkdtemp(prefix="gw-kvmodes-"))
-    caps = {"evicting": a.kv_capacity_small, "fitting": a.kv_capacity_large, "trace": a.kv_capacity_trace}
+    caps = {"evicting": a.kv_capacity_small, "fitting": a.kv_capacity_large, "trace": a.kv_capacity_trace,
+            "bystander": a.kv_capacity_small, "cotenant": a.kv_capacity_small}
     scenarios = {k: caps[k] for k in a.scenarios.split(",")}
     wl_args = {"groups": a.groups, "prefix_tokens": a.prefix_tokens, "prompt_tokens": a.prompt_tokens,
                "output_tokens": a.output_tokens, "seed": a.seed}
+    modes = a.modes.split(",")
     out: dict[str, Any] = {"args": vars(a), "scenarios": {}}
     for scen, cap in scenarios.items():
-        sim, sims = start_fleet(a, work, cap, scen)
-        # per mode, `instances` gateways with their own in-memory index (no Redis), clients alternating
-        ports = {m: [a.port + 10 * i + j for j in range(a.instances)] for i, m in enumerate(MODES)}
-        gws = [start_gateway(a, work, m, sims, port) for m in MODES for port in ports[m]]
-        try:
-            for g in gws:
-                g.wait_ready(120)
-            await asyncio.sleep(2.5)  # discovery and subscriptions
-            rows = {}
-            for m in MODES:
-                urls = [f"http://127.0.0.1:{p}/v1" for p in ports[m]]
-                r = rows[m] = await (run_trace_mode(a, urls, sims) if scen == "trace" else run_mode(a, urls, sims, wl_args))
-                r.setdefault("evicted_pages", 0)
-                r.setdefault("answers_events", 0)
-                r.setdefault("answers_fallback", 0)
+        runs: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
+        for rep in range(a.repeat):
+            order = modes[rep % len(modes):] + modes[: rep % len(modes)]  # rotated: no mode always runs first
+            for m in order:
+                r = await run_one(a, work, scen, cap, m, wl_args)
+                for k in ("evicted_pages", "answers_events", "answers_fallback"):
+                    r.setdefault(k, 0)
+                runs[m].append(r)
                 print(f"{scen:9s} {m:11s} hit {r['cache_hit']:.3f}  p50 {r['ttft_p50']:.2f} s  p95 {r['ttft_p95']:.2f} s  "
                       f"SLA {r['sla_met']:.3f}  ok {r['success']:.3f}  corrections {r['index_corrections']:.0f}  "
-                      f"evicted {r['evicted_pages']}  answers events/fallback {r['answers_events']:.0f}/{r['answers_fallback']:.0f}", file=sys.stderr, flush=True)
-            out["scenarios"][scen] = {"kv_capacity_per_replica": cap, "rows": rows}
-        finally:
-            for p in [*gws, sim]:
-                p.stop()
+                      f"evicted {r['evicted_pages']}  view missing/extra {r.get('view_pages_missing', 0):.1f}/"
+                      f"{r.get('view_pages_extra', 0):.1f} settled {r.get('view_settled_missing', '-')}/"
+                      f"{r.get('view_settled_extra', '-')}  predicted/reported {r.get('cached_predicted', 0):.0f}/"
+                      f"{r.get('cached_reported', 0):.0f}  answers events/fallback {r['answers_events']:.0f}/"
+                      f"{r['answers_fallback']:.0f}", file=sys.stderr, flush=True)
+        out["scenarios"][scen] = {"kv_capacity_per_replica": cap, "runs": runs,
+                                  "rows": {m: mean_row(rs) for m, rs in runs.items()}}
     OUT.parent.mkdir(exist_ok=True)
     out_path = OUT.with_name(f"kv_events_modes_{'_'.join(scenarios)}_x{a.instances}.json")
     out_path.write_text(json.dumps(out, indent=1, default=str))
-    print(table(out))
+    print(table(out, a.instances))
 
 
-def table(out: dict[str, Any]) -> str:
-    lines = ["| scenario | mode | hit rate | TTFT p50 (s) | TTFT p95 (s) | within SLA | index corrections | ok |",
-             "|---|---|---|---|---|---|---|---|"]
+FIELDS = ("cache_hit", "ttft_p50", "ttft_p95", "sla_met", "index_corrections", "success")
+
+
+def mean_row(rs: list[dict[str, Any]]) -> dict[str, Any]:
+    row = {k: sum(r[k] for r in rs) / len(rs) for k in FIELDS}
+    row["hits"] = [round(r["cache_hit"], 3) for r in rs]
+    return row
+
+
+def table(out: dict[str, Any], instances: int) -> str:
+    lines = ["| instances | scenario | mode | hit rate (mean) | per run | TTFT p50 (s) | TTFT p95 (s) | within SLA | "
+             "index corrections | ok |", "|---|---|---|---|---|---|---|---|---|---|"]
     for scen, d in out["scenarios"].items():
         for m, r in d["rows"].items():
-            lines.append(f"| {scen} | {m} | {r['cache_hit']:.3f} | {r['ttft_p50']:.2f} | {r['ttft_p95']:.2f} | "
-                         f"{r['sla_met']:.3f} | {r['index_corrections']:.0f} | {r['success']:.3f} |")
+            lines.append(f"| {instances} | {scen} | {m} | {r['cache_hit']:.3f} | {' / '.join(f'{h:.3f}' for h in r['hits'])} "
+                         f"| {r['ttft_p50']:.2f} | {r['ttft_p95']:.2f} | {r['sla_met']:.3f} | "
+                         f"{r['index_corrections']:.0f} | {r['success']:.3f} |")
     return "\n".join(lines)
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--scenarios", default="evicting,fitting", help="evicting, fitting, trace (comma-separated)")
+    p.add_argument("--scenarios", default="evicting,fitting", help="evicting, fitting, bystander, "
+                   "cotenant, trace (comma-separated)")
+    p.add_argument("--repeat", type=int, default=1, help="runs per mode (the order rotates); the table shows means")
+    p.add_argument("--bystander-rate", type=float, default=1.0, help="bystander scenario: requests per simulated "
+                   "second a second client sends straight to the replicas (its own groups, no cache_salt)")
+    p.add_argument("--bystander-groups", type=int, default=48)
+    p.add_argument("--modes", default=",".join(MODES), help="routing.mode per gateway, in this order")
     p.add_argument("--trace", default="/work/shared/traces/conversation_trace.jsonl")
     p.add_argument("--trace-limit", type=int, default=1200, help="the trace's first N requests")
     p.add_argument("--kv-capacity-trace", type=int, default=200_000, help="per replica, tokens (trace scenario)")

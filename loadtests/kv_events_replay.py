@@ -3,6 +3,11 @@
 one (or a Redis-shared) index and with instances that each keep their own.
 
     .venv/bin/python -m loadtests.kv_events_replay --kv-per-rank 1200000          # ~90 s
+    .venv/bin/python -m loadtests.kv_events_replay --wafer-seeds 12 --kv-per-rank 60000 --instances 1,2
+
+`--wafer-seeds N`: instead of the trace, the HTTP benchmark's evicting Wafer workload (loadtests/kv_events_modes.py:
+48 groups x 8k-token prefix, 10k-token prompts, 256 output tokens, Poisson 4 req/s for 120 s) as N seeded traces,
+and the mean hit rate per mode over them: the deterministic counterpart of the HTTP runs, without their noise.
 
 Precise and hybrid read the simulated engines' caches as lag-free events (gateway/kvevents/fleet.py).
 """
@@ -10,31 +15,58 @@ Precise and hybrid read the simulated engines' caches as lag-free events (gatewa
 from __future__ import annotations
 
 import argparse
+import random
 import time
 
 from gateway.config import Routing
 from gateway.kvevents.fleet import install
 from gateway.replay.bounds import ideal_hit_rate, lru_hit_rate
 from gateway.replay.run import HEADERS, nodes_targets, replay
-from gateway.replay.trace import read_trace
+from gateway.replay.trace import BLOCK_TOKENS, TraceRecord, read_trace
+from gateway.routing.features import TargetInfo
+from gateway.sim.profiles import ReplicaConfig
+
+MODES = ("approximate", "precise", "hybrid")
+
+
+def wafer_trace(seed: int, groups: int = 48, prefix_tokens: int = 8000, prompt_tokens: int = 10_000,
+                output_tokens: int = 256, rate: float = 4.0, duration: float = 120.0) -> list[TraceRecord]:
+    """The Wafer workload as a trace: a group's prefix blocks shared, the rest of each prompt its own."""
+    rng = random.Random(seed)
+    shared = prefix_tokens // BLOCK_TOKENS  # whole blocks inside the prefix
+    blocks = -(-prompt_tokens // BLOCK_TOKENS)
+    out: list[TraceRecord] = []
+    t, fresh = 0.0, 1 << 40
+    while True:
+        t += rng.expovariate(rate)
+        if t > duration:
+            return out
+        g = rng.randrange(groups)
+        ids = [g * 1000 + b for b in range(shared)] + list(range(fresh, fresh + blocks - shared))
+        fresh += blocks - shared
+        out.append(TraceRecord(t * 1000, prompt_tokens, output_tokens, tuple(ids)))
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--trace", default="/work/shared/traces/conversation_trace.jsonl")
+    p.add_argument("--wafer-seeds", type=int, default=0, help="replay N seeded Wafer traces instead of --trace")
     p.add_argument("--nodes", type=int, default=2)
     p.add_argument("--kv-per-rank", type=int, default=1_200_000, help="max_total_num_tokens of each TP4 rank")
     p.add_argument("--limit", type=int, default=None)
     p.add_argument("--speculative-s", type=float, default=2.0, help="routing.kv_events.speculative_s (simulated s)")
     p.add_argument("--instances", default="1,2", help="gateway instances per run; above 1 each keeps its own index")
     a = p.parse_args()
-    trace = read_trace(a.trace, a.limit)
     targets = [(info, cfg.with_overrides(max_total_num_tokens=a.kv_per_rank)) for info, cfg in nodes_targets(a.nodes)]
+    if a.wafer_seeds:
+        wafer(a, targets)
+        return
+    trace = read_trace(a.trace, a.limit)
     kv = sum(cfg.max_total_num_tokens for _, cfg in targets)
     bounds = ideal_hit_rate(trace), lru_hit_rate(trace, kv)
     rows = []
     for n in (int(x) for x in a.instances.split(",")):
-        for mode in ("approximate", "precise", "hybrid"):
+        for mode in MODES:
             routing = Routing(mode=mode, kv_events={"speculative_s": a.speculative_s})
             page = targets[0][1].page_size
             t0 = time.perf_counter()
@@ -50,6 +82,30 @@ def main() -> None:
         print("| " + " | ".join(str(c).ljust(w) for c, w in zip(line, widths, strict=False)) + " |")
         if i == 0:
             print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+
+
+def wafer(a: argparse.Namespace, targets: list[tuple[TargetInfo, ReplicaConfig]]) -> None:
+    page = targets[0][1].page_size
+    print("| instances | mode | mean hit | min..max over seeds | mean TTFT p95 (s) | mean within SLA | predicted / realized "
+          "cached |\n|---|---|---|---|---|---|---|")
+    for n in (int(x) for x in a.instances.split(",")):
+        got: dict[str, list[tuple[float, float, float]]] = {m: [] for m in MODES}
+        cached = {m: [0.0, 0.0] for m in MODES}  # the router's predicted and the engines' realized cached tokens
+        for seed in range(a.wafer_seeds):
+            trace = wafer_trace(seed)
+            for mode in MODES:
+                routing = Routing(mode=mode, kv_events={"speculative_s": a.speculative_s})
+                r = replay(trace, targets, routing, instances=n, shared=n == 1,
+                           fleet_hook=lambda fleet, routing=routing: install(fleet, routing, page))
+                got[mode].append((r.hit_rate, r.ttft_p95, r.within_sla))
+                cached[mode][0] += sum(t[3] for t in r.timeline)
+                cached[mode][1] += sum(t[4] for t in r.timeline)
+        for mode, rs in got.items():
+            hits = [h for h, _, _ in rs]
+            print(f"| {n}{' (shared)' if n == 1 else ' (unshared)'} | {mode} | {sum(hits) / len(hits) * 100:.2f}% | "
+                  f"{min(hits) * 100:.1f}..{max(hits) * 100:.1f}% | {sum(x for _, x, _ in rs) / len(rs):.2f} | "
+                  f"{sum(x for _, _, x in rs) / len(rs) * 100:.1f}% | {cached[mode][0] / max(cached[mode][1], 1):.3f} |",
+                  flush=True)
 
 
 if __name__ == "__main__":

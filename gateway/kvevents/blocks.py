@@ -49,7 +49,7 @@ class RankBlocks:
             self.malformed += 1
             return
         if ev.parent is None:
-            prev = keys.seed(ev.salt)
+            prev = keys.seed(keys.namespace(ev.salt, ev.lora))
         else:
             pk = self.by_engine.get(ev.parent)
             if pk is None:

@@ -37,6 +37,7 @@ class _Blocks:
 
 class _RankView:
     healthy = True
+    plain = False
 
     def __init__(self, held: _Held) -> None:
         self.blocks = _Blocks(held)

@@ -16,7 +16,7 @@ Writes and drops go to both the approximate index and the speculative layer.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Container, Sequence
+from collections.abc import Callable, Container, Mapping, Sequence
 from typing import Protocol
 
 from gateway.prefix.index import PrefixIndex
@@ -37,10 +37,15 @@ class RankView(Protocol):
     @property
     def healthy(self) -> bool: ...
 
+    @property
+    def plain(self) -> bool:
+        """Its events carry no namespace (<= 0.5.13): looked up with the request's plain keys."""
+
 
 class PreciseIndex:
     def __init__(self, inner: PrefixIndex, mode: str, ranks_for: Callable[[str], Sequence[RankView] | None], *,
-                 dispatch_ttl_s: float, lag_ttl_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+                 dispatch_ttl_s: float, lag_ttl_s: float, clock: Callable[[], float] = time.monotonic,
+                 plain_of: Mapping[int, int] | None = None) -> None:
         self.inner = inner
         self.mode = mode  # precise | hybrid
         self.ranks_for = ranks_for  # index key (name@incarnation) -> the ranks it stands for (None: not subscribed)
@@ -48,6 +53,7 @@ class PreciseIndex:
         self.lag_ttl_s = lag_ttl_s
         self.spec = MemoryPrefixIndex(clock=clock)
         self.answers = {"events": 0, "fallback": 0}  # replica answers by source (metrics)
+        self.plain_of = plain_of  # namespaced request key -> its plain key (kvevents/request_keys.py)
 
     async def match(self, hashes: Sequence[int], replicas: Sequence[str]) -> dict[str, int]:
         views = {key: self._healthy_ranks(key) for key in replicas}
@@ -81,9 +87,11 @@ class PreciseIndex:
         """Longest run of leading keys held by one of the ranks or speculatively by this replica."""
         spec = self.spec.match_sync(hashes, [key]).get(key, 0)
         n = 0
-        helds = [r.blocks.held for r in ranks]
+        helds = [r.blocks.held for r in ranks if not r.plain]
+        plain = [r.blocks.held for r in ranks if r.plain]
+        table = self.plain_of if plain and self.plain_of is not None else {}
         for i, h in enumerate(hashes):
-            if i < spec or any(h in held for held in helds):
+            if i < spec or any(h in held for held in helds) or (plain and any(table.get(h, h) in p for p in plain)):
                 n = i + 1
             else:
                 break

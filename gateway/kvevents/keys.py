@@ -20,6 +20,15 @@ import numpy as np
 MAX_PAGES = 1 << 18  # bounds request-side work (262k pages)
 
 
+def namespace(salt: str | None, lora: str | None = None) -> str:
+    """The engine's KV namespace as the events name it: 0.5.23 puts `cache_salt` and, for a LoRA request, the
+    adapter's `lora_name` on every BlockStored (its radix tree never shares pages across either). Up to 0.5.13
+    neither is on the wire (`lora_id` is always null), so those events key with no namespace at all."""
+    if not lora:
+        return salt or ""
+    return f"{salt or ''}\x00lora:{lora}"
+
+
 def seed(namespace: str | None) -> bytes:
     return hashlib.blake2b(b"gw-kv\x00" + (namespace or "").encode(), digest_size=8).digest()
 

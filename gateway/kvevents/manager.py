@@ -62,6 +62,10 @@ class RankState:
     def healthy(self) -> bool:
         return self.sub.healthy
 
+    @property
+    def plain(self) -> bool:
+        return self.sub.stats.encoding == "arrays"  # <= 0.5.13: no cache_salt, no adapter on the wire
+
 
 SAMPLE_CHAT = [{"role": "system", "content": "You are a helpful assistant."},
                {"role": "user", "content": "Héllo, wörld! Count 1 2 3 and return {\"ok\": true}."}]
@@ -226,6 +230,8 @@ class KvEventsManager:
         return [t.index_key for t in self.registry.servers().get(server, []) if t.dp_rank in (None, rank)]
 
     def _on_batch(self, st: RankState, batch: Batch) -> None:
+        if batch.events and not batch.maps and self.hasher is not None:
+            self.hasher.plain_needed = True  # namespaced requests get their plain keys too (request_keys.py)
         applied = st.blocks.apply(batch.events, Applied())
         if applied.cleared:
             self._correct(st, drop=True)

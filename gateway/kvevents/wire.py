@@ -23,6 +23,7 @@ class Stored:
     tokens: list[int]
     block_size: int
     salt: str | None = None  # 0.5.23's cache_salt (the engine's namespace); None up to 0.5.13
+    lora: str | None = None  # 0.5.23's lora_name (a LoRA request's adapter); lora_id is always null
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,10 +91,11 @@ def _tokens(v: Any) -> list[int]:
 def _from_map(d: dict[str, Any]) -> Event | None:
     kind = d.get("type")
     if kind == "BlockStored":
-        salt = d.get("cache_salt")
+        salt, lora = d.get("cache_salt"), d.get("lora_name")
         parent = d.get("parent_block_hash")
         return Stored(_ints(d.get("block_hashes")), parent if isinstance(parent, int) else None,
-                      _tokens(d.get("token_ids")), int(d.get("block_size") or 0), salt if isinstance(salt, str) else None)
+                      _tokens(d.get("token_ids")), int(d.get("block_size") or 0), salt if isinstance(salt, str) else None,
+                      lora if isinstance(lora, str) else None)
     if kind == "BlockRemoved":
         return Removed(_ints(d.get("block_hashes")))
     if kind == "AllBlocksCleared":
