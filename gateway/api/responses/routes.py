@@ -13,10 +13,14 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from gateway.api.chat_bridge import TranslatedStream, json_body, passthrough_headers, read_json
+from gateway.api.openai.accounting import API
+from gateway.api.responses.affinity import affinity_of, served_by
+from gateway.api.responses.native import NativeResponses, is_native
 from gateway.api.responses.store import ResponseStore
 from gateway.api.responses.stream import ResponsesStream
 from gateway.api.responses.translate import ResponsesRequest, from_chat, history_of, new_id, parse_request
 from gateway.errors import GatewayError, InvalidRequest, ModelNotFound
+from gateway.routing.request import AFFINITY
 from gateway.state import AppState
 from gateway.tokenizer import count_tokens, render_chat
 
@@ -42,6 +46,16 @@ def _ctx(request: Request) -> tuple[AppState, Any, ResponseStore, str]:
     return st, request.app.state.proxy, request.app.state.responses_store, tenant.name
 
 
+def pool_kinds(st: AppState, model: Any, pin: str | None) -> frozenset[str]:
+    """The kinds of the pools that may serve `model`: its route's, or only the pinned one (empty: unknown model,
+    which the chat path refuses anyway)."""
+    route = next((m for m in st.config.models if m.name == model), None)
+    if route is None:
+        return frozenset()
+    names = [pin] if pin in route.pools else route.pools
+    return frozenset(st.config.pool(n).kind for n in names)
+
+
 def _check_id(resp_id: str, param: str | None = None) -> None:
     """Ids are the gateway's own (`resp_<hex>`): anything else names no stored response (and never reaches a key)."""
     if not _ID.match(resp_id):
@@ -58,10 +72,11 @@ async def _load(store: ResponseStore, tenant: str, resp_id: str, param: str | No
 
 
 async def _store(store: ResponseStore, tenant: str, req: ResponsesRequest, history: list[dict[str, Any]],
-                 response: dict[str, Any]) -> None:
+                 response: dict[str, Any], replica: str | None) -> None:
     if req.store:
         await store.put(tenant, response["id"], orjson.dumps({"response": response,
-                                                              "input_items": history + req.input_items}))
+                                                              "input_items": history + req.input_items,
+                                                              "served_by": served_by(replica, response)}))
 
 
 def _openai_error(status: int, body: dict[str, Any], headers: list[tuple[bytes, bytes]]) -> Response:
@@ -77,26 +92,40 @@ async def create_response(request: Request) -> Response:
     body = await read_json(request, st.config.max_body_bytes)
     prev = body.get("previous_response_id")
     history: list[dict[str, Any]] = []
+    stored = None
     if prev is not None:
         if not isinstance(prev, str) or not prev:
             raise InvalidRequest("'previous_response_id' must be a non-empty string.", param="previous_response_id")
-        history = history_of(await _load(store, tenant, prev, "previous_response_id"))
-    req = parse_request(body, history, st.config.responses.auto_truncate_input_tokens)
-    resp_id, created = new_id("resp"), int(time.time())
-    out: Response = await proxy.handle(request, "chat/completions", body=req.chat)
+        stored = await _load(store, tenant, prev, "previous_response_id")
+        history = history_of(stored)
+    hint = AFFINITY.set(affinity_of(stored))  # routing's hint: the replica that served the stored turn
+    api = API.set("responses")  # the metrics' and log line's api label
+    try:
+        if is_native(st, body.get("model")):
+            if "input" not in body:
+                raise InvalidRequest("'input' is required.", param="input")
+            return await NativeResponses(request, proxy, store, tenant, body, history).handle()
+        req = parse_request(body, history, st.config.responses.auto_truncate_input_tokens,
+                            pool_kinds=pool_kinds(st, body.get("model"), request.headers.get("x-gateway-pool")))
+        resp_id, created = new_id("resp"), int(time.time())
+        out: Response = await proxy.handle(request, "chat/completions", body=req.chat)
+    finally:
+        API.reset(api)
+        AFFINITY.reset(hint)
     if req.stream:
         translator = ResponsesStream(resp_id, req)
 
         async def on_end() -> None:
             if translator.final is not None:
-                await _store(store, tenant, req, history, translator.final)
+                await _store(store, tenant, req, history, translator.final, stream.header(b"x-gateway-replica"))
 
-        return TranslatedStream(out, translator, _openai_error, on_end)
+        stream = TranslatedStream(out, translator, _openai_error, on_end, api="responses")
+        return stream
     chat = json_body(out)
     if chat is None:
         return out  # 499: the client is gone
     response = from_chat(chat, resp_id, created, int(time.time()), req)
-    await _store(store, tenant, req, history, response)
+    await _store(store, tenant, req, history, response, out.headers.get("x-gateway-replica"))
     return _json(response, headers=passthrough_headers(out))
 
 

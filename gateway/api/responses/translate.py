@@ -11,7 +11,8 @@ max_output_tokens, temperature, top_p, text.format (text / json_object / json_sc
 truncation (`auto` drops the oldest turns past `responses.auto_truncate_input_tokens`), parallel_tool_calls.
 Refused with a 400 naming the field: hosted tools (web_search, file_search, ...), item_reference, background,
 conversation, prompt templates. Other unknown top-level fields pass through to the chat body (e.g. SGLang's
-`ignore_eos`), like the chat path passes them upstream. `reasoning` is echoed, not sent (see docs/agent-apis.md).
+`ignore_eos`), like the chat path passes them upstream. `reasoning.effort` is sent as the route's pools take it
+(reasoning.py) and echoed as the client sent it.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
+from gateway.api.responses.reasoning import chat_fields, effort_of
 from gateway.errors import InvalidRequest
 from gateway.tokenizer import count_tokens, render_chat
 
@@ -231,8 +233,9 @@ def chat_response_format(text: Any) -> dict[str, Any] | None:
 
 # -- request -------------------------------------------------------------------------------------------------
 def parse_request(body: dict[str, Any], history: list[dict[str, Any]], auto_truncate_tokens: int,
-                  allow_empty_input: bool = False) -> ResponsesRequest:
-    """`history`: the stored items of the previous_response_id chain (its input items then its output)."""
+                  allow_empty_input: bool = False, pool_kinds: frozenset[str] = frozenset()) -> ResponsesRequest:
+    """`history`: the stored items of the previous_response_id chain (its input items then its output);
+    `pool_kinds`: the kinds of the pools that may serve it (how `reasoning` is sent, see reasoning.py)."""
     for name, why in UNSUPPORTED.items():
         if body.get(name) is not None and body.get(name) is not False:
             raise _bad(f"'{name}': {why}.", name)
@@ -262,8 +265,7 @@ def parse_request(body: dict[str, Any], history: list[dict[str, Any]], auto_trun
                                  not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items())):
         raise _bad("'metadata' must be an object of at most 16 string values.", "metadata")
     reasoning = body.get("reasoning")
-    if reasoning is not None and not isinstance(reasoning, dict):
-        raise _bad("'reasoning' must be an object.", "reasoning")
+    effort = effort_of(reasoning)
     input_items = normalize_input(body["input"], allow_empty_input)
     tools = chat_tools(body.get("tools"))
     tool_choice = chat_tool_choice(body.get("tool_choice"))
@@ -290,6 +292,7 @@ def parse_request(body: dict[str, Any], history: list[dict[str, Any]], auto_trun
     fmt = chat_response_format(body.get("text"))
     if fmt is not None:
         chat["response_format"] = fmt
+    chat.update(chat_fields(effort, pool_kinds, chat))
     text: dict[str, Any] = body["text"] if isinstance(body.get("text"), dict) else {}
     echo = {
         "instructions": instructions, "max_output_tokens": max_out, "metadata": metadata or {},

@@ -1,0 +1,320 @@
+"""Native pass-through: /v1/responses forwarded to the pool's own /v1/responses (pools with `responses: native`).
+
+The chat path's stages run in the same order, with the same modules, around a Responses body: the tenant's key,
+its concurrency slot, entitlements (and `x-gateway-pool`), the fleet slot and rate limits, the routing decision,
+the budget reservation, the dispatcher (retries, failover, breakers, load feedback; endpoint `responses`) and the
+chat path's `Accounting` (metrics, SLA, budget settlement, rate-limit adjustment, decision ring, span, log line),
+exactly once per request. Routing and admission see the request's chat form (the bridge's translation, or a
+stand-in when the bridge cannot translate it, e.g. a hosted tool), so a chain hashes the same prefix in both modes.
+Only the relay is this module's own: the upstream's Responses JSON or events go to the client as they came (the
+client's model name put back), and the Responses usage is mapped to chat usage for accounting
+(`input_tokens_details.cached_tokens` -> `prompt_tokens_details.cached_tokens`).
+
+State stays in the gateway: the upstream is sent `store: false`, and a `previous_response_id` is resolved from the
+gateway's own store (this tenant's only) and sent as the history expanded into `input` (stored ids stripped, past
+reasoning items kept only with their `encrypted_content`). So tenancy, retrieve / delete / input_items and failover
+to another pool of the route work exactly as bridged.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import replace
+from typing import Any
+
+import orjson
+from opentelemetry import trace
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response
+
+from gateway.api.error_handlers import to_response
+from gateway.api.openai import admission
+from gateway.api.openai.accounting import API, Edge
+from gateway.api.openai.exchange import Exchange
+from gateway.api.openai.proxy import OpenAIProxy
+from gateway.api.openai.relay import cost, dispatch_failed
+from gateway.api.openai.usage import clean_usage
+from gateway.api.openai.validation import check_limits, limits_for, validate
+from gateway.api.responses.affinity import served_by
+from gateway.api.responses.store import ResponseStore
+from gateway.api.responses.translate import new_id, parse_request
+from gateway.asgi import EventStreamResponse
+from gateway.backends.openai_compat import StreamBroken, sanitize_upstream_text
+from gateway.config import ModelRoute
+from gateway.dispatch.dispatcher import Dispatched
+from gateway.errors import GatewayError, InvalidRequest, ModelNotFound
+from gateway.state import AppState
+
+ENDPOINT = "responses"
+TERMINAL = frozenset({b"response.completed", b"response.incomplete", b"response.failed", b"error"})
+_ID = re.compile(r"^resp_[A-Za-z0-9]{1,64}$")
+
+
+def is_native(st: AppState, model: Any) -> bool:
+    """The model's pools serve Responses themselves (config validation keeps one mode per model)."""
+    route = next((m for m in st.config.models if m.name == model), None)
+    return route is not None and st.config.pool(route.pools[0]).responses == "native"
+
+
+# -- bodies (pure) -------------------------------------------------------------------------------------------
+def input_items(raw: Any) -> list[dict[str, Any]]:
+    """This turn's input as items, as the client sent them (a string is one user message)."""
+    if isinstance(raw, str):
+        return [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": raw}]}]
+    if not isinstance(raw, list) or not all(isinstance(i, dict) for i in raw):
+        raise InvalidRequest("'input' must be a string or an array of input items.", param="input")
+    return list(raw)
+
+
+def _replayable(item: dict[str, Any]) -> dict[str, Any] | None:
+    """A stored item as input to an upstream that stored nothing: without its id (nothing to look up); a reasoning
+    item only with its encrypted content (else the upstream could not use it)."""
+    if item.get("type") == "reasoning" and not item.get("encrypted_content"):
+        return None
+    return {k: v for k, v in item.items() if k != "id"}
+
+
+def upstream_body(body: dict[str, Any], history: list[dict[str, Any]]) -> dict[str, Any]:
+    out = {k: v for k, v in body.items() if k != "previous_response_id"}
+    if history:
+        past = [i for i in (_replayable(h) for h in history) if i is not None]
+        out["input"] = past + input_items(body["input"])
+    out["store"] = False  # the gateway keeps the conversation (see the module docstring)
+    return out
+
+
+def chat_form(body: dict[str, Any], history: list[dict[str, Any]], auto_truncate: int) -> dict[str, Any]:
+    """The request as routing and admission see it: the bridge's chat body when it can translate it (the same
+    prefix hashes as a bridged chain), else the input as JSON text in one user message (still deterministic)."""
+    try:
+        return parse_request({**body, "store": False}, history, auto_truncate).chat
+    except (InvalidRequest, KeyError, TypeError, AttributeError):  # a Responses feature the bridge does not map
+        instructions = body.get("instructions")
+        msgs = [{"role": "system", "content": instructions}] if isinstance(instructions, str) and instructions else []
+        text = orjson.dumps(history + input_items(body.get("input"))).decode()
+        chat: dict[str, Any] = {"model": body.get("model"), "stream": body.get("stream") is True,
+                                "messages": msgs + [{"role": "user", "content": text}]}
+        if isinstance(body.get("max_output_tokens"), int):
+            chat["max_tokens"] = body["max_output_tokens"]
+        return chat
+
+
+def chat_usage(usage: Any) -> dict[str, Any] | None:
+    """Responses usage as the chat usage accounting reads (cleaned and clamped by the caller)."""
+    if not isinstance(usage, dict):
+        return None if usage is None else {"prompt_tokens": "malformed"}
+    details = usage.get("input_tokens_details")
+    out: dict[str, Any] = {"prompt_tokens": usage.get("input_tokens"), "completion_tokens": usage.get("output_tokens")}
+    if isinstance(details, dict) and details.get("cached_tokens") is not None:
+        out["prompt_tokens_details"] = {"cached_tokens": details["cached_tokens"]}
+    return out
+
+
+# -- the request ---------------------------------------------------------------------------------------------
+class NativeResponses:
+    """One native /v1/responses request through the chat path's stages (see the module docstring)."""
+
+    def __init__(self, request: Request, proxy: OpenAIProxy, store: ResponseStore, tenant_name: str,
+                 body: dict[str, Any], history: list[dict[str, Any]]) -> None:
+        self.request, self.proxy, self.store, self.tenant_name = request, proxy, store, tenant_name
+        self.st: AppState = proxy.state
+        self.body = upstream_body(body, history)
+        self.stored_items = history + [{"id": new_id("msg"), **i} if "id" not in i else i
+                                       for i in input_items(body["input"])]
+        self.keep = body.get("store", True) is not False
+        self.chat = chat_form(body, history, self.st.config.responses.auto_truncate_input_tokens)
+        self._swaps: list[tuple[bytes, bytes]] = []
+        self._last_response: dict[str, Any] = {}
+        self._seq = -1
+
+    async def handle(self) -> Response:
+        st, request = self.st, self.request
+        request.scope.setdefault("state", {})["accounted"] = True  # accounted here, like the chat path
+        edge = Edge(request.scope.get("state", {}).get("request_id") or uuid.uuid4().hex, ENDPOINT, time.monotonic())
+        slot = None
+        try:
+            tenant = st.control.effective(st.policies.index.identify(request.headers.get("authorization")))
+            edge.tenant, edge.stage = tenant.name, "concurrency"
+            slot = admission.take_slot(st, tenant, edge.request_id)
+            edge.stage = "validate"
+            edge.model = self.proxy.accounting.model_label(self.chat.get("model"))
+            edge.stream = self.chat.get("stream") is True
+            parsed = validate(self.chat, "chat/completions")
+            edge.stage = "entitlements"
+            route = self.proxy.entitlements.resolve(tenant, parsed.model, request.headers.get("x-gateway-pool"))
+            # a tenant's fallback pools may bridge: a Responses body goes only where /v1/responses is served
+            route = ModelRoute(name=route.name, pools=[p for p in route.pools if st.config.pool(p).responses == "native"])
+            if not route.pools:
+                raise ModelNotFound(f"The model '{parsed.model}' does not exist or you do not have access to it.",
+                                    param="model")
+            edge.stage = "validate"
+            check_limits(parsed, "chat/completions", limits_for(st.config, route.pools, st.registry))
+        except BaseException as e:
+            if slot is not None:
+                st.concurrency.release(slot)
+            self.proxy.accounting.rejected(edge, e)
+            if isinstance(e, ClientDisconnect):
+                return Response(status_code=499)
+            raise
+        # the chat form's endpoint for routing (its prefix hashes); ENDPOINT once dispatched
+        ex = Exchange(edge.request_id, tenant, "chat/completions", parsed, route, edge.started,
+                      edge.started + st.config.timeouts.total, headers={"x-request-id": edge.request_id})
+        ex.slot = slot
+        st.metrics.inflight.labels(tenant.name).inc()  # from here on accounting.finish runs exactly once
+        return await self._serve(ex)
+
+    async def _serve(self, ex: Exchange) -> Response:
+        st = self.st
+        await self.proxy.admit(ex, decided=_native_endpoint)  # the chat path's stages before dispatch, its refusals
+        if ex.parsed.stream:
+            return EventStreamResponse(lambda: self._first(ex), lambda: self._rest(ex), ex.headers,
+                                       on_close=lambda disconnected: self._finish(ex, disconnected),
+                                       stall_timeout=st.config.timeouts.client_stall, on_stall=lambda: _stalled(ex))
+        return await self.proxy.respond(self.request, ex, self._non_stream(ex))
+
+    async def _finish(self, ex: Exchange, disconnected: bool) -> None:
+        """The stream's accounting, after the route's call returned: under its API label again."""
+        token = API.set(ENDPOINT)
+        try:
+            await self.proxy.accounting.finish(ex, disconnected)
+        finally:
+            API.reset(token)
+
+    async def _open(self, ex: Exchange) -> Dispatched:
+        assert ex.decision is not None and ex.rreq is not None
+        with trace.use_span(ex.span, end_on_exit=False):  # attempt spans become children of the request span
+            d = await self.st.dispatcher.open(ex.decision, ex.rreq, self.body, ex.deadline, ex.tenant)
+        ex.dispatched = d
+        ex.first_token_at = time.monotonic()
+        ex.headers.update({"x-gateway-pool": d.target.pool, "x-gateway-replica": d.target.name,
+                           "x-gateway-attempts": str(d.attempts)})
+        up, client = orjson.dumps(d.target.upstream_model), orjson.dumps(ex.parsed.model)
+        if up != client:
+            self._swaps += [(b'"model":' + up, b'"model":' + client), (b'"model": ' + up, b'"model": ' + client)]
+        return d
+
+    def _own_id(self, upstream_id: Any) -> None:
+        """An upstream id the gateway's store cannot key (not `resp_<alnum>`) is replaced with the gateway's own."""
+        if isinstance(upstream_id, str) and not _ID.match(upstream_id):
+            self._swaps.append((orjson.dumps(upstream_id), orjson.dumps(new_id("resp"))))
+
+    def _swap(self, payload: bytes) -> bytes:
+        for old, new in self._swaps:
+            payload = payload.replace(old, new)
+        return payload
+
+    async def _keep(self, ex: Exchange, response: dict[str, Any]) -> None:
+        rid = response.get("id")
+        if self.keep and isinstance(rid, str) and _ID.match(rid):
+            await self.store.put(self.tenant_name, rid, orjson.dumps({
+                "response": response, "input_items": self.stored_items,
+                "served_by": served_by(ex.headers.get("x-gateway-replica"), response)}))
+
+    # -- non-streamed ----------------------------------------------------------------------------------------
+    async def _non_stream(self, ex: Exchange) -> Response:
+        try:
+            d = await self._open(ex)
+        except GatewayError as e:
+            dispatch_failed(ex, e)
+            raise
+        self.st.feedback.first_token(d.attempt, None)
+        raw = d.opened.body if isinstance(d.opened.body, dict) else {}
+        self._own_id(raw.get("id"))
+        response: dict[str, Any] = orjson.loads(self._swap(orjson.dumps(raw)))
+        ex.usage, ex.usage_anomalies = clean_usage(chat_usage(response.get("usage")))
+        ex.headers["x-gateway-cost-usd"] = f"{cost(ex):.8f}"
+        await self._keep(ex, response)
+        return Response(orjson.dumps(response), media_type="application/json", headers=ex.headers)
+
+    # -- streamed --------------------------------------------------------------------------------------------
+    async def _first(self, ex: Exchange) -> Response | bytes:
+        try:
+            d = await self._open(ex)
+        except GatewayError as e:  # before the commit point: a real HTTP error
+            dispatch_failed(ex, e)
+            return to_response(e)
+        assert ex.first_token_at is not None
+        self.st.feedback.first_token(d.attempt, ex.first_token_at - ex.started)
+        out, _ = await self._event(ex, d.opened.first or b"")
+        return out or b": stream open\n\n"
+
+    async def _rest(self, ex: Exchange) -> AsyncIterator[bytes]:
+        d = ex.dispatched
+        assert d is not None and d.opened.rest is not None
+        try:
+            async for payload in d.opened.rest:
+                out, done = await self._event(ex, payload)
+                if out:
+                    yield out
+                if done:
+                    return
+        except StreamBroken as e:
+            yield self._failed(ex, f"The upstream failed mid-stream: {e}")
+            return
+        yield self._failed(ex, "The upstream closed the stream before the response was complete.")
+
+    async def _event(self, ex: Exchange, payload: bytes) -> tuple[bytes, bool]:
+        """(bytes for the client, whether the stream is over) for one upstream payload."""
+        ex.chunks += 1
+        if payload == b"[DONE]":
+            return b"", False
+        if payload.startswith(b'{"error"'):  # a chat-style in-band error (e.g. SGLang): the Responses error events
+            try:
+                err = orjson.loads(payload).get("error") or {}
+            except (orjson.JSONDecodeError, AttributeError):
+                err = {}
+            msg = err.get("message") if isinstance(err, dict) else None
+            return self._failed(ex, sanitize_upstream_text(str(msg or "upstream error"))), True
+        try:
+            obj = orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            return b"", False
+        if not isinstance(obj, dict):
+            return b"", False
+        kind = obj.get("type")
+        seq = obj.get("sequence_number")
+        if isinstance(seq, int):
+            self._seq = seq
+        if kind == "response.created" and isinstance(obj.get("response"), dict):
+            self._own_id(obj["response"].get("id"))
+        out = self._swap(payload)
+        name = kind.encode() if isinstance(kind, str) else b"message"
+        if name not in TERMINAL:
+            if name in (b"response.created", b"response.in_progress"):
+                self._last_response = orjson.loads(out).get("response") or {}
+            return b"event: " + name + b"\ndata: " + out + b"\n\n", False
+        if name == b"error":
+            ex.reason, ex.error = "stream_error", "upstream error event"
+        else:
+            final = orjson.loads(out).get("response") or {}
+            ex.usage, ex.usage_anomalies = clean_usage(chat_usage(final.get("usage")))
+            if name == b"response.failed":
+                ex.reason, ex.error = "stream_error", "upstream response.failed"
+            await self._keep(ex, final)
+        return b"event: " + name + b"\ndata: " + out + b"\n\n", True
+
+    def _failed(self, ex: Exchange, message: str) -> bytes:
+        """A failure after the stream began: `error` then `response.failed`, never a silent close."""
+        ex.reason, ex.error = "stream_error", message
+        err = {"type": "error", "code": "server_error", "message": message, "param": None,
+               "sequence_number": self._seq + 1}
+        failed = {**self._last_response, "status": "failed",
+                  "error": {"code": "server_error", "message": message}}
+        done = {"type": "response.failed", "sequence_number": self._seq + 2, "response": failed}
+        self._seq += 2
+        return (b"event: error\ndata: " + orjson.dumps(err) + b"\n\n" +
+                b"event: response.failed\ndata: " + orjson.dumps(done) + b"\n\n")
+
+
+def _stalled(ex: Exchange) -> None:
+    ex.reason, ex.error = "client_stall", "the client stopped reading; stream aborted"
+
+
+def _native_endpoint(ex: Exchange) -> None:
+    """Routed on the chat form (its prefix hashes); dispatched to the pool's own /v1/responses."""
+    assert ex.rreq is not None
+    ex.rreq, ex.endpoint = replace(ex.rreq, endpoint=ENDPOINT), ENDPOINT
+
