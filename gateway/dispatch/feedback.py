@@ -22,7 +22,7 @@ from gateway.config import Routing
 from gateway.observability.metrics import GatewayMetrics
 from gateway.prefix.index import PrefixIndex
 from gateway.routing.engine import Attempt, Effect, IndexDrop, IndexWrite, LoadDelta, RoutingEngine
-from gateway.routing.load import LoadTracker
+from gateway.routing.load import LoadTracker, Reservations
 
 log = logging.getLogger("gateway.feedback")
 
@@ -31,13 +31,18 @@ __all__ = ["Attempt", "Feedback"]
 
 class Feedback:
     def __init__(self, index: PrefixIndex, loads: LoadTracker, engine: RoutingEngine, metrics: GatewayMetrics,
-                 cfg: Routing) -> None:
+                 cfg: Routing, reservations: Reservations | None = None) -> None:
+        self.reservations = reservations  # the router's decision-time claims, dropped once the dispatch is counted
         self.index = index
         self.loads = loads
         self.engine = engine
         self.metrics = metrics
         self.cfg = cfg
         self._tasks: set[asyncio.Task[Any]] = set()
+        # metric children by label values, looked up once: prometheus' labels() costs ~2 us a call, and these
+        # run on every request (pools and replicas are few and fixed)
+        self._share: dict[tuple[str, str], Any] = {}
+        self._cached: dict[str, tuple[Any, Any]] = {}
 
     def _background(self, coro: Coroutine[Any, Any, Any]) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -67,7 +72,12 @@ class Feedback:
 
     async def dispatched(self, a: Attempt) -> None:
         await asyncio.gather(*self._coros(self.engine.dispatched(a)))
-        self.metrics.replica_share.labels(a.pool, a.name).inc()
+        if self.reservations is not None:  # after: briefly counted twice rather than not at all
+            self.reservations.release(a.req.request_id)
+        share = self._share.get((a.pool, a.name))
+        if share is None:
+            share = self._share[(a.pool, a.name)] = self.metrics.replica_share.labels(a.pool, a.name)
+        share.inc()
 
     def first_token(self, a: Attempt, observed_ttft: float | None) -> None:
         self._apply(self.engine.first_token(a, observed_ttft))
@@ -77,8 +87,12 @@ class Feedback:
     def usage(self, a: Attempt, reported_cached: int | None) -> None:
         if reported_cached is None or not (a.info and a.info.prefix_cache):
             return
-        self.metrics.cached_predicted.labels(a.pool).inc(a.predicted_cached)
-        self.metrics.cached_reported.labels(a.pool).inc(reported_cached)
+        pair = self._cached.get(a.pool)
+        if pair is None:
+            pair = self._cached[a.pool] = (self.metrics.cached_predicted.labels(a.pool),
+                                           self.metrics.cached_reported.labels(a.pool))
+        pair[0].inc(a.predicted_cached)
+        pair[1].inc(reported_cached)
         effects = self.engine.usage(a, reported_cached)
         if effects:  # a correction: the engine holds less than the index said
             self.metrics.index_corrections.labels(a.pool).inc()

@@ -46,6 +46,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--limit", type=int, default=None, help="only the first N requests")
     p.add_argument("--sla-ms", type=float, default=None, help="TTFT SLA (default: the config's routing.ttft_sla_ms)")
     p.add_argument("--queue-drain", action="store_true", help="what-if routing.queue_drain: true")
+    p.add_argument("--recompute-weight", type=float, default=None,
+                   help="what-if routing.recompute_weight (0: the SLA alone decides; docs/routing.md)")
     p.add_argument("--branches", action="store_true", help="also print where the hits go, per decision branch")
     p.add_argument("--json", dest="json_out", help="write the results as JSON here")
     p.add_argument("--no-progress", action="store_true")
@@ -105,6 +107,8 @@ def _run(args: argparse.Namespace) -> int:
         routing = routing.model_copy(update={"ttft_sla_ms": args.sla_ms})
     if args.queue_drain:
         routing = routing.model_copy(update={"queue_drain": True})
+    if args.recompute_weight is not None:
+        routing = Routing.model_validate({**routing.model_dump(), "recompute_weight": args.recompute_weight})
     if args.compare:
         runs = [("prefix_sla_cost", 1, True), ("round_robin", 1, True), ("least_loaded", 1, True),
                 ("prefix_sla_cost", 2, False)]

@@ -15,6 +15,11 @@ trailing partial block, or past the hash cap) get fresh ids.
 Lines are written as requests finish, so arrivals are not in order; readers sort them (`read_trace`).
 Bounded: the recorder stops (and says so once in the log) at `recording.max_requests` lines or
 `recording.max_bytes`; the remap tables only hold ids of the lines written.
+
+On and off: from the start when `recording.path` is set (unless `recording.autostart: false`), and by on-call through
+the admin API (`POST /admin/recording/start|stop`). A start begins a new recording: the file is truncated and the
+remap tables, counters and time origin reset, so one file is always one recording. The path only ever comes from
+the config: the admin API cannot make the gateway write anywhere else.
 """
 
 from __future__ import annotations
@@ -48,10 +53,32 @@ class TraceRecorder:
         self.requests = 0
         self.bytes = 0
         self.full = False
+        self.active = self.path is not None and cfg.autostart
+        self.started_at: float | None = time.time() if self.active else None
 
     @property
     def enabled(self) -> bool:
-        return self.path is not None and not self.full
+        return self.active and not self.full
+
+    def start(self) -> None:
+        """Begin a new recording at the configured path (truncated; fresh ids, counters and time origin)."""
+        if self.path is None:
+            raise ValueError("recording.path is not configured")
+        self.close()
+        self._t0 = None
+        self._ids.clear()
+        self._tenants.clear()
+        self._next_id = self.requests = self.bytes = 0
+        self.full = False
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.write_text("")  # a started recording exists on disk even before its first request
+        self.active = True
+        self.started_at = time.time()
+
+    def stop(self) -> None:
+        """Stop recording; the file stays as written (line-buffered, so complete up to the last request)."""
+        self.active = False
+        self.close()
 
     def _open(self) -> IO[str]:
         if self._f is None:
@@ -122,4 +149,5 @@ class TraceRecorder:
 
     def status(self) -> dict[str, Any]:
         return {"path": str(self.path) if self.path else None, "recording": self.enabled, "requests": self.requests,
-                "bytes": self.bytes, "full": self.full}
+                "bytes": self.bytes, "full": self.full, "started_at": self.started_at,
+                "max_requests": self.cfg.max_requests, "max_bytes": self.cfg.max_bytes}

@@ -10,7 +10,7 @@ from typing import Any
 @dataclass(frozen=True)
 class Decision:
     ranked: tuple[Any, ...]  # targets: chosen first, then fallbacks in order
-    branch: str  # prefix_hit, cold_ring, sticky_break, sla_spill, sla_miss_least_ttft, shed, no_candidates, ...
+    branch: str  # prefix_hit, cold_ring, sticky_break, warm_over_sla, sla_spill, sla_miss_least_ttft, sla_miss_warm, shed, ...
     inputs: dict[str, Any] = field(default_factory=dict)
     features: dict[str, Any] = field(default_factory=dict)  # target name -> Candidate
 

@@ -16,13 +16,13 @@ from gateway.routing.candidates import candidates
 from gateway.routing.decision import Decision
 from gateway.routing.engine import RoutingEngine, merged_load  # noqa: F401 (re-exported)
 from gateway.routing.features import TargetInfo
-from gateway.routing.load import LoadTracker
-from gateway.routing.request import RoutingRequest
+from gateway.routing.load import LoadTracker, Reservations
+from gateway.routing.request import RoutingRequest, with_affinity
 from gateway.upstreams import Target, UpstreamRegistry
 
 
 class Router(Protocol):
-    async def decide(self, req: RoutingRequest, route: ModelRoute) -> Decision: ...
+    async def decide(self, req: RoutingRequest, route: ModelRoute, dry_run: bool = False) -> Decision: ...
 
 
 def target_info(t: Target) -> TargetInfo:
@@ -31,8 +31,10 @@ def target_info(t: Target) -> TargetInfo:
 
 class PipelineRouter:
     def __init__(self, registry: UpstreamRegistry, index: PrefixIndex, loads: LoadTracker, engine: RoutingEngine,
-                 on_lookup: Callable[[float], None] | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+                 on_lookup: Callable[[float], None] | None = None, clock: Callable[[], float] = time.monotonic,
+                 reservations: Reservations | None = None) -> None:
         self.clock = clock
+        self.reservations = reservations or Reservations()  # claimed at decision, dropped at dispatch (load.py)
         self.registry = registry
         self.index = index
         self.loads = loads
@@ -43,15 +45,37 @@ class PipelineRouter:
     def corrector(self) -> TtftCorrector:
         return self.engine.corrector
 
-    async def decide(self, req: RoutingRequest, route: ModelRoute) -> Decision:
+    async def decide(self, req: RoutingRequest, route: ModelRoute, dry_run: bool = False) -> Decision:
+        """`dry_run` (the admin explain): decide without claiming the chosen target's load."""
+        req = with_affinity(req)
         live, _ = candidates(route, self.registry)
         infos = [target_info(t) for t in live]
         start = time.perf_counter()
-        if self.engine.uses_prefix and req.hashes and infos:
+        prefix = self.engine.uses_prefix and bool(req.hashes) and bool(infos)
+        if prefix:
             matches, tracked = await asyncio.gather(self.index.match(req.hashes, [i.key for i in infos]),
                                                     self.loads.snapshot([i.name for i in infos]))
         else:
             matches, tracked = {}, await self.loads.snapshot([i.name for i in infos])
         if self.on_lookup:
             self.on_lookup(time.perf_counter() - start)
-        return self.engine.decide(req, infos, matches, tracked, self.clock(), {t.name: t.engine_load for t in live})
+        if prefix and req.affinity_hint is not None:
+            matches = self.hinted(req, infos, matches)
+        # from here to the reservation nothing awaits: a decision sees every earlier one's claim
+        tracked = self.reservations.overlay(tracked)
+        decision = self.engine.decide(req, infos, matches, tracked, self.clock(), {t.name: t.engine_load for t in live})
+        chosen = decision.chosen
+        if chosen is not None and not dry_run:
+            cand = decision.features.get(chosen.name)
+            self.reservations.reserve(req.request_id, chosen.name, cand.uncached_tokens if cand else req.prompt_tokens)
+        return decision
+
+    def hinted(self, req: RoutingRequest, infos: list[TargetInfo], matches: dict[str, int]) -> dict[str, int]:
+        """The hinted target holds at least the stored turn's prompt: its match is raised to the leading chunks
+        that prompt covered (a floor; the index may know more). The policy itself is unchanged: a hinted replica
+        that is drained, gone, or too slow for the SLA loses like any other."""
+        info = next((i for i in infos if i.name == req.affinity_hint), None)
+        depth = min(len(req.hashes), req.affinity_tokens // self.engine.chunk_tokens)
+        if info is None or depth <= matches.get(info.key, 0):
+            return matches
+        return {**matches, info.key: depth}

@@ -14,7 +14,8 @@ from gateway.routing.policies import baselines, prefix_sla_cost
 
 def _prefix_sla_cost(cfg: Routing) -> tuple[Any, Any, bool]:
     params = prefix_sla_cost.Params(sla_headroom=cfg.sla_headroom, stickiness_penalty_s=cfg.stickiness_penalty_ms / 1000,
-                                    bounded_load_factor=cfg.bounded_load_factor, min_hit_tokens=cfg.chunk_tokens)
+                                    bounded_load_factor=cfg.bounded_load_factor, min_hit_tokens=cfg.chunk_tokens,
+                                    recompute_weight=cfg.recompute_weight)
     return prefix_sla_cost.decide, params, True
 
 

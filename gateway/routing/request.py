@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from contextvars import ContextVar
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -19,3 +20,20 @@ class RoutingRequest:
     objective: str = "cost"  # cost | latency
     on_sla_miss: str = "spill"  # spill | shed
     group_key: int = 0  # cold placement key: a chunk hash deep enough to identify the shared prefix
+    # A stored conversation's replica (a Responses previous_response_id chain): the target that served the last
+    # turn, and that turn's prompt tokens, which it holds in its cache whatever the prefix index says now
+    affinity_hint: str | None = None
+    affinity_tokens: int = 0
+
+
+# Set by the Responses routes around the chat path's call, for that request's task only: (target name, prompt
+# tokens of the stored turn). The chat path builds its RoutingRequest without knowing the API it serves.
+AFFINITY: ContextVar[tuple[str, int] | None] = ContextVar("gateway_affinity", default=None)
+
+
+def with_affinity(req: RoutingRequest) -> RoutingRequest:
+    """`req` with the hint of the request being served (AFFINITY), unless it carries one already."""
+    hint = AFFINITY.get()
+    if hint is None or req.affinity_hint is not None:
+        return req
+    return replace(req, affinity_hint=hint[0], affinity_tokens=max(int(hint[1]), 0))

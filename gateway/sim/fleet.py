@@ -221,7 +221,7 @@ def cost_usd(info: TargetInfo, r: Record) -> float:
     return request_cost(info.pricing, r.prompt, r.cached, r.output)
 
 
-# -- the Wafer workload on the fleet (loadtests/fleet_des.py, tests/unit/test_fleet_des.py) -------------------------
+# -- the Wafer workload on the fleet (loadtests/fleet_des.py, tests/sim/test_fleet_des.py) -------------------------
 @dataclass
 class FleetResult:
     policy: str
@@ -246,8 +246,10 @@ class FleetResult:
 def run_fleet(policy: str, nodes: int, rate_per_node: float, duration: float = 120.0, seed: int = 0,
               groups_per_node: int = 16, b200_replicas: int = 0, gateways: int = 1, shared: bool = True,
               sla_s: float = 2.22, warm: bool = True, quantile_z: float = DEFAULT_Z,
-              split_regimes: bool = True) -> FleetResult:
+              split_regimes: bool = True, recompute_weight: float | None = None) -> FleetResult:
     routing = Routing(policy=policy, ttft_quantile_z=quantile_z, chunk_tokens=CHUNK)  # type: ignore[arg-type]
+    if recompute_weight is not None:
+        routing = routing.model_copy(update={"recompute_weight": recompute_weight})
     targets = mi355x_targets(nodes * 2, b200_replicas)
     fleet = Fleet(targets, routing, gateways, shared, seed,
                   corrector=lambda: TtftCorrector(z=quantile_z, split_regimes=split_regimes))

@@ -142,6 +142,9 @@ class ChatCompletionRequest(_Common):
     tools: list[Tool] | None = None
     tool_choice: _ToolChoice | Literal["auto", "required", "none"] | None = None
     parallel_tool_calls: bool = True
+    # 0.5.23's type (0.5.9 / 0.5.13: low / medium / high only); accepted, not simulated (no reasoning is generated)
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "ultra", "max"] | float | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
 
 
 class CompletionRequest(_Common):
@@ -248,6 +251,9 @@ def parse_chat(body: dict[str, Any], vocab: int) -> ChatCompletionRequest:
                     part["type"] == "text" and not isinstance(part.get("text"), str)):
                 raise SimHTTPError(400, f"1 validation error for ChatCompletionRequest\nmessages.{i}.content.{j}\n  "
                                    "Input should be a valid content part")
+    if isinstance(req.reasoning_effort, float) and not 0.0 <= req.reasoning_effort <= 0.99:
+        raise SimHTTPError(400, "1 validation error for ChatCompletionRequest\nreasoning_effort\n  Input should be "
+                           "less than or equal to 0.99")
     if req.top_logprobs is not None and not 0 <= req.top_logprobs <= MAX_TOP_LOGPROBS:
         raise _bad(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {req.top_logprobs}.")
     for name in ("max_tokens", "max_completion_tokens"):

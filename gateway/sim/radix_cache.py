@@ -10,7 +10,7 @@ That is a radix tree with edges split at page boundaries, stored as a dict from 
   child goes), as `--radix-eviction-policy lru` does.
 - With `events` set (`--kv-events-config`, gateway/sim/kv_events.py), every page stored, evicted or flushed is
   reported to it as SGLang's BlockStored / BlockRemoved / AllBlocksCleared, with the engine's page hashes. The
-  page's tokens are remembered from `page_keys` until the page is inserted (a bounded FIFO).
+  page's tokens are remembered from `page_keys` (a bounded FIFO, refreshed by every request that keys them).
 """
 
 from __future__ import annotations
@@ -216,7 +216,9 @@ class PrefixCache:
         chunks: list[bytes] = []
         salt: str | None = None
         for node in new:
-            raw, salt = self._pending.pop(node.key, (b"", None))
+            # read, not popped: a page evicted and stored again (by a request that keyed its prompt before the
+            # first store) is reported again, as SGLang does; the FIFO bounds what is kept
+            raw, salt = self._pending.get(node.key, (b"", None))
             if not raw:  # tokens forgotten (FIFO overflow): report what was hashed so far, skip the rest
                 break
             prev = node.parent.digest if node.parent is not None else self.events.root_digest(salt)

@@ -103,11 +103,11 @@ class Replica:
             r.kick()
 
     # -- faults ----------------------------------------------------------------------------------------------
-    def take_fault(self, header: str | None) -> Fault | None:
-        """A fault for this request: from the X-Sim-Fault header, else the next queued one-shot fault."""
+    def take_fault(self, header: str | None, queued: bool = True) -> Fault | None:
+        """A fault for this request: from the X-Sim-Fault header, else the next queued one-shot fault (`queued`)."""
         if header:
             return parse_fault_header(header)
-        if self.faults:
+        if queued and self.faults:
             f = self.faults[0]
             f.count -= 1
             if f.count <= 0:

@@ -205,7 +205,10 @@ class SimServer:
         if rep.status != "ready":
             return _err(503, "The server is not ready.", "503")
         try:
-            fault = rep.take_fault(request.headers.get("x-sim-fault"))
+            # a queued one-shot fault is for client traffic: a gateway's startup probe (which may arrive after a test
+            # queued it) never consumes it; an explicit X-Sim-Fault header still applies
+            probe = "x-gateway-probe" in request.headers
+            fault = rep.take_fault(request.headers.get("x-sim-fault"), queued=not probe)
         except ValueError as e:
             raise SimHTTPError(400, str(e), "BadRequestError") from None
         if fault and fault.kind == "status":
