@@ -49,6 +49,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     sp.add_argument("--limit", type=int, default=50)
     sp = sub.add_parser("usage", help="usage and cost per tenant")
     sp.add_argument("--tenant")
+    sp = sub.add_parser("recording", help="that instance's traffic recording for gateway replay: status, start, stop")
+    sp.add_argument("action", nargs="?", choices=["status", "start", "stop"], default="status")
 
 
 def _request(a: argparse.Namespace) -> tuple[str, str, dict[str, Any] | None, dict[str, Any]]:
@@ -91,6 +93,10 @@ def _request(a: argparse.Namespace) -> tuple[str, str, dict[str, Any] | None, di
         return "GET", "/admin/policies", None, {}
     if c == "audit":
         return "GET", "/admin/audit", None, {"limit": a.limit}
+    if c == "recording":
+        if a.action == "status":
+            return "GET", "/admin/recording", None, {}
+        return "POST", f"/admin/recording/{a.action}", None, {}
     assert c == "usage"
     return "GET", "/admin/usage", None, {"tenant": a.tenant} if a.tenant else {}
 

@@ -49,6 +49,7 @@ from gateway.tenancy.policy_loader import PolicyError
 from gateway.tenancy.policy_store import PolicyStore
 from gateway.upstreams import UpstreamRegistry
 
+FIRST_POLL_S = 3.0  # how long the start waits for the replicas' first preflight (a hung one must not hold it)
 
 def create_app(config: GatewayConfig, *, span_exporter: Any = None, transport: httpx.AsyncBaseTransport | None = None) -> Any:
     """The ASGI app: the hot OpenAI routes as plain ASGI (`api/fastpath.py`), everything else through FastAPI;
@@ -120,7 +121,7 @@ def create_app(config: GatewayConfig, *, span_exporter: Any = None, transport: h
         engine = build_engine(rc)  # one routing engine: the decision and the feedback rules (routing/engine.py)
         corrector = engine.corrector
         router = PipelineRouter(registry, index, loads, engine, on_lookup=metrics.routing_lookup.observe)
-        feedback = Feedback(index, loads, engine, metrics, rc)
+        feedback = Feedback(index, loads, engine, metrics, rc, reservations=router.reservations)
         recorder = TraceRecorder(config.recording, rc.chunk_tokens)  # off unless recording.path is set
         poller = EnginePoller(registry, http, index, rc.chunk_tokens, rc.load_poll_s, config, metrics.registry)
         state = AppState(
@@ -143,6 +144,7 @@ def create_app(config: GatewayConfig, *, span_exporter: Any = None, transport: h
         budget.start()
         state.concurrency.start()
         if config.health.enabled:
+            await poller.first_poll(FIRST_POLL_S)
             poller.start()
         if precise is not None:
             precise.manager.start()

@@ -87,6 +87,9 @@ class _PoolBase(_Strict):
     context_tokens: int | None = Field(default=None, ge=1, description="the model's context length here: larger "
                                        "max_tokens are refused at the edge "
                                        "(unset: the servers' /server_info context, when reported)")
+    responses: Literal["bridge", "native"] = Field(default="bridge", description="how /v1/responses is served: "
+                                                   "bridge = translated onto this pool's chat/completions; native = "
+                                                   "forwarded to its own /v1/responses (docs/agent-apis.md)")
 
 
 class SGLangPool(_PoolBase):
@@ -135,6 +138,13 @@ class LiteLLMPool(_PoolBase):
     kind: Literal["litellm"] = "litellm"
     api_key_env: str | None = None
     api_base: str | None = None
+
+    @field_validator("responses")
+    @classmethod
+    def _bridged(cls, v: str) -> str:
+        if v == "native":
+            raise ValueError("'native' needs an HTTP /v1/responses endpoint; litellm pools are always bridged")
+        return v
 
 
 Pool = Annotated[SGLangPool | OpenAIPool | LiteLLMPool, Field(discriminator="kind")]
@@ -231,6 +241,8 @@ class Routing(_Strict):
     ttft_quantile_z: float = Field(default=0.5, ge=0, le=4, description="plan against mean + z std of the TTFT "
                                    "correction (per load regime): higher spills earlier near the knee and costs more")
     stickiness_penalty_ms: float = Field(default=1000, ge=0, description="leave a warm replica only if it is slower by more")
+    recompute_weight: float = Field(default=16, ge=0, le=1000, description="seconds of other requests' waiting one "
+                                    "second of recomputed prefill counts as, where the SLA cannot decide (0: least TTFT)")
     on_sla_miss: Literal["spill", "shed"] = "spill"
     objective: Literal["cost", "latency"] = "cost"
     bounded_load_factor: float = Field(default=1.25, ge=1.0, description="cold placement: max load vs the mean")
@@ -280,6 +292,8 @@ class Recording(_Strict):
     `gateway replay` (gateway/replay/recorder.py)."""
 
     path: str | None = Field(default=None, description="JSONL file to write (truncated at start); unset = off")
+    autostart: bool = Field(default=True, description="record from the start; false: only once on-call starts it "
+                            "(POST /admin/recording/start)")
     max_requests: int = Field(default=100_000, ge=1, description="stop recording after this many requests")
     max_bytes: int = Field(default=64 * 1024 * 1024, ge=1024, description="stop recording past this file size")
 
@@ -364,6 +378,8 @@ class GatewayConfig(_Strict):
             for j, p in enumerate(m.pools):
                 if p not in pool_names:
                     raise ValueError(f"models[{i}].pools[{j}]: unknown pool {p!r} (known: {pool_names})")
+            if len({self.pool(p).responses for p in m.pools}) > 1:  # one body shape per model: built before routing
+                raise ValueError(f"models[{i}].pools: mixes responses: native and bridge pools")
         if not self.tenants and self.policies is None:
             raise ValueError("tenants: declare tenants inline or a `policies` directory")
         if self.tenants and self.policies is not None:

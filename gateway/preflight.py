@@ -109,11 +109,16 @@ async def server_info(client: httpx.AsyncClient, base_url: str, headers: dict[st
     return 200, data if isinstance(data, dict) else None
 
 
+PROBE_HEADER = "x-gateway-probe"
+
+
 async def probe(client: httpx.AsyncClient, base_url: str, model: str, headers: dict[str, str],
                 timeout: float = 30.0) -> tuple[int, dict[str, Any] | None]:
     """A one-token text chat request (no priority: a server with --abort-on-priority-when-disabled would refuse it)."""
     body = {"model": model, "messages": [{"role": "user", "content": "gateway preflight probe"}], "max_tokens": 1}
-    r = await client.post(f"{base_url}/v1/chat/completions", json=body, headers=headers, timeout=timeout)
+    # marked as the gateway's own probe (an engine ignores the header; the simulator's queued faults skip it)
+    r = await client.post(f"{base_url}/v1/chat/completions", json=body, headers={**headers, PROBE_HEADER: "preflight"},
+                          timeout=timeout)
     try:
         data = r.json()
     except ValueError:

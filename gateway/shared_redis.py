@@ -7,6 +7,13 @@ finds them all busy waits up to `routing.redis_pool_timeout_s` for one. Running 
 (this instance is busy) and raises `PoolSaturated`, which no caller takes for "Redis is away". redis-py's default
 pool instead raises `MaxConnectionsError` at once, past 100 connections: that was read as an outage under load.
 
+A Redis restart leaves every pooled connection pointing at the old process; the first command on one meets "closed
+by server". redis-py's own `Retry` (one retry, no backoff, on `ConnectionError` only) then reconnects and sends the
+command once more, so a restart costs that call a reconnect, not an outage. Redis really gone still fails that same
+call (the reconnect is refused); a timeout is never retried here (slowness is `RedisGuard`'s to judge). A command
+resent after a lost reply may run twice: every write sent here is idempotent or repaired (ledger keys, attempt ids,
+the load heartbeat's absolute publish).
+
 `RedisGuard` is one user's view of whether Redis is away, from the outcome of its calls:
 - refused / reset / loading (a restart replaying its AOF) / any other Redis error: away at once, for
   `retry_after` seconds, then tried again;
@@ -26,6 +33,8 @@ from typing import Any
 
 import redis.asyncio as aioredis
 from redis.asyncio.connection import BlockingConnectionPool
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -58,8 +67,10 @@ def default_max_connections(expected_inflight: int) -> int:
 
 def build_client(url: str, *, password: str | None, max_connections: int, pool_timeout: float,
                  connect_timeout: float) -> aioredis.Redis:
+    # a dead pooled connection (Redis restarted) is reconnected and the command resent once, on ConnectionError only
     pool = BoundedPool.from_url(url, max_connections=max_connections, timeout=pool_timeout,
-                                socket_connect_timeout=connect_timeout, password=password)
+                                socket_connect_timeout=connect_timeout, password=password,
+                                retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)))
     return aioredis.Redis.from_pool(pool)  # closing the client closes its pool
 
 

@@ -377,7 +377,7 @@ async def sc_content_failures(stack: Stack, lb: LoadBalancer, client: httpx.Asyn
     """Tenant 'poison' sends bodies that pass the gateway's edge but every engine refuses (out-of-vocabulary token
     ids, an invalid schema): they reach replicas. Each must come back as the client's 4xx naming the problem; tenant
     'steady' must keep succeeding on the same instance, and no breaker may open. (Content-caused 5xx are covered by
-    tests/integration/test_blast_radius.py with injected engine faults.)"""
+    tests/dispatch/test_blast_radius.py with injected engine faults.)"""
     t = Tally()
     base = stack.gw_urls[0]
     for i in range(8):

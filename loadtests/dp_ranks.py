@@ -22,8 +22,8 @@ from typing import Any
 
 import httpx
 
+from tests.gateway_fixtures import KEY_A, config, sglang_pool, start_gateway
 from tests.helpers import start_sims, wait_until
-from tests.integration.gateway_fixtures import KEY_A, config, sglang_pool, start_gateway
 
 
 @dataclass

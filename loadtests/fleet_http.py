@@ -43,8 +43,9 @@ MI355X_PRICE = {"type": "gpu_hour", "gpus_per_replica": 4, "usd_per_gpu_hour": 2
 
 def start_sims(a: argparse.Namespace, work: Path, tag: str) -> tuple[list[Proc], list[str], list[str]]:
     common = ["--time-scale", str(a.time_scale), "--stream-interval", str(a.stream_interval), "--jitter", "0"]
+    kv = [] if a.kv_capacity is None else ["--kv-capacity", str(a.kv_capacity)]
     mi = Proc(f"sim-mi355x-{tag}", [sys.executable, "-m", "gateway.cli", "sim", "--enable-cache-report", "--replicas", str(2 * a.nodes),
-                                   "--port", str(a.sim_port), *common], f"http://127.0.0.1:{a.sim_port}/ping",
+                                   "--port", str(a.sim_port), *common, *kv], f"http://127.0.0.1:{a.sim_port}/ping",
               log=work / f"sim-mi355x-{tag}.log")
     procs = [mi]
     b_urls: list[str] = []
@@ -71,6 +72,17 @@ MI355X_TIMING = {"base_s": 0.14, "prefill_tokens_per_s": 16700, "decode_step_s":
 B200_TIMING = {"base_s": 0.12, "prefill_tokens_per_s": 20000, "decode_step_s": 0.0365}
 
 
+def routing_overrides(pairs: list[str] | None) -> dict[str, Any]:
+    """`--routing-set KEY=VALUE` (repeatable): what-if routing settings for this router (values parsed as YAML)."""
+    out = {}
+    for pair in pairs or []:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--routing-set: expected KEY=VALUE, got {pair!r}")
+        out[key.strip()] = yaml.safe_load(value)
+    return out
+
+
 def gateway_targets(a: argparse.Namespace, work: Path, policy: str, mi: list[str], b200: list[str], redis_url: str,
                     prefix: str) -> tuple[list[Proc], list[str]]:
     ts = a.time_scale
@@ -85,7 +97,8 @@ def gateway_targets(a: argparse.Namespace, work: Path, policy: str, mi: list[str
            "tenants": [{"name": "bench", "api_key_hashes": [hash_key(KEY)], "models": ["glm-5.2"]}],
            "routing": {"policy": policy, "redis_url": redis_url, "redis_prefix": prefix,
                        "ttft_sla_ms": a.sla * 1000 / ts, "stickiness_penalty_ms": 1000 / ts,
-                       **({} if a.ttft_quantile_z is None else {"ttft_quantile_z": a.ttft_quantile_z})},
+                       **({} if a.ttft_quantile_z is None else {"ttft_quantile_z": a.ttft_quantile_z}),
+                       **routing_overrides(getattr(a, "routing_set", None))},
            "observability": {"log_requests": False}, "timeouts": {"first_byte": 600, "total": 3000, "idle": 120}}
     path = work / f"gw-{policy}.yaml"
     path.write_text(yaml.safe_dump(cfg))
@@ -99,7 +112,8 @@ def gateway_targets(a: argparse.Namespace, work: Path, policy: str, mi: list[str
     return procs, urls
 
 
-def sglang_router_targets(a: argparse.Namespace, work: Path, mi: list[str], n: int) -> tuple[list[Proc], list[str]]:
+def sglang_router_targets(a: argparse.Namespace, work: Path, mi: list[str], n: int,
+                          policy: str = "cache_aware") -> tuple[list[Proc], list[str]]:
     bin_ = ensure("sglang-router")
     if bin_ is None:
         return [], []
@@ -107,7 +121,7 @@ def sglang_router_targets(a: argparse.Namespace, work: Path, mi: list[str], n: i
     for i in range(n):
         port = a.port + 10 + 2 * i
         procs.append(Proc(f"sglang-router-{i}", [str(bin_ / "python"), "-m", "sglang_router.launch_router", "--worker-urls",
-                                                 *mi, "--policy", "cache_aware", "--host", "127.0.0.1", "--port", str(port),
+                                                 *mi, "--policy", policy, "--host", "127.0.0.1", "--port", str(port),
                                                  "--prometheus-host", "127.0.0.1", "--prometheus-port", str(port + 1),
                                                  "--log-level", "warn"], f"http://127.0.0.1:{port}/v1/models",
                           log=work / f"sglang-router-{i}.log"))
@@ -181,24 +195,37 @@ async def engine_tokens(c: httpx.AsyncClient, urls: list[str]) -> tuple[float, f
     return tot[0], tot[1], tot[2]
 
 
+def start_router(a: argparse.Namespace, work: Path, name: str, mi: list[str], b200: list[str],
+                 redis_url: str) -> tuple[list[Proc], list[str]]:
+    """The processes and base URLs of target `name` in front of replicas `mi` (+ `b200`); ([], []) when a peer cannot
+    be installed here. Names: "this router[ / round_robin| / least_loaded]", "SGLang router <policy>[ x2]",
+    "vllm-router cache_aware", "LiteLLM least-busy"; "<peer> +B200" also gives the peer the B200 replicas as ordinary
+    workers (it has no notion of cost)."""
+    if name.startswith("this router"):
+        policy = {"this router": "prefix_sla_cost", "this router / round_robin": "round_robin",
+                  "this router / least_loaded": "least_loaded"}[name]
+        return gateway_targets(a, work, policy, mi, b200 if policy == "prefix_sla_cost" else [], redis_url,
+                               f"{policy}{id(work)}:")
+    workers = mi + b200 if name.endswith("+B200") else mi
+    if name.startswith("SGLang router"):
+        policy = "round_robin" if "round_robin" in name else "cache_aware"
+        return sglang_router_targets(a, work, workers, 2 if "x2" in name else 1, policy)
+    if name.startswith("vllm-router"):
+        return vllm_router_target(a, work, workers)
+    return litellm_target(a, work, workers)
+
+
+def redis_proc(port: int, work: Path) -> Proc:
+    """A private redis-server for the run's gateways (never the machine's shared one)."""
+    return Proc("redis", ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                          "--dir", str(work)], "http://127.0.0.1:1/", log=work / "redis.log")
+
+
 async def run_target(a: argparse.Namespace, work: Path, name: str, redis_url: str) -> list[dict[str, Any]]:
     sims, mi, b200 = start_sims(a, work, re.sub(r"[^A-Za-z0-9]+", "_", name))
     procs: list[Proc] = []
     try:
-        if name.startswith("this router"):
-            policy = {"this router": "prefix_sla_cost", "this router / round_robin": "round_robin",
-                      "this router / least_loaded": "least_loaded"}[name]
-            procs, urls = gateway_targets(a, work, policy, mi, b200 if policy == "prefix_sla_cost" else [], redis_url,
-                                          f"{policy}{id(work)}:")
-        else:
-            # "<peer> +B200": the peer also gets the B200 replicas as ordinary workers (it has no notion of cost)
-            workers = mi + b200 if name.endswith("+B200") else mi
-            if name.startswith("SGLang router"):
-                procs, urls = sglang_router_targets(a, work, workers, 2 if "x2" in name else 1)
-            elif name.startswith("vllm-router"):
-                procs, urls = vllm_router_target(a, work, workers)
-            else:
-                procs, urls = litellm_target(a, work, workers)
+        procs, urls = start_router(a, work, name, mi, b200, redis_url)
         if not procs:
             print(f"  {name}: not available here", file=sys.stderr)
             return []
@@ -257,8 +284,7 @@ async def run_target(a: argparse.Namespace, work: Path, name: str, redis_url: st
 
 async def main_async(a: argparse.Namespace) -> None:
     work = Path(tempfile.mkdtemp(prefix="gw-fleet-"))
-    redis = Proc("redis", ["redis-server", "--port", str(a.redis_port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                           "--dir", str(work)], "http://127.0.0.1:1/", log=work / "redis.log")
+    redis = redis_proc(a.redis_port, work)
     await asyncio.sleep(0.5)
     redis_url = f"redis://127.0.0.1:{a.redis_port}/0"
     results: dict[str, list[dict[str, Any]]] = {}
@@ -308,8 +334,11 @@ def main() -> None:
     p.add_argument("--preroll", type=float, default=60.0, help="simulated seconds per rate sent before measuring")
     p.add_argument("--time-scale", type=float, default=1.0)
     p.add_argument("--stream-interval", type=int, default=16)
+    p.add_argument("--kv-capacity", type=int, default=None, help="KV tokens per MI355X replica (default: the profile's)")
     p.add_argument("--groups-per-node", type=int, default=16)
     p.add_argument("--sla", type=float, default=2.22)
+    p.add_argument("--routing-set", action="append", metavar="KEY=VALUE", help="a routing setting for this router "
+                   "(repeatable), e.g. recompute_weight=0")
     p.add_argument("--ttft-quantile-z", type=float, default=None, help="routing.ttft_quantile_z for this router "
                    "(default: the gateway's)")
     p.add_argument("--seed", type=int, default=1)

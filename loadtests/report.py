@@ -92,3 +92,41 @@ def sustained_rate(rows: list[dict[str, Any]], sla: float) -> float:
     fails a lower step and passes a higher one (e.g. a router still learning its tree at the first step)."""
     ok = [r["rate"] for r in rows if r["success"] >= 1.0 and r["ttft_p95"] <= sla]
     return max(ok, default=0.0)
+
+
+def plot_trace_targets(path: Path, results: dict[str, dict[str, Any]], bounds: dict[str, float], sla: float,
+                       title: str) -> Path:
+    """One trace slice, several routers: TTFT distribution per target (log), realized hit rate against the slice's
+    ideal and LRU-bound rates, and the share of requests within the SLA."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(17, 5), gridspec_kw={"width_ratios": [1.4, 1, 1]})
+    names = list(results)
+    for name in names:
+        t = results[name]["ttfts"]
+        axes[0].plot(t, [(i + 1) / len(results[name]["ttfts"]) * 100 for i in range(len(t))], label=name)
+    axes[0].axvline(sla, color="gray", linestyle="--", label=f"SLA {sla} s")
+    axes[0].set_xscale("log")
+    axes[0].set_xlabel("TTFT (s, simulated)")
+    axes[0].set_ylabel("requests with TTFT <= x (%)")
+    axes[0].legend(fontsize=8)
+    x = range(len(names))
+    labels = [n.replace(" / ", "\n").replace(" cache_aware", "\ncache_aware").replace(" least", "\nleast") for n in names]
+    axes[1].bar(x, [results[n]["engine_hit"] * 100 for n in names], color="tab:blue")
+    axes[1].axhline(bounds["lru"] * 100, color="black", linestyle="--", label=f"LRU bound {bounds['lru'] * 100:.1f}%")
+    axes[1].axhline(bounds["ideal"] * 100, color="gray", linestyle=":", label=f"ideal {bounds['ideal'] * 100:.1f}%")
+    axes[1].set_ylabel("cache-hit rate, engine counters (%)")
+    axes[1].legend(fontsize=8)
+    axes[2].bar(x, [results[n]["within_sla"] * 100 for n in names], color="tab:green")
+    axes[2].set_ylabel(f"requests with TTFT <= {sla} s (%)")
+    for ax in axes[1:]:
+        ax.set_xticks(list(x), labels, fontsize=7)
+    fig.suptitle(title)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

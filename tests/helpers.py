@@ -27,6 +27,28 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def free_port_base(offsets: tuple[int, ...] = (0, 1, 2, 3, 50, 51, 52, 53)) -> int:
+    """A base port with base + every offset free on loopback now: SGLang's KV-event sockets are a base port + the DP
+    rank and the replay socket base + 50 (+ rank), and a base from free_port() alone collided with a port in use."""
+    for _ in range(200):
+        base = free_port()
+        if base + max(offsets) > 65535:
+            continue
+        held: list[socket.socket] = []
+        try:
+            for o in offsets:
+                s = socket.socket()
+                held.append(s)
+                s.bind(("127.0.0.1", base + o))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in held:
+                s.close()
+    raise RuntimeError("no free block of ports")
+
+
 class ServerThread:
     """uvicorn servers for the given ASGI apps, on free loopback ports, in one background event loop."""
 
@@ -104,6 +126,10 @@ class RedisServer:
         self.start()
 
     def start(self) -> None:
+        if getattr(self, "proc", None) is not None and self.proc.poll() is None:
+            # a second process on the same port would exit, and the first would outlive stop() (it leaked one
+            # redis-server per suite run until a test called start() on a started server)
+            raise RuntimeError("redis-server is already running; kill() it first")
         exe = shutil.which("redis-server") or "/usr/bin/redis-server"
         self.proc = subprocess.Popen(
             [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--dir", self.dir,

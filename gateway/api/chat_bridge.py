@@ -21,6 +21,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Message, Receive, Scope, Send
 
+from gateway.api.openai.accounting import API
 from gateway.api.openai.body import read_body
 from gateway.api.openai.validation import parse_json
 
@@ -39,6 +40,16 @@ def with_bearer(request: Request, api_key: str | None) -> Request:
     scope["headers"] = [(k, v) for k, v in request.scope["headers"] if k != b"authorization"] + \
         [(b"authorization", b"Bearer " + api_key.encode("latin-1"))]
     return Request(scope, request.receive)
+
+
+async def call_chat(proxy: Any, request: Request, body: dict[str, Any], api: str) -> Response:
+    """The chat path's answer to `body`, accounted (metrics, log line) under the API the client spoke."""
+    token = API.set(api)
+    try:
+        out: Response = await proxy.handle(request, "chat/completions", body=body)
+        return out
+    finally:
+        API.reset(token)
 
 
 def first_choice(chunk: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]] | None:
@@ -93,16 +104,26 @@ class TranslatedStream(Response):
     (refused before the commit point) is re-rendered by `render_error(status, openai_error_body, headers)`."""
 
     def __init__(self, inner: Response, translator: StreamTranslator, render_error: ErrorRenderer,
-                 on_end: Callable[[], Any] | None = None) -> None:
+                 on_end: Callable[[], Any] | None = None, api: str | None = None) -> None:
         self.inner = inner
+        self.api = api  # the API label its accounting (run when the stream closes) uses
         self.translator = translator
         self.render_error = render_error
         self.on_end = on_end  # awaited after the last byte (e.g. store the finished response)
         self.background = None
         self.status_code = 200  # what it will be if the chat path commits; its own headers go out as sent
         self.raw_headers = []
+        self.sent_headers: list[tuple[bytes, bytes]] = []  # the chat path's, once it committed (x-gateway-replica)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        token = API.set(self.api) if self.api else None
+        try:
+            await self._run(scope, receive, send)
+        finally:
+            if token is not None:
+                API.reset(token)
+
+    async def _run(self, scope: Scope, receive: Receive, send: Send) -> None:
         parser = SSEPayloads()
         status = 200
         start: Message | None = None
@@ -115,6 +136,7 @@ class TranslatedStream(Response):
                 status = message["status"]
                 start = message
                 if status == 200:
+                    self.sent_headers = list(message.get("headers", []))
                     await send(message)
                     await send({"type": "http.response.body", "body": self.translator.start(), "more_body": True})
                 return
@@ -156,6 +178,10 @@ class TranslatedStream(Response):
             res = self.on_end()
             if res is not None:
                 await res
+
+    def header(self, name: bytes) -> str | None:
+        """A header the chat path sent with its committed stream (None before, or when absent)."""
+        return next((v.decode("latin-1") for k, v in self.sent_headers if k == name), None)
 
     async def _send_error(self, status: int, raw: bytes, start: Message | None, scope: Scope, receive: Receive,
                           send: Send) -> None:

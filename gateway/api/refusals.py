@@ -14,6 +14,7 @@ from collections.abc import MutableMapping
 from typing import Any
 
 from gateway.observability.logging import log_request
+from gateway.observability.metrics import api_for_path
 from gateway.state import AppState
 
 log = logging.getLogger("gateway.refusals")
@@ -58,11 +59,12 @@ def account(st: AppState, scope: MutableMapping[str, Any], status: int, started:
     try:
         reason = reason_of(status)
         tenant = _tenant(st, scope.get("headers", []))
-        st.metrics.requests.labels("unknown", "none", tenant, str(status), reason).inc()
+        st.metrics.requests.labels("unknown", "none", tenant, str(status), reason, api_for_path(scope.get("path", ""))).inc()
         if st.config.observability.log_requests:
             log_request({
                 "request_id": scope.get("state", {}).get("request_id"), "tenant": tenant, "model": "unknown",
-                "endpoint": endpoint_of(scope.get("path", "")), "method": scope.get("method"), "stream": False,
+                "endpoint": endpoint_of(scope.get("path", "")), "api": api_for_path(scope.get("path", "")),
+                "method": scope.get("method"), "stream": False,
                 "status": str(status), "reason": reason, "pool": "none", "replica": None, "route": None,
                 "attempts": 0, "ttft_ms": None, "duration_ms": round((time.monotonic() - started) * 1000, 1),
                 "prompt_tokens": 0, "cached_tokens": 0, "completion_tokens": 0, "cost_usd": 0.0, "error": reason,

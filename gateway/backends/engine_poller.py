@@ -51,6 +51,15 @@ class EnginePoller:
     def start(self) -> None:
         self._bg.start()
 
+    async def first_poll(self, within_s: float) -> None:
+        """The start's preflight, awaited before serving (bounded): a simulator's incarnation is part of its prefix
+        index key, so entries written before it is known would be dropped as a restart's once it is."""
+        try:
+            await asyncio.wait_for(self.poll_once(), within_s)
+            self._n = 1  # the loop's first poll need not repeat the full read
+        except TimeoutError:
+            log.warning("the start's preflight took over %.0f s; serving, it goes on in the background", within_s)
+
     async def stop(self) -> None:
         await self._bg.stop()
 

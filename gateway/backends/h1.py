@@ -28,7 +28,10 @@ class H1ConnectError(H1Error):
 
 
 class H1Dropped(H1Error):
-    pass
+    """The connection closed before any byte of a response; `reused`: it was a pooled keep-alive connection (the
+    server may have timed it out just as we sent), so the same request may go again on a fresh one."""
+
+    reused = False
 
 
 class _Conn(asyncio.Protocol):
@@ -193,9 +196,11 @@ class H1Pool:
         conn.transport.write(b"".join(head) + body)
         try:
             await conn.headers_done
-        except BaseException:
+        except BaseException as e:
             if conn.transport is not None:
                 conn.transport.close()
+            if isinstance(e, H1Dropped):
+                e.reused = reused
             raise
         return H1Response(conn), reused
 

@@ -33,7 +33,7 @@ def adapt_body(body: dict[str, Any], target: Target, stream: bool, tenant: Tenan
         value = target.priority_for(tenant.priority)
         if value is not None:
             out["priority"] = value
-    if stream:
+    if stream and ("messages" in out or "prompt" in out):  # not a native Responses body: its usage comes at its end
         so = out.get("stream_options")
         out["stream_options"] = {**so, "include_usage": True} if isinstance(so, dict) else {"include_usage": True}
     return out

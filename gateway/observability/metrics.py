@@ -4,6 +4,17 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+# The API the client spoke (a bounded label): the chat path's two, the two bridged onto it, else "other" (a refusal
+# on another path, e.g. /v1/models or an unknown one).
+APIS = ("chat", "completions", "responses", "messages", "other")
+_API_PATHS = (("/v1/chat/completions", "chat"), ("/v1/completions", "completions"), ("/v1/responses", "responses"),
+              ("/v1/messages", "messages"))
+
+
+def api_for_path(path: str) -> str:
+    return next((api for prefix, api in _API_PATHS if path.startswith(prefix)), "other")
+
+
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1, 1.5, 2, 3, 5, 7.5, 10, 20, 40, 80, 160, 320)
 
 
@@ -11,13 +22,14 @@ class GatewayMetrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry(auto_describe=False)
         # every request, refused or served: status = HTTP status sent (499: the client left first); reason = a
-        # bounded set (api/openai/accounting.py: ok, auth, malformed_json, rate_limit, shed, stream_error, ...)
-        self.requests = Counter("gateway_requests", "Requests by outcome", ["model", "pool", "tenant", "status", "reason"],
-                                registry=r)
+        # bounded set (api/openai/accounting.py: ok, auth, malformed_json, rate_limit, shed, stream_error, ...);
+        # api = APIS
+        self.requests = Counter("gateway_requests", "Requests by outcome",
+                                ["model", "pool", "tenant", "status", "reason", "api"], registry=r)
         self.ttft = Histogram("gateway_ttft_seconds", "Time to first token seen by the client",
-                              ["model", "pool", "tenant"], buckets=LATENCY_BUCKETS, registry=r)
+                              ["model", "pool", "tenant", "api"], buckets=LATENCY_BUCKETS, registry=r)
         self.latency = Histogram("gateway_request_duration_seconds", "Whole request duration",
-                                 ["model", "pool", "tenant"], buckets=LATENCY_BUCKETS, registry=r)
+                                 ["model", "pool", "tenant", "api"], buckets=LATENCY_BUCKETS, registry=r)
         self.upstream_errors = Counter("gateway_upstream_errors", "Failed upstream attempts",
                                        ["pool", "replica", "kind"], registry=r)
         self.retries = Counter("gateway_retries", "Attempts beyond the first, per pool tried", ["pool"], registry=r)

@@ -13,6 +13,9 @@ POST /admin/policies/reload                re-read the policy directory on every
 GET  /admin/policies                       policy status (fingerprint, last error)
 GET  /admin/audit?limit=N                  the audit log, newest first
 GET  /admin/usage[?tenant=T]               requests, tokens and cost per tenant, today and this month
+GET  /admin/recording                      this instance's traffic recording (gateway replay's format): status
+POST /admin/recording/start|stop           start a new recording at `recording.path` (truncated) / stop it; this
+                                           instance only (each writes its own file), audited
 """
 
 from __future__ import annotations
@@ -52,6 +55,12 @@ class NotFound(GatewayError):
     status = 404
     type = "invalid_request_error"
     code = "not_found"
+
+
+class Conflict(GatewayError):
+    status = 409
+    type = "invalid_request_error"
+    code = "conflict"
 
 
 def _state(request: Request) -> AppState:
@@ -284,7 +293,7 @@ async def explain(request: Request) -> Response:
     route = proxy.route_for(tenant, parsed.model)  # the same resolution the proxy uses (404s alike)
     ex = Exchange("explain", tenant, endpoint, parsed, route, 0.0, 0.0)
     rreq = proxy.routing_request(ex)
-    decision = await st.router.decide(rreq, route)
+    decision = await st.router.decide(rreq, route, dry_run=True)
     return JSONResponse({"tenant": tenant.name, "model": parsed.model, "prompt_tokens": parsed.prompt_tokens,
                          "pools": route.pools, "sla_ms": rreq.ttft_sla_s * 1000, "decision": decision.explain()})
 
@@ -333,3 +342,37 @@ async def usage(request: Request, tenant: str | None = None) -> Response:
             raise NotFound(f"Unknown tenant {name!r}.", param="tenant")
         out[name] = {**await st.budget.usage(name), "budget": t.budget.model_dump(), "rate_limits": t.rate_limits.model_dump()}
     return JSONResponse({"tenants": out})
+
+
+# -- traffic recording (this instance) ----------------------------------------------------------------------------
+@router.get("/recording")
+async def recording(request: Request) -> Response:
+    _who(request)
+    rec = _state(request).recorder
+    return JSONResponse(rec.status() if rec is not None else {"path": None, "recording": False})
+
+
+@router.post("/recording/{action}")
+async def recording_action(request: Request, action: Literal["start", "stop"]) -> Response:
+    """Per instance, not through the control plane: the file is this instance's. Audited like every change (the
+    audit log is shared, so on-call sees which instance recorded what)."""
+    who = _who(request)
+    st = _state(request)
+    rec = st.recorder
+    if rec is None or rec.path is None:
+        raise Conflict("Recording needs recording.path in this instance's config; the admin API never picks a file.",
+                       param="recording.path")
+    if action == "start":
+        if rec.enabled:
+            raise Conflict(f"Already recording to {rec.path} ({rec.requests} requests); stop it first (a start "
+                           "truncates the file).", param="action")
+        rec.start()
+    else:
+        rec.stop()
+    try:
+        await st.control.store.audit({"at": time.time(), "who": who, "what": f"recording_{action}",
+                                      "path": str(rec.path), "requests": rec.requests})
+    except StoreUnavailable:
+        pass  # the recording itself is local and already switched; the audit entry is best effort while Redis is away
+    return JSONResponse(rec.status())
+

@@ -11,7 +11,7 @@ import orjson
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from gateway.api.chat_bridge import TranslatedStream, json_body, passthrough_headers, read_json, with_bearer
+from gateway.api.chat_bridge import TranslatedStream, call_chat, json_body, passthrough_headers, read_json, with_bearer
 from gateway.api.messages.stream import MessagesStream
 from gateway.api.messages.translate import (
     error_body,
@@ -61,12 +61,12 @@ async def create_message(request: Request) -> Response:
         body = await read_json(request, st.config.max_body_bytes)
         chat = to_chat(body)
         stops = chat.get("stop")
-        out: Response = await request.app.state.proxy.handle(with_bearer(request, _api_key(request)), "chat/completions",
-                                                   body=chat)
+        out = await call_chat(request.app.state.proxy, with_bearer(request, _api_key(request)), chat, "messages")
     except GatewayError as e:
         return _error(e, request)
     if chat["stream"]:
-        return TranslatedStream(out, MessagesStream(chat["model"], input_tokens(chat), stops), _render_stream_error)
+        return TranslatedStream(out, MessagesStream(chat["model"], input_tokens(chat), stops), _render_stream_error,
+                                api="messages")
     result = json_body(out)
     if result is None:
         return out  # 499: the client is gone

@@ -18,6 +18,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Coroutine
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +37,16 @@ log = logging.getLogger("gateway.accounting")
 
 # The ends that are not a failure of the gateway or the upstream (span status stays unset, feedback not "failed").
 CLEAN_ENDS = ("ok", "client_disconnect", "client_stall")
+
+# The API the client spoke, when it is not the endpoint's own: set by the Responses and Messages routes (and their
+# streams) around the chat path's call, for that request only (api/chat_bridge.py). Labels metrics and the log line.
+API: ContextVar[str | None] = ContextVar("gateway_api", default=None)
+_ENDPOINT_APIS = {"chat/completions": "chat", "completions": "completions", "responses": "responses"}
+
+
+def api_label(endpoint: str) -> str:
+    """One of observability.metrics.APIS."""
+    return API.get() or _ENDPOINT_APIS.get(endpoint, "other")
 
 
 def abandoned_usage(ex: Exchange, predicted_cached: int) -> dict[str, Any]:
@@ -108,22 +119,23 @@ class Accounting:
     # -- a request refused before its exchange existed ----------------------------------------------------------
     def rejected(self, edge: Edge, err: BaseException) -> None:
         status, reason = reason_for(edge.stage, err)
-        self._step("metrics", self._count_rejection, edge, status, reason)
-        self._step("log", self._log_rejection, edge, status, reason, err)
+        api = api_label(edge.endpoint)
+        self._step("metrics", self._count_rejection, edge, status, reason, api)
+        self._step("log", self._log_rejection, edge, status, reason, err, api)
 
-    def _count_rejection(self, edge: Edge, status: str, reason: str) -> None:
+    def _count_rejection(self, edge: Edge, status: str, reason: str, api: str) -> None:
         m = self.state.metrics
-        m.requests.labels(edge.model, "none", edge.tenant, status, reason).inc()
-        m.latency.labels(edge.model, "none", edge.tenant).observe(time.monotonic() - edge.started)
+        m.requests.labels(edge.model, "none", edge.tenant, status, reason, api).inc()
+        m.latency.labels(edge.model, "none", edge.tenant, api).observe(time.monotonic() - edge.started)
 
-    def _log_rejection(self, edge: Edge, status: str, reason: str, err: BaseException) -> None:
+    def _log_rejection(self, edge: Edge, status: str, reason: str, err: BaseException, api: str) -> None:
         if not self.state.config.observability.log_requests:
             return
         code = (err.code or err.type) if isinstance(err, GatewayError) else type(err).__name__
         param = err.param if isinstance(err, GatewayError) else None
         log_request({
             "request_id": edge.request_id, "tenant": edge.tenant, "model": edge.model, "endpoint": edge.endpoint,
-            "stream": edge.stream, "status": status, "reason": reason, "pool": "none", "replica": None, "route": None,
+            "api": api, "stream": edge.stream, "status": status, "reason": reason, "pool": "none", "replica": None, "route": None,
             "attempts": 0, "ttft_ms": None, "duration_ms": round((time.monotonic() - edge.started) * 1000, 1),
             "prompt_tokens": 0, "cached_tokens": 0, "completion_tokens": 0, "cost_usd": 0.0,
             # the error's code and field, never its text: messages may quote what the client sent
@@ -157,6 +169,8 @@ class Accounting:
                 self._step(name, step, ctx)
 
     def _release_load(self, ex: Exchange) -> None:
+        if ex.rreq is not None and self.state.feedback.reservations is not None:
+            self.state.feedback.reservations.release(ex.rreq.request_id)  # decided, then refused or failed early
         if ex.dispatched is not None:
             self.state.feedback.finished(ex.dispatched.attempt, failed=ex.reason not in CLEAN_ENDS)
 
@@ -186,10 +200,10 @@ class Accounting:
     def _metrics(self, c: _Ctx) -> None:
         ex, m = c.ex, self.state.metrics
         model, tenant, pool = ex.parsed.model, ex.tenant.name, c.pool
-        m.requests.labels(model, pool, tenant, ex.status, ex.reason).inc()
-        m.latency.labels(model, pool, tenant).observe(c.now - ex.started)
+        m.requests.labels(model, pool, tenant, ex.status, ex.reason, c.api).inc()
+        m.latency.labels(model, pool, tenant, c.api).observe(c.now - ex.started)
         if ex.first_token_at is not None:
-            m.ttft.labels(model, pool, tenant).observe(ex.first_token_at - ex.started)
+            m.ttft.labels(model, pool, tenant, c.api).observe(ex.first_token_at - ex.started)
         if ex.usage:
             m.tokens.labels(model, pool, tenant, "uncached_prompt").inc(c.prompt - c.cached)
             m.tokens.labels(model, pool, tenant, "cached_prompt").inc(c.cached)
@@ -243,7 +257,7 @@ class Accounting:
         ex, t = c.ex, c.ex.served_by
         log_request({
             "request_id": ex.request_id, "tenant": ex.tenant.name, "model": ex.parsed.model, "endpoint": ex.endpoint,
-            "stream": ex.parsed.stream, "status": ex.status, "reason": ex.reason, "pool": c.pool,
+            "api": c.api, "stream": ex.parsed.stream, "status": ex.status, "reason": ex.reason, "pool": c.pool,
             "replica": t.name if t is not None else None, "route": ex.decision.branch if ex.decision else None,
             "attempts": ex.attempts,
             "ttft_ms": round((ex.first_token_at - ex.started) * 1000, 1) if ex.first_token_at else None,
@@ -261,5 +275,6 @@ class _Ctx:
         self.now = now
         t = ex.served_by
         self.pool = t.pool if t is not None else "none"
+        self.api = api_label(ex.endpoint)
         self.prompt = self.cached = self.completion = 0
         self.cost = 0.0

@@ -5,6 +5,7 @@
     read body -> JSON -> validate        body.py, validation.py  (413, 400)
     entitlements: model -> pools, pin    entitlements.py  (404, 403)
     admission: fleet slot, rate limits   admission.py  (429)
+    the request's span (tracing on)      telemetry.py
     decide: routing request -> Decision  decide.py  (503 when shed)
     budget: reserve the worst case       budget.py  (429 insufficient_quota)
     relay: dispatch, JSON or SSE         relay.py
@@ -20,7 +21,7 @@ import logging
 import time
 import uuid
 from collections import deque
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from starlette.requests import ClientDisconnect, Request
@@ -55,6 +56,7 @@ class OpenAIProxy:
         self.recent: deque[RecentDecision] = deque(maxlen=500)  # for the admin API (no prompt bodies kept)
         self.accounting = Accounting(state, self.recent, self._background)
         self._tasks: set[asyncio.Task[None]] = set()
+        self._inflight: dict[str, Any] = {}  # tenant -> its gateway_inflight_requests child (labels() costs ~1.5 us)
 
     # -- public helpers (the admin API's explain resolves exactly like a request) -------------------------------
     def route_for(self, tenant: Tenant, model: str) -> ModelRoute:
@@ -85,7 +87,10 @@ class OpenAIProxy:
                 return Response(status_code=499)
             raise
         ex.slot = slot
-        st.metrics.inflight.labels(tenant.name).inc()  # from here on accounting.finish runs exactly once
+        gauge = self._inflight.get(tenant.name)
+        if gauge is None:
+            gauge = self._inflight[tenant.name] = st.metrics.inflight.labels(tenant.name)
+        gauge.inc()  # from here on accounting.finish runs exactly once
         return await self._serve(request, ex)
 
     async def _exchange(self, request: Request, endpoint: str, body: dict[str, Any] | None, tenant: Tenant,
@@ -107,7 +112,10 @@ class OpenAIProxy:
         return Exchange(edge.request_id, tenant, endpoint, parsed, route, edge.started,
                         edge.started + st.config.timeouts.total, headers={"x-request-id": edge.request_id})
 
-    async def _serve(self, request: Request, ex: Exchange) -> Response:
+    async def admit(self, ex: Exchange, decided: Callable[[Exchange], None] | None = None) -> None:
+        """The stages before dispatch — fleet slot, rate limits, span, routing decision (then `decided`, the native
+        Responses path's hook), budget. A refusal gives the rate allowance back (nothing was used), is accounted,
+        and is raised to the caller."""
         st = self.state
         stage = "concurrency"
         try:
@@ -117,9 +125,11 @@ class OpenAIProxy:
             ex.span = start_span(st.tracer, ex)
             stage = "decide"
             await decide.decide(st, ex)
+            if decided is not None:
+                decided(ex)
             stage = "budget"
             await budget.reserve(st, ex)
-        except BaseException as e:  # refused before dispatch: nothing was used, so the rate allowance is given back
+        except BaseException as e:
             for b in ex.buckets:
                 self._background(st.limiter.adjust(b, b.cost))
             ex.buckets = []
@@ -128,14 +138,22 @@ class OpenAIProxy:
                 ex.error = e.message
             await self.accounting.finish(ex, disconnected=False)
             raise
+
+    async def _serve(self, request: Request, ex: Exchange) -> Response:
+        st = self.state
+        await self.admit(ex)
         if ex.parsed.stream:
             return EventStreamResponse(lambda: self.relay.stream_first(ex), lambda: self.relay.stream_rest(ex),
                                        ex.headers, on_close=lambda disconnected: self.accounting.finish(ex, disconnected),
                                        stall_timeout=st.config.timeouts.client_stall,
                                        on_stall=lambda: _stalled(ex))
+        return await self.respond(request, ex, self.relay.non_stream(ex))
+
+    async def respond(self, request: Request, ex: Exchange, work: Coroutine[Any, Any, Response]) -> Response:
+        """A non-streamed answer: `work` runs until done or the client leaves (499), and is accounted once."""
         disconnected = True
         try:
-            disconnected, resp = await run_until_disconnect(request.receive, self.relay.non_stream(ex))
+            disconnected, resp = await run_until_disconnect(request.receive, work)
         except GatewayError:  # the relay recorded the outcome (status, reason, who was tried)
             disconnected = False
             raise

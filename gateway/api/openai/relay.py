@@ -13,7 +13,6 @@ import time
 from collections.abc import AsyncIterator
 
 import orjson
-from opentelemetry import trace
 from starlette.responses import Response
 
 from gateway.api.error_handlers import to_response
@@ -62,8 +61,9 @@ class Relay:
 
     async def _open(self, ex: Exchange) -> Dispatched:
         assert ex.decision is not None and ex.rreq is not None
-        with trace.use_span(ex.span, end_on_exit=False):  # attempt spans become children of the request span
-            d = await self.state.dispatcher.open(ex.decision, ex.rreq, ex.parsed.body, ex.deadline, ex.tenant)
+        # the attempt spans hang under the request span, passed explicitly: making it current would attach and
+        # detach an OTel context on every request, tracing on or off
+        d = await self.state.dispatcher.open(ex.decision, ex.rreq, ex.parsed.body, ex.deadline, ex.tenant, parent=ex.span)
         ex.dispatched = d
         ex.first_token_at = time.monotonic()
         ex.headers["x-gateway-pool"] = d.target.pool

@@ -4,14 +4,15 @@ Kind SERVER, named `{gen_ai.operation.name} {gen_ai.request.model}`. At the end:
 pool's kind: sglang, openai, litellm), `gen_ai.response.model` as served (the upstream model, not the client's
 alias), `gen_ai.usage.{input,output}_tokens`, `gen_ai.usage.cache_read.input_tokens`; `gen_ai.request.max_tokens`
 only when the client set it. A failure sets status ERROR and `error.type` (the HTTP status or the end reason).
-The dispatcher's attempt spans are its children (the relay makes this span current around dispatch).
+The dispatcher's attempt spans are its children (the relay hands this span to the dispatcher as their parent).
+With tracing off (a NoOpTracer: no exporter configured) there is no span at all and none of this work is done.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.trace import NoOpTracer, SpanKind, Status, StatusCode
 
 from gateway.api.openai.exchange import Exchange
 
@@ -21,6 +22,9 @@ def operation(endpoint: str) -> str:
 
 
 def start_span(tracer: Any, ex: Exchange) -> Any:
+    """The request's span, or None when tracing is off."""
+    if isinstance(tracer, NoOpTracer):
+        return None
     attrs: dict[str, Any] = {"gen_ai.operation.name": operation(ex.endpoint), "gen_ai.request.model": ex.parsed.model,
                              "gateway.tenant": ex.tenant.name, "gateway.request_id": ex.request_id}
     if ex.parsed.max_output_tokens is not None:

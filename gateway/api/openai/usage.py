@@ -59,12 +59,13 @@ def clean_usage(raw: Any) -> tuple[dict[str, Any] | None, list[str]]:
             anomalies.append("cached_exceeds_prompt")
             cached = prompt
         out["prompt_tokens_details"] = {**details, "cached_tokens": cached}
-    return out, sorted(set(anomalies))
+    return out, sorted(set(anomalies)) if anomalies else anomalies
 
 
 def usage_counts(usage: dict[str, Any] | None) -> tuple[int, int | None, int]:
     """(prompt, cached — None when the engine does not report it, completion) from a *cleaned* usage object."""
-    u = usage or {}
-    details = u.get("prompt_tokens_details")
-    cached = details.get("cached_tokens") if isinstance(details, dict) else None
-    return int(u.get("prompt_tokens") or 0), cached if isinstance(cached, int) else None, int(u.get("completion_tokens") or 0)
+    if not usage:
+        return 0, None, 0
+    details = usage.get("prompt_tokens_details")
+    cached = details.get("cached_tokens") if type(details) is dict else None
+    return int(usage.get("prompt_tokens") or 0), cached if type(cached) is int else None, int(usage.get("completion_tokens") or 0)

@@ -1,0 +1,140 @@
+"""SIGTERM as a load balancer sees it (issue 17 build 4): readiness fails first while every request is still served,
+the listener closes only after the drain delay, and no in-flight stream is dropped."""
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import yaml
+from openai import OpenAI
+
+from tests.gateway_fixtures import KEY_A, config, sglang_pool
+from tests.helpers import (
+    env_without_proxies,
+    free_port,
+    start_sims,
+    wait_http,
+    wait_until,
+)
+
+MSG = [{"role": "user", "content": "drain me gently"}]
+DRAIN_DELAY = 1.5
+STREAMS = 6
+TOKENS = 500  # long enough (time scale 1) to outlive the drain delay
+
+
+def test_sigterm_fails_readiness_for_the_drain_delay_then_closes_and_finishes_streams(tmp_path):
+    sims, _ = start_sims(2, time_scale=1.0)
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    cfg_path = tmp_path / "gw.yaml"
+    cfg_path.write_text(yaml.safe_dump(config([sglang_pool("p", sims.urls)], shutdown={"readiness_drain_s": DRAIN_DELAY})))
+    proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", "--config", str(cfg_path), "--port", str(port)],
+                            env=env_without_proxies(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        wait_http(f"{base}/healthz", proc=proc)
+        assert httpx.get(f"{base}/readyz").status_code == 200
+        c = OpenAI(base_url=f"{base}/v1", api_key=KEY_A, max_retries=0)
+        results: dict[int, list] = {}
+        ended: dict[int, float] = {}
+        errors: list[BaseException] = []
+        started = threading.Barrier(STREAMS + 1)
+
+        def consume(i: int) -> None:
+            try:
+                chunks = []
+                for ch in c.chat.completions.create(model="glm-5.2", messages=MSG, max_tokens=TOKENS, stream=True,
+                                                     extra_body={"ignore_eos": True}):
+                    if not chunks:
+                        started.wait(20)
+                    chunks.append(ch)
+                results[i] = chunks
+                ended[i] = time.monotonic()
+            except BaseException as e:  # noqa: BLE001 - reported below
+                errors.append(e)
+
+        streams = [threading.Thread(target=consume, args=(i,)) for i in range(STREAMS)]
+        for t in streams:
+            t.start()
+        started.wait(20)  # every stream has its first chunk: all are in flight
+
+        # the load balancer's view: /readyz on a fresh connection every 50 ms
+        polls: list[tuple[float, float, str]] = []  # (sent, answered, status)
+        stop_polling = threading.Event()
+
+        def poll() -> None:
+            while not stop_polling.is_set():
+                sent = time.monotonic()
+                try:
+                    status = str(httpx.get(f"{base}/readyz", timeout=2).status_code)
+                except httpx.ConnectError:
+                    status = "refused"
+                polls.append((sent, time.monotonic(), status))
+                time.sleep(0.05)
+
+        poller = threading.Thread(target=poll)
+        poller.start()
+        wait_until(lambda: len(polls) >= 2, timeout=20, what="the poller's first answers")
+        t_term = time.monotonic()
+        os.kill(proc.pid, signal.SIGTERM)
+        # new requests during the drain delay are still served
+        wait_until(lambda: any(s == "503" for _, _, s in polls), timeout=10, what="the drain delay under way")
+        served_while_draining = c.chat.completions.create(model="glm-5.2", messages=MSG, max_tokens=3)
+        for t in streams:
+            t.join(60)
+        assert proc.wait(30) == 0
+        stop_polling.set()
+        poller.join(5)
+
+        assert not errors, errors
+        assert served_while_draining.choices[0].message.content
+        # 0 dropped in-flight streams: each ran to its full length
+        assert len(results) == STREAMS
+        for chunks in results.values():
+            assert chunks[-1].choices[0].finish_reason == "length"
+            assert len("".join(ch.choices[0].delta.content or "" for ch in chunks).split()) == TOKENS
+        before = [s for _, answered, s in polls if answered < t_term]
+        after = [(sent - t_term, s) for sent, _, s in polls if sent > t_term + 0.05]
+        assert before and set(before) == {"200"}
+        assert "200" not in [s for _, s in after], "readiness must fail as soon as SIGTERM arrives"
+        draining = [dt for dt, s in after if s == "503"]
+        refused = [dt for dt, s in after if s == "refused"]
+        assert draining and refused, polls
+        assert max(draining) < min(refused), "the listener closes only after readiness has failed"
+        assert min(refused) >= DRAIN_DELAY - 0.1, f"listener closed {min(refused):.2f} s after SIGTERM"
+        assert max(draining) >= DRAIN_DELAY * 0.5  # 503s were seen across the delay, not one blip
+        # the streams were still running when the listener closed: they finished on the draining server
+        assert max(ended.values()) - t_term > min(refused)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(5)
+        sims.stop()
+
+
+def test_a_second_signal_skips_the_drain_delay(tmp_path):
+    """On-call who really wants it gone sends the signal twice: the listener closes without waiting the delay."""
+    sims, _ = start_sims(1)
+    port = free_port()
+    cfg_path = tmp_path / "gw.yaml"
+    cfg_path.write_text(yaml.safe_dump(config([sglang_pool("p", sims.urls)])))
+    proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", "--config", str(cfg_path), "--port", str(port),
+                             "--drain-delay", "60"], env=env_without_proxies(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT)
+    try:
+        wait_http(f"http://127.0.0.1:{port}/healthz", proc=proc)
+        os.kill(proc.pid, signal.SIGTERM)
+        wait_until(lambda: httpx.get(f"http://127.0.0.1:{port}/readyz").status_code == 503, timeout=10,
+                   what="readiness failing (draining)")
+        os.kill(proc.pid, signal.SIGTERM)
+        assert proc.wait(30) == 0  # well before the 60 s delay
+        assert b"draining" in proc.stdout.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(5)
+        sims.stop()
