@@ -49,6 +49,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--recompute-weight", type=float, default=None,
                    help="what-if routing.recompute_weight (0: the SLA alone decides; docs/routing.md)")
     p.add_argument("--branches", action="store_true", help="also print where the hits go, per decision branch")
+    p.add_argument("--tail", action="store_true", help="also print what the requests over p95 waited for, per branch, "
+                   "and how close the TTFT predictions were")
     p.add_argument("--json", dest="json_out", help="write the results as JSON here")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--http", metavar="BASE_URL", help="replay open-loop against a live OpenAI-compatible endpoint")
@@ -75,6 +77,17 @@ def branch_table(r: ReplayResult) -> str:
         rows.append([name, int(b["requests"]), f"{b['prompt'] / total * 100:.1f}%", f"{b['cached'] / p * 100:.1f}%",
                      f"{b['predicted'] / p * 100:.1f}%", f"{b['best'] / p * 100:.1f}%"])
     return _table(["branch", "requests", "prompt tokens", "realized hit", "predicted hit", "best candidate held"], rows)
+
+
+def tail_table(r: ReplayResult) -> str:
+    t = r.tail
+    rows = [[b, v["alone"] + v["waited"], v["alone"], v["waited"]]
+            for b, v in sorted(t["branches"].items(), key=lambda kv: -(kv[1]["alone"] + kv[1]["waited"]))]
+    rows.append(["all", t["over"], t["alone"], t["waited"]])
+    return (_table(["branch", f"over p95 ({t['p95_s']:.2f} s)", "over even alone", "waited behind others"], rows)
+            + f"\nTTFT observed / predicted, median: {t['observed_over_predicted_p50']:.2f} (mean abs error "
+              f"{t['abs_error_s']:.2f} s); before the learned correction: {t['observed_over_raw_p50']:.2f} "
+              f"({t['abs_error_raw_s']:.2f} s)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -152,6 +165,10 @@ def _run(args: argparse.Namespace) -> int:
         for r in results:
             print(f"\n{r.label}: where the hits go")
             print(branch_table(r))
+    if args.tail:
+        for r in results:
+            print(f"\n{r.label}: the TTFT tail")
+            print(tail_table(r))
     if args.json_out:
         with open(args.json_out, "w") as f:
             json.dump({"trace": args.trace, "requests": len(trace), "speed": args.speed, "fleet": fleet_label,

@@ -74,6 +74,7 @@ class ReplayResult:
     sim_seconds: float = 0.0
     # per minute of arrivals: [start s, requests, prompt, predicted cached, realized cached, best candidate held]
     timeline: list[list[float]] = field(default_factory=list)
+    tail: dict[str, Any] = field(default_factory=dict)  # tail_summary(): what the requests over p95 waited for
 
     def row(self) -> list[Any]:
         return [self.label, self.requests, f"{self.hit_rate * 100:.1f}%", f"{self.lru_hit_rate * 100:.1f}%",
@@ -140,7 +141,32 @@ def summarize(label: str, recs: Sequence[Record], infos: dict[str, TargetInfo], 
         nearest_rank(ttft, 0.99), nearest_rank(slow, 0.95), sum(x <= sla for x in ttft) / max(1, len(ttft)),
         sum(not r.self_hosted for r in done) / max(1, len(done)),
         sum(cost_usd(infos[r.name], r) for r in done) / out_tokens * 1e6, sum(1 for r in recs if not r.name),
-        branches, sim_seconds, [timeline[k] for k in sorted(timeline)])
+        branches, sim_seconds, [timeline[k] for k in sorted(timeline)], tail_summary(done, nearest_rank(ttft, 0.95)))
+
+
+def tail_summary(done: Sequence[Record], p95: float) -> dict[str, Any]:
+    """Why the slowest 5% were slow: `alone` requests would be over p95 even alone on an idle replica holding their
+    cached prefix (long prompts with little cached: only more hits shorten them), the rest waited behind other
+    requests (the part routing can move). Per branch, and how close the TTFT predictions were (observed / predicted,
+    with and without the learned correction)."""
+    over = [r for r in done if r.ttft is not None and r.ttft > p95]
+    by: dict[str, list[int]] = {}
+    for r in over:
+        alone = r.idle_ttft is not None and r.idle_ttft > p95
+        by.setdefault(r.branch, [0, 0])[0 if alone else 1] += 1
+    pairs = [(r.ttft, r.predicted_ttft, r.predicted_raw) for r in done
+             if r.ttft is not None and r.predicted_ttft > 0 and r.predicted_raw > 0]
+
+    def ratio(k: int) -> float:  # k: 1 the corrected prediction, 2 the raw one
+        return nearest_rank(sorted(x[0] / x[k] for x in pairs), 0.5) if pairs else 0.0
+
+    def mae(k: int) -> float:
+        return sum(abs(x[0] - x[k]) for x in pairs) / len(pairs) if pairs else 0.0
+
+    return {"p95_s": p95, "over": len(over), "alone": sum(a for a, _ in by.values()),
+            "waited": sum(w for _, w in by.values()), "branches": {b: {"alone": a, "waited": w} for b, (a, w) in by.items()},
+            "observed_over_predicted_p50": ratio(1), "observed_over_raw_p50": ratio(2),
+            "abs_error_s": mae(1), "abs_error_raw_s": mae(2)}
 
 
 def nodes_targets(nodes: int, b200: int = 0) -> list[tuple[TargetInfo, ReplicaConfig]]:

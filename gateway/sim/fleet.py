@@ -75,6 +75,8 @@ class Record:
     predicted_cached: int
     best_cached: int  # the most any candidate was predicted to hold (what the decision could have kept)
     self_hosted: bool
+    predicted_ttft: float = 0.0  # the chosen candidate's, as the policy saw it (corrected)
+    predicted_raw: float = 0.0  # the same before the learned correction
     cached: int = 0
     ttft: float | None = None
     idle_ttft: float | None = None
@@ -178,7 +180,7 @@ class Fleet:
         info = feats[chosen.name].info  # ranked holds the gateway's Targets when the fleet was built from a config
         rec = Record(now, k % len(self.instances), info.name, info.pool, decision.branch, job.prompt_len,
                      job.output_len, a.predicted_cached, max((c.cached_tokens for c in feats.values()), default=0),
-                     info.self_hosted)
+                     info.self_hosted, feats[chosen.name].ttft, feats[chosen.name].ttft_raw)
         self.records.append(rec)
         apply_sync(eng.dispatched(a), inst.index, inst.loads)
         vr = self.ranks[info.name]

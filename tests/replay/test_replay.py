@@ -79,10 +79,11 @@ def test_replay_compare_table_and_json(tmp_path: Path, capsys: pytest.CaptureFix
     with p.open("w") as f:
         write_trace(generate(Params(sessions=60, rate=0.5, seed=1)), f)
     out = tmp_path / "r.json"
-    assert main(["replay", str(p), "--nodes", "1", "--compare", "--no-progress", "--json", str(out), "--branches"]) == 0
+    assert main(["replay", str(p), "--nodes", "1", "--compare", "--no-progress", "--json", str(out), "--branches",
+                 "--tail"]) == 0
     text = capsys.readouterr().out
     assert "| prefix_sla_cost " in text and "| round_robin " in text and "x2 unshared" in text
-    assert "where the hits go" in text
+    assert "where the hits go" in text and "the TTFT tail" in text
     res = {r["label"]: r for r in json.loads(out.read_text())["results"]}
     mine, rr = res["prefix_sla_cost"], res["round_robin"]
     assert mine["requests"] == rr["requests"] == len(read_trace(p))
@@ -91,6 +92,23 @@ def test_replay_compare_table_and_json(tmp_path: Path, capsys: pytest.CaptureFix
     tl = mine["timeline"]  # predicted vs real cached tokens per minute add up to the run's hit rate
     assert sum(w[4] for w in tl) / sum(w[2] for w in tl) == pytest.approx(mine["hit_rate"])
     assert sum(w[1] for w in tl) == mine["requests"]
+    tail = mine["tail"]  # the requests over p95, each either slow alone or slow from waiting, per branch
+    assert tail["over"] == tail["alone"] + tail["waited"] == sum(v["alone"] + v["waited"] for v in tail["branches"].values())
+    assert 0 < tail["over"] <= 0.05 * mine["requests"] + 1 and tail["observed_over_raw_p50"] > 0
+
+
+def test_tail_splits_slow_alone_from_slow_waiting() -> None:
+    from gateway.replay.run import tail_summary
+    from gateway.sim.fleet import Record
+
+    def rec(branch: str, ttft: float, idle: float, pred: float, raw: float) -> Record:
+        return Record(0.0, 0, "r", "p", branch, 1000, 10, 0, 0, True, pred, raw, ttft=ttft, idle_ttft=idle)
+
+    done = [rec("a", 0.5, 0.4, 1.0, 0.5)] * 8 + [rec("a", 5.0, 4.0, 10.0, 5.0), rec("b", 4.0, 0.3, 8.0, 4.0)]
+    t = tail_summary(done, 1.0)
+    assert (t["over"], t["alone"], t["waited"]) == (2, 1, 1)
+    assert t["branches"] == {"a": {"alone": 1, "waited": 0}, "b": {"alone": 0, "waited": 1}}
+    assert t["observed_over_predicted_p50"] == 0.5 and t["observed_over_raw_p50"] == 1.0 and t["abs_error_raw_s"] == 0
 
 
 def test_agent_workload_grows_contexts_and_shares_system_prompts() -> None:
