@@ -75,17 +75,18 @@ class ReplayResult:
     # per minute of arrivals: [start s, requests, prompt, predicted cached, realized cached, best candidate held]
     timeline: list[list[float]] = field(default_factory=list)
     tail: dict[str, Any] = field(default_factory=dict)  # tail_summary(): what the requests over p95 waited for
+    corrections: int = 0  # engine-reported cached tokens below the index's prediction (the entries were dropped)
 
     def row(self) -> list[Any]:
         return [self.label, self.requests, f"{self.hit_rate * 100:.1f}%", f"{self.lru_hit_rate * 100:.1f}%",
                 f"{self.hit_rate / self.lru_hit_rate * 100:.0f}%" if self.lru_hit_rate else "-",
                 f"{self.ttft_mean:.2f}", f"{self.ttft_p50:.2f}", f"{self.ttft_p95:.2f}", f"{self.ttft_p99:.2f}",
                 f"{self.slowdown_p95:.2f}", f"{self.within_sla * 100:.1f}%", f"{self.spill * 100:.1f}%",
-                f"{self.usd_per_mtok_out:.3f}"]
+                f"{self.usd_per_mtok_out:.3f}", self.corrections]
 
 
 HEADERS = ["run", "requests", "hit", "LRU bound", "of bound", "TTFT mean", "p50", "p95", "p99", "slowdown p95",
-           "within SLA", "spill", "$/Mtok out"]
+           "within SLA", "spill", "$/Mtok out", "index corrections"]
 
 
 def replay(trace: Sequence[TraceRecord], targets: Sequence[tuple[TargetInfo, ReplicaConfig]], routing: Routing,
@@ -112,7 +113,9 @@ def replay(trace: Sequence[TraceRecord], targets: Sequence[tuple[TargetInfo, Rep
     infos = {i.name: i for i in fleet.infos}
     name = label or (routing.policy if instances == 1 else
                      f"{routing.policy} x{instances} {'shared' if shared else 'unshared'}")
-    return summarize(name, recs, infos, sla, bounds, fleet.loop.now)
+    out = summarize(name, recs, infos, sla, bounds, fleet.loop.now)
+    out.corrections = fleet.corrections
+    return out
 
 
 def summarize(label: str, recs: Sequence[Record], infos: dict[str, TargetInfo], sla: float,

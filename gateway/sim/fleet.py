@@ -120,6 +120,7 @@ class Fleet:
         self.records: list[Record] = []
         self.on_arrival: Callable[[], None] | None = None  # progress hook
         self.on_job: Callable[[Job], None] | None = None  # each job before it is routed (kvevents/fleet.py)
+        self.corrections = 0  # usage reports below the index's prediction (gateway_prefix_index_corrections_total)
 
     # -- setup -------------------------------------------------------------------------------------------------
     def warm(self, name: str, page_keys: Sequence[int], hashes: Sequence[int]) -> None:
@@ -200,7 +201,9 @@ class Fleet:
                 cached = sim_req.cached
 
                 def done() -> None:
-                    apply_sync(eng.usage(a, cached) if info.prefix_cache else [], inst.index, inst.loads)
+                    corrected = eng.usage(a, cached) if info.prefix_cache else []
+                    self.corrections += bool(corrected)
+                    apply_sync(corrected, inst.index, inst.loads)
                     apply_sync(eng.finished(a), inst.index, inst.loads)
 
                 loop.at(ev.time + t_api, done)

@@ -83,7 +83,7 @@ def test_replay_compare_table_and_json(tmp_path: Path, capsys: pytest.CaptureFix
                  "--tail"]) == 0
     text = capsys.readouterr().out
     assert "| prefix_sla_cost " in text and "| round_robin " in text and "x2 unshared" in text
-    assert "where the hits go" in text and "the TTFT tail" in text
+    assert "where the hits go" in text and "the TTFT tail" in text and "index corrections" in text
     res = {r["label"]: r for r in json.loads(out.read_text())["results"]}
     mine, rr = res["prefix_sla_cost"], res["round_robin"]
     assert mine["requests"] == rr["requests"] == len(read_trace(p))
@@ -92,6 +92,7 @@ def test_replay_compare_table_and_json(tmp_path: Path, capsys: pytest.CaptureFix
     tl = mine["timeline"]  # predicted vs real cached tokens per minute add up to the run's hit rate
     assert sum(w[4] for w in tl) / sum(w[2] for w in tl) == pytest.approx(mine["hit_rate"])
     assert sum(w[1] for w in tl) == mine["requests"]
+    assert rr["corrections"] == 0 <= mine["corrections"]  # round-robin predicts no cached tokens: nothing to correct
     tail = mine["tail"]  # the requests over p95, each either slow alone or slow from waiting, per branch
     assert tail["over"] == tail["alone"] + tail["waited"] == sum(v["alone"] + v["waited"] for v in tail["branches"].values())
     assert 0 < tail["over"] <= 0.05 * mine["requests"] + 1 and tail["observed_over_raw_p50"] > 0
@@ -131,3 +132,23 @@ def test_http_prompts_share_text_exactly_where_the_trace_shares_blocks() -> None
     ha = prefix_hashes("completions", {"prompt": pa}, "m", "", 256)
     hb = prefix_hashes("completions", {"prompt": pb}, "m", "", 256)
     assert ha[:4] == hb[:4] and ha[4] != hb[4]
+
+
+def test_a_stale_index_entry_is_corrected_and_counted() -> None:
+    """The index says a replica holds a prompt its engine never saw: the engine's usage report corrects it, and the
+    replay counts the correction (the gateway's gateway_prefix_index_corrections_total)."""
+    from gateway.config import Routing
+    from gateway.replay.run import nodes_targets, replay, to_job
+    from gateway.sim.fleet import Fleet
+
+    trace = [TraceRecord(0.0, 4096, 8, tuple(range(8)))]
+    targets = nodes_targets(1)
+    rc = Routing()
+    job = to_job(trace[0], 0, rc.chunk_tokens, targets[0][1].page_size, 2.22)
+
+    def stale(fleet: Fleet) -> None:
+        fleet.instances[0].index.insert_sync(targets[0][0].key, job.req.hashes, 1e9)
+
+    fresh = replay(trace, targets, rc, bounds=(0.0, 0.0))
+    r = replay(trace, targets, rc, fleet_hook=stale, bounds=(0.0, 0.0))
+    assert (fresh.corrections, r.corrections) == (0, 1) and r.hit_rate == 0
