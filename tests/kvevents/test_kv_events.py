@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.prefix.memory import MemoryPrefixIndex
 from tests.gateway_fixtures import KEY_A, config, sglang_pool, start_gateway
@@ -59,6 +60,11 @@ class Fleet:
     def kv_health(self) -> dict[str, Any]:
         return httpx.get(f"{self.url}/readyz").json()["kv_events"]
 
+    def metric(self, name: str, **labels: str) -> float:
+        """Sum of the /metrics samples named `name` (counters end in _total) whose labels include `labels`."""
+        return sum(s.value for fam in text_string_to_metric_families(httpx.get(f"{self.url}/metrics").text)
+                   for s in fam.samples if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()))
+
     def engine_pages(self) -> dict[str, int]:
         out = {}
         for i, u in enumerate(self.urls):
@@ -101,14 +107,28 @@ def prompt(i: int, n: int = 3000) -> str:
 @pytest.mark.parametrize("fleet", [{"version": "0.5.13"}, {"version": "0.5.23"}], indirect=True,
                          ids=["arrays-0.5.13", "maps-0.5.23"])
 def test_precise_routing_follows_the_engines_events(fleet: Fleet) -> None:
+    assert fleet.metric("gateway_kv_events_batches_total") == 0  # nothing published before the first request
     first = fleet.chat(prompt(1))
     fleet.wait_converged()
     health = fleet.kv_health()["subscriptions"]
     assert {s["encoding"] for s in health.values() if s["batches"]} == {"maps" if fleet.version == "0.5.23" else "arrays"}
+    # /metrics tells an operator the same as /readyz: every subscription healthy, the blocks each rank holds
+    for name, pages in fleet.engine_pages().items():
+        server, rank = name.split("/rank")
+        assert fleet.metric("gateway_kv_events_healthy", server=server, rank=rank) == 1
+        assert fleet.metric("gateway_kv_events_blocks", server=server, rank=rank) == pages
+    batches = fleet.metric("gateway_kv_events_batches_total")
+    assert batches >= 1 and fleet.metric("gateway_kv_events_gaps_total") == 0
+    events = fleet.metric("gateway_kv_events_index_answers_total", source="events")
     second = fleet.chat(prompt(1))
     assert second.headers["x-gateway-replica"] == first.headers["x-gateway-replica"]
     assert second.headers["x-gateway-route"] == "prefix_hit"
     assert second.json()["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+    # answered from the events for each replica, none from the fallback
+    assert fleet.metric("gateway_kv_events_index_answers_total", source="events") >= events + len(fleet.urls)
+    assert fleet.metric("gateway_kv_events_index_answers_total", source="fallback") == 0
+    fleet.chat(prompt(2))  # new pages stored: another batch arrives and is counted
+    wait_until(lambda: fleet.metric("gateway_kv_events_batches_total") > batches, CONVERGE_S, "the batch counted")
 
 
 @pytest.mark.parametrize("fleet", [{"version": "0.5.13"}, {"version": "0.5.23"}], indirect=True,
@@ -150,6 +170,9 @@ def test_dropped_batches_are_replayed(fleet: Fleet) -> None:
     subs = fleet.kv_health()["subscriptions"].values()
     assert sum(s["gaps"] for s in subs) >= 1 and sum(s["replayed"] for s in subs) >= 2
     assert all(s["replay_failures"] == 0 for s in subs)
+    assert fleet.metric("gateway_kv_events_gaps_total") >= 1
+    assert fleet.metric("gateway_kv_events_replayed_batches_total") >= 2
+    assert fleet.metric("gateway_kv_events_replay_failures_total") == 0
 
 
 @pytest.mark.parametrize("fleet", [{"replay": False}], indirect=True)
@@ -174,15 +197,23 @@ def test_killed_subscription_falls_back_then_resubscribes_and_converges(fleet: F
         fleet.chat(prompt(i))
     fleet.wait_converged()
     st = next(iter(fleet.manager.ranks.values()))
+    lv = {"server": st.server, "rank": str(st.rank)}
+    assert fleet.metric("gateway_kv_events_healthy", **lv) == 1
+    assert fleet.metric("gateway_kv_events_healthy") == len(fleet.urls)
     before = dict(fleet.manager.index.answers)
+    fallback = fleet.metric("gateway_kv_events_index_answers_total", source="fallback")
     fleet.gw.call(lambda: st.sub._task.cancel())
     wait_until(lambda: fleet.kv_health()["healthy"] == len(fleet.urls) - 1, 1, "the subscription down")
+    assert fleet.metric("gateway_kv_events_healthy", **lv) == 0  # the dead one, and only it, reads 0
+    assert fleet.metric("gateway_kv_events_healthy") == len(fleet.urls) - 1
     # while it is down, that replica is routed on the approximate index and requests succeed
     for i in range(4, 8):
         fleet.chat(prompt(i))
     assert fleet.manager.index.answers["fallback"] > before["fallback"]
+    assert fleet.metric("gateway_kv_events_index_answers_total", source="fallback") >= fallback + 4  # one per request
     asyncio.run_coroutine_threadsafe(fleet.manager.discover(), fleet.gw.loop).result(5)  # the next discovery round
     wait_until(lambda: fleet.kv_health()["healthy"] == len(fleet.urls), 1, "resubscribed")
+    assert fleet.metric("gateway_kv_events_healthy", **lv) == 1
     fleet.chat(prompt(8))  # the new subscription's first batch: it replays the buffer from 0, then converges
     fleet.wait_converged()
 
