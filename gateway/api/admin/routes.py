@@ -1,5 +1,6 @@
 """Admin API for on-call, behind its own bearer token (hashed in the config). Changes go through the control plane:
-stored in Redis, audited (who, what, when), and applied by every instance within a second (pub/sub).
+stored in Redis, audited (who, what, when), and applied by every instance within a second (pub/sub). The token is
+checked once, by `require_admin`, a dependency of the whole router (so no route can be added without it).
 
 GET  /admin/state                          pools, replicas (health, circuit, load, predicted TTFT, index size), overrides
 POST /admin/replicas/{name}/drain|undrain  stop / resume new traffic to a replica (in-flight requests finish); name:
@@ -23,9 +24,9 @@ from __future__ import annotations
 import hashlib
 import hmac
 import time
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Depends, Query, Request
 from pydantic import BaseModel, Field, ValidationError, field_validator
 from starlette.responses import JSONResponse, Response
 
@@ -47,7 +48,6 @@ from gateway.state import AppState
 from gateway.tenancy.policy_loader import PolicyError
 from gateway.typed import Strict
 
-router = APIRouter(prefix="/admin")
 M = TypeVar("M", bound=BaseModel)
 
 
@@ -80,6 +80,19 @@ def _who(request: Request) -> str:
         raise AuthenticationFailed("Admin API: missing or invalid admin token.")
     actor = (request.headers.get("x-admin-actor") or "").strip()[:64]
     return f"token:{digest[:8]}" + (f" ({actor})" if actor else "")
+
+
+async def require_admin(request: Request) -> str:
+    """The admin router's one auth check, run before a route's own parameters are validated (a caller without the
+    token learns nothing, not even a 400); async so it stays on the event loop (a sync dependency takes a threadpool
+    hop). FastAPI caches it per request: a handler taking `who: Admin` for the audit log gets the same value, checked
+    once."""
+    return _who(request)
+
+
+Admin = Annotated[str, Depends(require_admin)]
+# On the router, not per handler: a route added here is authenticated without having to remember it
+router = APIRouter(prefix="/admin", dependencies=[Depends(require_admin)])
 
 
 ADMIN_BODY_BYTES = 1 << 20  # admin bodies are small objects; bounded like the OpenAI surface's, in size and time
@@ -122,7 +135,6 @@ def _replica(st: AppState, name: str) -> Any:
 @router.get("/state")
 async def state(request: Request, uncached_tokens: int = Query(8000, ge=0, le=10_000_000)) -> Response:
     """`predicted_ttft_s`: for a request with `uncached_tokens` to prefill, on this instance's view of the load."""
-    _who(request)
     st = _state(request)
     tracked = await st.loads.snapshot([t.name for t in st.registry.targets])
     pools = []
@@ -150,7 +162,6 @@ async def state(request: Request, uncached_tokens: int = Query(8000, ge=0, le=10
 @router.get("/replicas")
 async def replicas(request: Request) -> Response:
     """Compact replica list (kept for scripts written against the first admin API)."""
-    _who(request)
     st = _state(request)
     return JSONResponse({"replicas": [{"name": t.name, "pool": t.pool, "kind": t.kind, "healthy": t.healthy,
                                        "drained": t.drained, "circuit": t.breaker.state.value,
@@ -161,10 +172,9 @@ async def replicas(request: Request) -> Response:
 
 # -- replicas -----------------------------------------------------------------------------------------------------
 @router.post("/replicas/{name:path}/{action}")
-async def replica_action(name: str, action: str, request: Request) -> Response:
+async def replica_action(name: str, action: str, request: Request, who: Admin) -> Response:
     """`name`: a server's configured name (every rank of a DP server) or one rank's target name (`p-0/dp1`); the
     path converter takes everything up to the last segment, which is the action."""
-    who = _who(request)
     st = _state(request)
     t = _replica(st, name)
     if action in ("drain", "undrain"):
@@ -200,8 +210,7 @@ class PoolIn(Strict):
 
 
 @router.put("/pools/{name}")
-async def set_pool(name: str, request: Request) -> Response:
-    who = _who(request)
+async def set_pool(name: str, request: Request, who: Admin) -> Response:
     st = _state(request)
     _pool(st, name)
     o = PoolOverride(**(await _body(request, PoolIn)).model_dump(exclude_none=True))
@@ -214,8 +223,7 @@ async def set_pool(name: str, request: Request) -> Response:
 
 
 @router.delete("/pools/{name}")
-async def clear_pool(name: str, request: Request) -> Response:
-    who = _who(request)
+async def clear_pool(name: str, request: Request, who: Admin) -> Response:
     st = _state(request)
     await _apply(st.control.set_pool(who, _pool(st, name), None))
     return JSONResponse({"pool": name, "override": None})
@@ -231,8 +239,7 @@ class OverrideIn(Strict):
 
 
 @router.put("/tenants/{name}/override")
-async def override_tenant(name: str, request: Request) -> Response:
-    who = _who(request)
+async def override_tenant(name: str, request: Request, who: Admin) -> Response:
     st = _state(request)
     if name not in st.policies.index.tenants:
         raise NotFound(f"Unknown tenant {name!r}.", param="name")
@@ -245,8 +252,7 @@ async def override_tenant(name: str, request: Request) -> Response:
 
 
 @router.delete("/tenants/{name}/override")
-async def clear_override(name: str, request: Request) -> Response:
-    who = _who(request)
+async def clear_override(name: str, request: Request, who: Admin) -> Response:
     st = _state(request)
     if name not in st.policies.index.tenants and name not in st.control.state.tenants:
         raise NotFound(f"Unknown tenant {name!r}.", param="name")  # and nothing written to the audit log
@@ -257,7 +263,6 @@ async def clear_override(name: str, request: Request) -> Response:
 # -- decisions, explain -------------------------------------------------------------------------------------------
 @router.get("/decisions")
 async def decisions(request: Request, limit: int = Query(50, ge=1, le=500), tenant: str | None = None) -> Response:
-    _who(request)
     out = []
     for r in reversed(_proxy(request).recent):
         if tenant is None or r.tenant == tenant:
@@ -276,7 +281,6 @@ def _proxy(request: Request) -> Any:
 async def explain(request: Request) -> Response:
     """Dry run: what would the router do with this request for this tenant? Nothing is dispatched or recorded.
     Body: {"tenant": name, "endpoint": "chat/completions"|"completions", "request": {...the OpenAI body...}}."""
-    _who(request)
     st = _state(request)
     body = parse_json(await _raw(request), st.config.max_json_depth)
     base = st.policies.index.tenants.get(str(body.get("tenant")))
@@ -300,9 +304,8 @@ async def explain(request: Request) -> Response:
 
 # -- policies, audit, usage ---------------------------------------------------------------------------------------
 @router.post("/policies/reload")
-async def reload_policies(request: Request) -> Response:
+async def reload_policies(request: Request, who: Admin) -> Response:
     """Reload here first (so the caller sees the verdict), then ask every other instance to reload."""
-    who = _who(request)
     st = _state(request)
     try:
         new = st.policies.reload()
@@ -314,14 +317,12 @@ async def reload_policies(request: Request) -> Response:
 
 @router.get("/policies")
 async def policies(request: Request) -> Response:
-    _who(request)
     st = _state(request)
     return JSONResponse({**st.policies.status(), "tenant_names": sorted(st.policies.index.tenants)})
 
 
 @router.get("/audit")
 async def audit(request: Request, limit: int = Query(100, ge=1, le=10_000)) -> Response:
-    _who(request)
     st = _state(request)
     try:
         entries = await st.control.store.audit_log(max(1, min(limit, 10_000)))
@@ -332,7 +333,6 @@ async def audit(request: Request, limit: int = Query(100, ge=1, le=10_000)) -> R
 
 @router.get("/usage")
 async def usage(request: Request, tenant: str | None = None) -> Response:
-    _who(request)
     st = _state(request)
     names = [tenant] if tenant is not None else sorted(st.policies.index.tenants)
     out = {}
@@ -347,16 +347,14 @@ async def usage(request: Request, tenant: str | None = None) -> Response:
 # -- traffic recording (this instance) ----------------------------------------------------------------------------
 @router.get("/recording")
 async def recording(request: Request) -> Response:
-    _who(request)
     rec = _state(request).recorder
     return JSONResponse(rec.status() if rec is not None else {"path": None, "recording": False})
 
 
 @router.post("/recording/{action}")
-async def recording_action(request: Request, action: Literal["start", "stop"]) -> Response:
+async def recording_action(request: Request, action: Literal["start", "stop"], who: Admin) -> Response:
     """Per instance, not through the control plane: the file is this instance's. Audited like every change (the
     audit log is shared, so on-call sees which instance recorded what)."""
-    who = _who(request)
     st = _state(request)
     rec = st.recorder
     if rec is None or rec.path is None:

@@ -2,6 +2,8 @@
 fields, the admin API) gets an OpenAI-shaped 4xx naming the problem, never a 500, plain text or a held connection;
 and the requests around it keep being served."""
 
+import hashlib
+import re
 import socket
 import time
 
@@ -219,6 +221,59 @@ def test_admin_per_token_price_is_bounded():
         assert r.status_code == 200 and r.json()["override"]["weight"] == 2
     finally:
         g.stop()
+
+
+def _admin_routes(app) -> list[tuple[str, str]]:
+    """(method, path) of every route registered under /admin in `app` (whatever registered it: the admin router or
+    anything else), from the FastAPI app under the middleware wrappers."""
+    try:  # FastAPI >= 0.137 keeps an included router as one node in app.routes; this flattens it, prefixes applied
+        from fastapi.routing import iter_route_contexts
+    except ImportError:  # older FastAPI flattened include_router's routes into app.routes itself
+        iter_route_contexts = iter
+    while not hasattr(app, "routes"):
+        app = app.app
+    return sorted((m, r.path) for r in iter_route_contexts(app.routes) if (r.path or "").startswith("/admin")
+                  for m in r.methods or ())
+
+
+@pytest.fixture(scope="module")
+def admin_only(gw):
+    """The admin-only listener (`admin.port`), over the same instance as `gw`."""
+    from gateway.app import create_admin_app
+
+    app = create_admin_app(gw.app)
+    st = ServerThread([app]).start()
+    st.app = app
+    yield st
+    st.stop()
+
+
+@pytest.mark.parametrize("which", ["main", "admin_only"])
+def test_every_admin_route_is_401_without_the_admin_token(gw, admin_only, which):
+    """Every route under /admin, enumerated from the app (not listed here), refuses a caller without the admin token
+    or with a wrong one (a client API key is a wrong one), before reading its parameters or body: a route added
+    without auth fails this test."""
+    server = gw if which == "main" else admin_only
+    routes = _admin_routes(server.app)
+    assert len(routes) >= 15 and ("GET", "/admin/state") in routes and ("POST", "/admin/explain") in routes
+    wrong = [None, {"authorization": "Bearer not-the-admin-token"}, {"authorization": f"Bearer {KEY_A}"},
+             {"authorization": f"Basic {ADMIN}"}, {"authorization": "Bearer"}]
+    for method, template in routes:
+        path = re.sub(r"\{[^}]+\}", "x", template)  # any value: auth comes before the path's own checks
+        for headers in wrong:
+            r = httpx.request(method, server.urls[0] + path, headers=headers, json={"weight": 1}, timeout=10)
+            err = _openai_error(r, 401)
+            assert err["code"] == "invalid_api_key" and "admin token" in err["message"], (method, path, headers)
+
+
+def test_the_admin_dependency_names_the_caller_in_the_audit_log(gw):
+    """The router's dependency is also the handlers' source of the audit identity: the token's digest prefix plus
+    the actor the caller names, never the token."""
+    r = httpx.delete(gw.urls[0] + "/admin/pools/p", headers={**ADMIN_H, "x-admin-actor": "edge-oncall"}, timeout=10)
+    assert r.status_code == 200, r.text
+    last = _admin(gw, "GET", "/admin/audit?limit=1").json()["entries"][0]
+    assert last["who"] == f"token:{hashlib.sha256(ADMIN.encode()).hexdigest()[:8]} (edge-oncall)"
+    assert ADMIN not in str(last)
 
 
 def test_deleting_an_unknown_tenants_override_is_404_without_an_audit_entry(gw):
