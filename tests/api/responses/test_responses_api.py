@@ -248,6 +248,47 @@ def test_stored_responses_are_shared_through_redis(redis_server):
         sims.stop()
 
 
+def test_memory_store_past_max_memory_bytes_evicts_the_oldest_across_tenants():
+    """The in-memory store holds at most `responses.max_memory_bytes` of records, all tenants together: each ~320 KB
+    turn (its input item is stored whole) past the 1 MiB bound evicts the oldest stored turn, whoever's it is, and a
+    chain continued from an evicted turn is the documented 404 with `param: previous_response_id`."""
+    sims, _ = start_sims(1)
+    gw = start_gateway(_cfg(sims.urls, responses={"max_memory_bytes": 1024 * 1024}))
+    try:
+        a, b = (OpenAI(base_url=gw.urls[0] + "/v1", api_key=k, max_retries=0) for k in (KEY_A, KEY_B))
+
+        def turn(c: OpenAI, i: int) -> str:
+            return c.responses.create(model="glm-5.2", input=f"turn {i} " + "x" * 320_000, max_output_tokens=2).id
+
+        def stored(c: OpenAI, rid: str) -> bool:
+            try:
+                return c.responses.retrieve(rid).id == rid
+            except openai.NotFoundError:
+                return False
+
+        ids = [(a, turn(a, 1)), (b, turn(b, 2)), (a, turn(a, 3))]  # ~970 KB: under the bound, all kept
+        assert all(stored(c, rid) for c, rid in ids)
+        ids.append((a, turn(a, 4)))  # past the bound: the oldest (tenant A's first) goes
+        assert [stored(c, rid) for c, rid in ids] == [False, True, True, True]
+        ids.append((a, turn(a, 5)))  # and then the next oldest, tenant B's, though only A is storing
+        assert [stored(c, rid) for c, rid in ids] == [False, False, True, True, True]
+        evicted = ids[0][1]
+        r = httpx.post(gw.urls[0] + "/v1/responses", headers={"authorization": f"Bearer {KEY_A}"},
+                       json={"model": "glm-5.2", "input": "continue", "previous_response_id": evicted})
+        assert r.status_code == 404
+        assert r.json()["error"] == {"message": f"No response found with id '{evicted}'.",
+                                     "type": "invalid_request_error", "param": "previous_response_id",
+                                     "code": "not_found"}
+        with pytest.raises(openai.NotFoundError):
+            a.responses.input_items.list(evicted)
+        # a kept turn still continues its chain
+        assert a.responses.create(model="glm-5.2", input="continue", previous_response_id=ids[-1][1],
+                                  max_output_tokens=2).id
+    finally:
+        gw.stop()
+        sims.stop()
+
+
 def test_store_down_reads_are_503_writes_are_skipped_answers_still_served():
     """Redis gone: a chain cannot be continued from a guess (503 with Retry-After, OpenAI shape), but a new turn is
     still answered (its store write skipped); with Redis back, storing resumes."""
