@@ -67,9 +67,3 @@ async def admit_rate(state: AppState, ex: Exchange) -> None:
         raise err
     ex.buckets = buckets
     ex.headers.update(headers)
-
-
-async def admit(state: AppState, ex: Exchange) -> None:
-    """Everything after the (already taken) local slot: the fleet slot, then the rate limits."""
-    await take_fleet_slot(state, ex)
-    await admit_rate(state, ex)
