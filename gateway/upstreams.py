@@ -47,15 +47,18 @@ class Capabilities:
     engine_loads: bool  # /server_info, /v1/loads and /ping: server facts, the engine's load floor, preflight
     health_probe: bool  # an HTTP liveness probe (litellm: none; its provider is assumed up)
     self_hosted: bool  # an engine we run: bounded batches (the self-hosted n / sequence defaults), simulated as one
+    # chat `reasoning_effort` typed to low / medium / high only (SGLang 0.5.9 and 0.5.13; anything else is a 400), and
+    # "no thinking" as `chat_template_kwargs.enable_thinking: false`; without it the value is passed as the client sent it
+    narrow_reasoning_effort: bool
 
 
 CAPABILITIES: dict[str, Capabilities] = {
     "sglang": Capabilities(prefix_cache=True, cache_salt=True, priority=True, dp_ranks=True, engine_loads=True,
-                           health_probe=True, self_hosted=True),
+                           health_probe=True, self_hosted=True, narrow_reasoning_effort=True),
     "openai": Capabilities(prefix_cache=False, cache_salt=False, priority=False, dp_ranks=False, engine_loads=False,
-                           health_probe=True, self_hosted=False),
+                           health_probe=True, self_hosted=False, narrow_reasoning_effort=False),
     "litellm": Capabilities(prefix_cache=False, cache_salt=False, priority=False, dp_ranks=False, engine_loads=False,
-                            health_probe=False, self_hosted=False),
+                            health_probe=False, self_hosted=False, narrow_reasoning_effort=False),
 }
 
 

@@ -6,6 +6,8 @@ like SGLang 0.5.23) checks that what the gateway sends is accepted."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import httpx
 import openai
 import pytest
@@ -13,6 +15,7 @@ from openai import OpenAI
 
 from gateway.api.responses.reasoning import chat_fields
 from gateway.config import hash_key
+from gateway.upstreams import CAPABILITIES
 from tests.fakes.openai_upstream import FakeOpenAI
 from tests.gateway_fixtures import KEY_A, config, sglang_pool, start_gateway
 from tests.helpers import ServerThread, start_sims
@@ -34,6 +37,16 @@ SG, HOSTED, MIXED = frozenset({"sglang"}), frozenset({"openai"}), frozenset({"sg
 ])
 def test_chat_fields_per_pool_kind(effort, kinds, fields):
     assert chat_fields(effort, kinds, {}) == fields
+
+
+def test_the_capability_decides_not_the_kind_name(monkeypatch):
+    """A backend kind is narrowed because its capabilities say so: another kind with `narrow_reasoning_effort`
+    gets SGLang's treatment, and SGLang without it would get the value as sent."""
+    monkeypatch.setitem(CAPABILITIES, "other-engine", replace(CAPABILITIES["sglang"]))
+    assert chat_fields("minimal", frozenset({"other-engine"}), {}) == {"reasoning_effort": "low"}
+    assert chat_fields("minimal", frozenset({"other-engine", "openai"}), {}) == {}
+    monkeypatch.setitem(CAPABILITIES, "sglang", replace(CAPABILITIES["sglang"], narrow_reasoning_effort=False))
+    assert chat_fields("minimal", SG, {}) == {"reasoning_effort": "minimal"}
 
 
 def test_none_on_sglang_keeps_the_clients_other_template_kwargs():
