@@ -8,7 +8,7 @@ import redis.asyncio as aioredis
 
 from gateway.prefix.memory import MemoryPrefixIndex
 from gateway.prefix.redis import RedisPrefixIndex
-from tests.helpers import RedisServer
+from tests.helpers import RedisServer, wait_until
 
 
 class FakeClock:
@@ -99,7 +99,9 @@ def test_redis_outage_falls_back_then_resyncs():
             assert not idx.available
             await idx.insert("r@1", [7, 8], ttl=60)  # queued for replay
             srv.start()
-            await asyncio.sleep(0.3)
+            # the guard retries Redis once its retry_after window has passed; the next lookup then replays the
+            # queued writes before answering (a clock check, so polling it from the loop's thread is fine)
+            wait_until(lambda: idx.available, timeout=5, what="the index to retry Redis")
             assert await idx.match([7, 8], ["r@1"]) == {"r@1": 2}  # resync happened before this lookup
             other = RedisPrefixIndex(aioredis.from_url(srv.url), prefix="o:")
             assert await other.match([7, 8], ["r@1"]) == {"r@1": 2}
