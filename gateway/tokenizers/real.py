@@ -24,6 +24,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
 from gateway.tokenizer import content_text
+from gateway.tokenizers import TemplateRefused
 from gateway.tokenizers.sim import token_ids_of
 
 CACHE_ENTRIES = 256
@@ -81,8 +82,11 @@ class HfTokenizer:
             raise TokenizerFilesError("the tokenizer has no chat_template")
         msgs = [{**m, "content": content_text(m.get("content"))} if isinstance(m.get("content"), list) else m
                 for m in messages]
-        return self.template.render(messages=msgs, tools=tools or None, add_generation_prompt=add_generation_prompt,
-                                    **self.special)
+        try:
+            return self.template.render(messages=msgs, tools=tools or None,
+                                        add_generation_prompt=add_generation_prompt, **self.special)
+        except jinja2.TemplateError as e:  # the template's own raise_exception too: a refusal the caller can name
+            raise TemplateRefused(str(e)) from e
 
     def encode_text(self, text: str) -> np.ndarray:
         return np.asarray(self.tok.encode(text, add_special_tokens=False).ids, dtype=np.uint32)

@@ -11,11 +11,17 @@ import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
 from gateway.config import TokenizerSettings
-from gateway.tokenizers import build_tokenizer
+from gateway.errors import InvalidRequest
+from gateway.tokenizer import count_tokens, render_chat
+from gateway.tokenizers import build_tokenizer, prompt_tokens
 from gateway.tokenizers.real import HfTokenizer, TokenizerFilesError
 
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+# ChatML that refuses a message reading "refuse me", as real templates refuse e.g. a misplaced system message
+REFUSING = ("{% for m in messages %}{% if m['content'] == 'refuse me' %}{{ raise_exception('no refusals here') }}"
+            "{% endif %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+            "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 CORPUS = ["the quick brown fox jumps over the lazy dog", "hello world, how are you today?",
           "count one two three and return a json object", "you are a helpful assistant"] * 50
 
@@ -86,3 +92,18 @@ def test_build_tokenizer_by_kind(tmp_path: Path) -> None:
     assert build_tokenizer(TokenizerSettings()).name == "sim"
     make_tokenizer_dir(tmp_path)
     assert build_tokenizer(TokenizerSettings(kind="hf", path=str(tmp_path))).name == "hf"
+
+
+def test_prompt_tokens_counts_with_the_loaded_tokenizer_else_the_rule(tmp_path: Path) -> None:
+    """The token-count endpoints' count: the real tokenizer's ids of the templated prompt, or with none loaded the
+    4-characters rule (the sim tokenizer agrees with it); a template's refusal is a 400."""
+    t = HfTokenizer.from_dir(str(make_tokenizer_dir(tmp_path, template=REFUSING)))
+    chat = {"messages": [{"role": "system", "content": "you are a helpful assistant"},
+                         {"role": "user", "content": "hello world, how are you today?"}]}
+    real = len(t.tok.encode(t.render(chat["messages"], None), add_special_tokens=False).ids)
+    rule = count_tokens(render_chat(chat["messages"]))
+    assert prompt_tokens(t, chat) == real != rule
+    assert prompt_tokens(None, chat) == rule == prompt_tokens(build_tokenizer(TokenizerSettings()), chat)
+    with pytest.raises(InvalidRequest, match="no refusals here") as e:
+        prompt_tokens(t, {"messages": [{"role": "user", "content": "refuse me"}]})
+    assert e.value.status == 400 and e.value.param == "messages"

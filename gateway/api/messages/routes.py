@@ -23,6 +23,7 @@ from gateway.api.messages.translate import (
 )
 from gateway.errors import GatewayError, ModelNotFound
 from gateway.state import AppState
+from gateway.tokenizers import prompt_tokens
 
 router = APIRouter()
 
@@ -75,7 +76,8 @@ async def create_message(request: Request) -> Response:
 
 @router.post("/v1/messages/count_tokens")
 async def count_tokens(request: Request) -> Response:
-    """The gateway's estimate under the shared token rule (the engine's tokenizer is not in the gateway); only
+    """The prompt's tokens as the model's tokenizer counts them where the gateway has loaded it (precise/hybrid
+    routing with `routing.kv_events.tokenizer`; chat template applied), else the shared 4-characters rule; only
     for a model this key may use, like a real request."""
     st: AppState = request.app.state.gateway
     try:
@@ -85,6 +87,7 @@ async def count_tokens(request: Request) -> Response:
         chat = to_chat(body, count_only=True)
         if chat["model"] not in tenant.models:
             raise ModelNotFound(f"model: {chat['model']}", param="model")
+        n = prompt_tokens(st.kv_events.tokenizer if st.kv_events is not None else None, chat)
     except GatewayError as e:
         return _error(e, request)
-    return _json({"input_tokens": input_tokens(chat)})
+    return _json({"input_tokens": n})

@@ -234,7 +234,8 @@ def to_chat(body: dict[str, Any], *, count_only: bool = False) -> dict[str, Any]
 
 
 def input_tokens(chat: dict[str, Any]) -> int:
-    """The gateway's token estimate of a prompt (the shared 4-characters-per-token rule, see gateway/tokenizer.py)."""
+    """`message_start`'s estimate of a prompt (the shared 4-characters-per-token rule, see gateway/tokenizer.py):
+    cheap on every streamed request; count_tokens uses the model's tokenizer where one is loaded (tokenizers/)."""
     return count_tokens(render_chat(chat["messages"], chat.get("tools")))
 
 

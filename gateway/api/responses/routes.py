@@ -22,7 +22,7 @@ from gateway.api.responses.translate import ResponsesRequest, from_chat, history
 from gateway.errors import GatewayError, InvalidRequest, ModelNotFound
 from gateway.routing.request import AFFINITY
 from gateway.state import AppState
-from gateway.tokenizer import count_tokens, render_chat
+from gateway.tokenizers import prompt_tokens
 
 router = APIRouter()
 _ID = re.compile(r"^resp_[A-Za-z0-9]{1,64}$")
@@ -131,8 +131,9 @@ async def create_response(request: Request) -> Response:
 
 @router.post("/v1/responses/input_tokens")
 async def count_input_tokens(request: Request) -> Response:
-    """The prompt a create with this body would send (history expanded), counted by the gateway's token rule; only
-    for a model this key may use."""
+    """The prompt a create with this body would send (history expanded), counted by the model's tokenizer where the
+    gateway has loaded it (precise/hybrid routing), else by the shared 4-characters rule; only for a model this key
+    may use."""
     st, _, store, tenant = _ctx(request)
     body = await read_json(request, st.config.max_body_bytes)
     history: list[dict[str, Any]] = []
@@ -145,8 +146,8 @@ async def count_input_tokens(request: Request) -> Response:
                         allow_empty_input=True)
     if req.model not in st.policies.index.identify(request.headers.get("authorization")).models:
         raise ModelNotFound(f"The model '{req.model}' does not exist or you do not have access to it.", param="model")
-    return _json({"object": "response.input_tokens",
-                  "input_tokens": count_tokens(render_chat(req.chat["messages"], req.chat.get("tools")))})
+    tokenizer = st.kv_events.tokenizer if st.kv_events is not None else None
+    return _json({"object": "response.input_tokens", "input_tokens": prompt_tokens(tokenizer, req.chat)})
 
 
 @router.get("/v1/responses/{resp_id}")

@@ -100,6 +100,36 @@ def test_count_tokens_matches_what_the_engine_counts(client):
     assert bigger.input_tokens > counted.input_tokens
 
 
+def test_count_tokens_uses_the_models_tokenizer_where_the_gateway_loaded_one(tmp_path):
+    """Precise routing with a real tokenizer (routing.kv_events.tokenizer kind hf): count_tokens renders the model's
+    chat template and counts its ids, not the 4-characters rule; a message the template refuses is a 400 in
+    Anthropic's shape (the stack above, with no tokenizer loaded, counts by the rule: the test before)."""
+    from gateway.tokenizer import count_tokens, render_chat
+    from gateway.tokenizers.real import HfTokenizer
+    from tests.tokenizers.test_real_tokenizer import REFUSING, make_tokenizer_dir
+
+    make_tokenizer_dir(tmp_path, template=REFUSING)
+    sims, _ = start_sims(1)
+    gw = start_gateway(config([sglang_pool("p", sims.urls)], routing={"mode": "precise", "kv_events": {
+        "tokenizer": {"kind": "hf", "path": str(tmp_path), "check_engine": False}}}))
+    try:
+        c = anthropic.Anthropic(base_url=gw.urls[0], api_key=KEY_A, max_retries=0)
+        msgs = [{"role": "system", "content": "you are a helpful assistant"},
+                {"role": "user", "content": "hello world, how are you today?"}]
+        t = HfTokenizer.from_dir(str(tmp_path))
+        want = len(t.tok.encode(t.render(msgs, None), add_special_tokens=False).ids)
+        assert want != count_tokens(render_chat(msgs))  # the two paths disagree on this prompt
+        counted = c.messages.count_tokens(model="glm-5.2", system=msgs[0]["content"], messages=msgs[1:])
+        assert counted.input_tokens == want
+        with pytest.raises(anthropic.BadRequestError) as e:
+            c.messages.count_tokens(model="glm-5.2", messages=[{"role": "user", "content": "refuse me"}])
+        assert e.value.body["type"] == "error" and e.value.body["error"]["type"] == "invalid_request_error"
+        assert "no refusals here" in e.value.body["error"]["message"]
+    finally:
+        gw.stop()
+        sims.stop()
+
+
 def test_error_classes(stack, client):
     bad_key = anthropic.Anthropic(base_url=stack["url"], api_key="sk-wrong", max_retries=0)
     with pytest.raises(anthropic.AuthenticationError) as e:

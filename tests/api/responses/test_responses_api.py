@@ -343,3 +343,29 @@ def test_input_tokens_counts_what_a_create_would_send(client):
     assert counted.input_tokens == r2.usage.input_tokens > r1.usage.input_tokens
     with pytest.raises(openai.NotFoundError):
         client.responses.input_tokens.count(model="no-such-model", input="x")
+
+
+def test_input_tokens_uses_the_models_tokenizer_where_the_gateway_loaded_one(tmp_path):
+    """Precise routing with a real tokenizer (routing.kv_events.tokenizer kind hf): input_tokens counts the templated
+    prompt, stored history included, with it; without one (the stack above) the 4-characters rule (the test before)."""
+    from gateway.tokenizer import count_tokens, render_chat
+    from gateway.tokenizers.real import HfTokenizer
+    from tests.tokenizers.test_real_tokenizer import make_tokenizer_dir
+
+    make_tokenizer_dir(tmp_path)
+    sims, _ = start_sims(1)
+    gw = start_gateway(_cfg(sims.urls, routing={"mode": "precise", "kv_events": {
+        "tokenizer": {"kind": "hf", "path": str(tmp_path), "check_engine": False}}}))
+    try:
+        c = OpenAI(base_url=gw.urls[0] + "/v1", api_key=KEY_A, max_retries=0)
+        r1 = c.responses.create(model="glm-5.2", input="hello world", max_output_tokens=4)
+        counted = c.responses.input_tokens.count(model="glm-5.2", input="how are you today?",
+                                                 instructions="you are a helpful assistant", previous_response_id=r1.id)
+        msgs = [{"role": "system", "content": "you are a helpful assistant"}, {"role": "user", "content": "hello world"},
+                {"role": "assistant", "content": r1.output_text}, {"role": "user", "content": "how are you today?"}]
+        t = HfTokenizer.from_dir(str(tmp_path))
+        want = len(t.tok.encode(t.render(msgs, None), add_special_tokens=False).ids)
+        assert counted.input_tokens == want != count_tokens(render_chat(msgs))
+    finally:
+        gw.stop()
+        sims.stop()
