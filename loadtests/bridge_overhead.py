@@ -27,6 +27,7 @@ from typing import Any
 import httpx
 import orjson
 import yaml
+from tqdm import tqdm
 
 from gateway.config import hash_key
 from loadtests.procs import Proc, cpu_seconds
@@ -106,12 +107,17 @@ async def main_async(a: argparse.Namespace) -> None:
             ok, errors, _, _ = await closed_loop(base, path, body, 2, 0.5, gw.pid)
             if not ok or errors:
                 raise RuntimeError(f"{name}: {ok} ok, {errors} errors in warm-up (see {work}/gateway.log)")
-        for r in range(a.rounds):
-            print(f"round {r + 1}/{a.rounds}", file=sys.stderr, flush=True)
-            for name, (path, body) in todo.items():
-                ok, errors, cpu, lat = await closed_loop(base, path, body, a.concurrency, a.seconds, gw.pid)
-                results[name].append({"cpu_ms": cpu * 1000 / max(ok, 1), "rps": ok / a.seconds, "errors": errors,
-                                      "p50_ms": statistics.median(lat) * 1000 if lat else float("nan")})
+        # one step per case per round, drawn between measurements, never per request (the client shares the cores
+        # with the gateway it measures)
+        tqdm.monitor_interval = 0  # no tqdm monitor thread waking in the measuring client
+        with tqdm(total=a.rounds * len(todo), unit="case", file=sys.stderr, leave=False, disable=a.no_progress) as bar:
+            for r in range(a.rounds):
+                for name, (path, body) in todo.items():
+                    bar.set_description(f"round {r + 1}/{a.rounds}: {name}")
+                    ok, errors, cpu, lat = await closed_loop(base, path, body, a.concurrency, a.seconds, gw.pid)
+                    results[name].append({"cpu_ms": cpu * 1000 / max(ok, 1), "rps": ok / a.seconds, "errors": errors,
+                                          "p50_ms": statistics.median(lat) * 1000 if lat else float("nan")})
+                    bar.update()
     finally:
         gw.stop()
         stub.stop()
@@ -140,6 +146,7 @@ def main() -> None:
     p.add_argument("--stream-tokens", type=int, default=64)
     p.add_argument("--port", type=int, default=18580)
     p.add_argument("--sim-port", type=int, default=18560)
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (stderr)")
     asyncio.run(main_async(p.parse_args()))
 
 

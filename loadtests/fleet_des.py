@@ -14,6 +14,8 @@ import argparse
 import sys
 import time
 
+from tqdm import tqdm
+
 from gateway.sim.fleet import FleetResult, run_fleet
 from loadtests.report import OUT, save_json, table
 
@@ -24,16 +26,27 @@ def main() -> None:
     p.add_argument("--rate", type=float, default=2.28, help="req/s per node (0.95 x 2.4 by default)")
     p.add_argument("--duration", type=float, default=120.0)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (stderr)")
     a = p.parse_args()
     results: list[FleetResult] = []
     variants = [("prefix_sla_cost", 1, True), ("prefix_sla_cost", 2, False), ("round_robin", 1, True), ("least_loaded", 1, True)]
-    for n in [int(x) for x in a.nodes.split(",")]:
+    sizes = [int(x) for x in a.nodes.split(",")]
+    # run_fleet has no per-arrival hook: the bar advances per run, by the run's expected arrivals (its cost grows
+    # with the fleet), so the ETA holds when 64 nodes follow 4
+    expected = {n: round(n * a.rate * a.duration) for n in sizes}
+    bar = tqdm(total=sum(expected.values()) * len(variants), unit="req", file=sys.stderr, leave=False,
+               disable=a.no_progress)
+    for n in sizes:
         for policy, gws, shared in variants:
+            bar.set_description(f"{policy} x{gws} @ {n} nodes")
             t0 = time.time()
             r = run_fleet(policy, n, a.rate, a.duration, a.seed, gateways=gws, shared=shared)
-            print(f"  {r.policy} @ {n} nodes: hit {r.hit_rate:.3f} p95 {r.ttft_p95:.2f} s ({time.time() - t0:.0f} s wall)",
-                  file=sys.stderr, flush=True)
+            wall = time.time() - t0
+            tqdm.write(f"  {r.policy} @ {n} nodes: hit {r.hit_rate:.3f} p95 {r.ttft_p95:.2f} s ({wall:.0f} s wall)",
+                       file=sys.stderr)
+            bar.update(expected[n])
             results.append(r)
+    bar.close()
     print(f"\nFleet on a virtual clock: Wafer workload at {a.rate} req/s per node, {a.duration:.0f} simulated s per run, "
           "TTFT SLA 2.22 s")
     print(table(["policy", "nodes", "req/s/node", "requests", "hit rate", "TTFT p50", "TTFT p95", "within SLA", "spill",

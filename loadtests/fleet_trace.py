@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from tqdm import tqdm
 
 from gateway.replay.bounds import ideal_hit_rate, lru_hit_rate
 from gateway.replay.http import HttpResult, run_http, summary
@@ -73,9 +74,13 @@ async def run_target(a: argparse.Namespace, work: Path, name: str, redis_url: st
         await warm_up(urls[0])
         async with httpx.AsyncClient(timeout=30, trust_env=False) as c:
             before = await engine_tokens(c, mi)
-        cpu0, t0 = sum(cpu_seconds(p.pid) for p in procs), time.perf_counter()
-        res = await run_http(sl, urls[0], MODEL, KEY, a.time_scale, a.concurrency)
-        wall, cpu = time.perf_counter() - t0, sum(cpu_seconds(p.pid) for p in procs) - cpu0
+        # the bar lives in this client process (router CPU below is the routers' processes); opened and closed
+        # outside the timed span
+        with tqdm(total=len(sl), desc=name, unit="req", file=sys.stderr, leave=False, disable=a.no_progress) as bar:
+            cpu0, t0 = sum(cpu_seconds(p.pid) for p in procs), time.perf_counter()
+            res = await run_http(sl, urls[0], MODEL, KEY, a.time_scale, a.concurrency,
+                                 progress=None if a.no_progress else bar.update)
+            wall, cpu = time.perf_counter() - t0, sum(cpu_seconds(p.pid) for p in procs) - cpu0
         async with httpx.AsyncClient(timeout=30, trust_env=False) as c:
             after = await engine_tokens(c, mi)
     finally:
@@ -173,6 +178,7 @@ def main() -> None:
     p.add_argument("--port", type=int, default=19000)
     p.add_argument("--sim-port", type=int, default=19100)
     p.add_argument("--redis-port", type=int, default=19390)
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (stderr) while a target replays")
     a = p.parse_args()
     a.b200_replicas, a.gateways = 0, 1  # fleet_http's launchers read these: MI355X ranks only, one gateway
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the `finally` blocks stop what the run started

@@ -16,7 +16,10 @@ from __future__ import annotations
 
 import argparse
 import random
+import sys
 import time
+
+from tqdm import tqdm
 
 from gateway.config import Routing
 from gateway.kvevents.fleet import install
@@ -56,6 +59,7 @@ def main() -> None:
     p.add_argument("--limit", type=int, default=None)
     p.add_argument("--speculative-s", type=float, default=2.0, help="routing.kv_events.speculative_s (simulated s)")
     p.add_argument("--instances", default="1,2", help="gateway instances per run; above 1 each keeps its own index")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (stderr)")
     a = p.parse_args()
     targets = [(info, cfg.with_overrides(max_total_num_tokens=a.kv_per_rank)) for info, cfg in nodes_targets(a.nodes)]
     if a.wafer_seeds:
@@ -69,11 +73,16 @@ def main() -> None:
         for mode in MODES:
             routing = Routing(mode=mode, kv_events={"speculative_s": a.speculative_s})
             page = targets[0][1].page_size
+            label = f"x{n} {'shared' if n == 1 else 'unshared'} [{mode}]"
+            # per arrival, as `gateway replay` does; closed (leave=False clears it) before the stdout line below
+            bar = tqdm(total=len(trace), desc=label, unit="req", file=sys.stderr, leave=False, disable=a.no_progress)
             t0 = time.perf_counter()
-            r = replay(trace, targets, routing, instances=n, shared=n == 1, bounds=bounds,
-                       label=f"x{n} {'shared' if n == 1 else 'unshared'} [{mode}]",
+            r = replay(trace, targets, routing, instances=n, shared=n == 1, bounds=bounds, label=label,
+                       progress=None if a.no_progress else bar.update,
                        fleet_hook=lambda fleet, routing=routing, page=page: install(fleet, routing, page))
-            print(f"  {r.label}: {time.perf_counter() - t0:.1f} s wall", flush=True)
+            wall = time.perf_counter() - t0
+            bar.close()
+            print(f"  {r.label}: {wall:.1f} s wall", flush=True)
             rows.append(r.row())
     print(f"\n{a.trace}: {len(trace)} requests on {a.nodes} nodes ({2 * a.nodes} ranks x {a.kv_per_rank / 1e6:.1f}M KV "
           f"tokens; speculative_s {a.speculative_s:g}); ideal hit {bounds[0] * 100:.1f}%, LRU bound {bounds[1] * 100:.1f}%")
@@ -88,7 +97,11 @@ def wafer(a: argparse.Namespace, targets: list[tuple[TargetInfo, ReplicaConfig]]
     page = targets[0][1].page_size
     print("| instances | mode | mean hit | min..max over seeds | mean TTFT p95 (s) | mean within SLA | predicted / realized "
           "cached |\n|---|---|---|---|---|---|---|")
-    for n in (int(x) for x in a.instances.split(",")):
+    instances = [int(x) for x in a.instances.split(",")]
+    # one bar over all replays; the table rows go to stdout through tqdm.write so they do not land inside it
+    bar = tqdm(total=len(instances) * a.wafer_seeds * len(MODES), desc="wafer", unit="replay", file=sys.stderr,
+               leave=False, disable=a.no_progress)
+    for n in instances:
         got: dict[str, list[tuple[float, float, float]]] = {m: [] for m in MODES}
         cached = {m: [0.0, 0.0] for m in MODES}  # the router's predicted and the engines' realized cached tokens
         for seed in range(a.wafer_seeds):
@@ -100,12 +113,15 @@ def wafer(a: argparse.Namespace, targets: list[tuple[TargetInfo, ReplicaConfig]]
                 got[mode].append((r.hit_rate, r.ttft_p95, r.within_sla))
                 cached[mode][0] += sum(t[3] for t in r.timeline)
                 cached[mode][1] += sum(t[4] for t in r.timeline)
+                bar.update()
         for mode, rs in got.items():
             hits = [h for h, _, _ in rs]
-            print(f"| {n}{' (shared)' if n == 1 else ' (unshared)'} | {mode} | {sum(hits) / len(hits) * 100:.2f}% | "
-                  f"{min(hits) * 100:.1f}..{max(hits) * 100:.1f}% | {sum(x for _, x, _ in rs) / len(rs):.2f} | "
-                  f"{sum(x for _, _, x in rs) / len(rs) * 100:.1f}% | {cached[mode][0] / max(cached[mode][1], 1):.3f} |",
-                  flush=True)
+            tqdm.write(f"| {n}{' (shared)' if n == 1 else ' (unshared)'} | {mode} | {sum(hits) / len(hits) * 100:.2f}% | "
+                       f"{min(hits) * 100:.1f}..{max(hits) * 100:.1f}% | {sum(x for _, x, _ in rs) / len(rs):.2f} | "
+                       f"{sum(x for _, _, x in rs) / len(rs) * 100:.1f}% | "
+                       f"{cached[mode][0] / max(cached[mode][1], 1):.3f} |", file=sys.stdout)
+            sys.stdout.flush()
+    bar.close()
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ from typing import Any
 import httpx
 import orjson
 import yaml
+from tqdm import tqdm
 
 from gateway.config import hash_key
 from loadtests.peers import ensure
@@ -170,15 +171,22 @@ async def main_async(a: argparse.Namespace) -> None:
             await asyncio.sleep(1.0)
             if t.proc:
                 t.idle_rss = rss_mib(t.proc.pid)
-        for r in range(a.rounds):
-            print(f"round {r + 1}/{a.rounds}", file=sys.stderr, flush=True)
-            for t in targets:
-                lat, err, cpu = await closed_loop(t, a.concurrency, a.seconds, BODY)
-                tput_lat, tput_err, tput_cpu = await closed_loop(t, 64, a.seconds, BODY)
-                chunks = await sse_rate(t, 16, 5_000)
-                t.rounds.append({"p50": pct(lat, 0.5), "p99": pct(lat, 0.99), "n": len(lat), "errors": err + tput_err,
-                                 "cpu_ms": cpu * 1000 / max(len(lat), 1), "max_rps": len(tput_lat) / a.seconds,
-                                 "cpu_ms_at_max": tput_cpu * 1000 / max(len(tput_lat), 1), "sse_chunks_s": chunks})
+        # one step per target per round, drawn between measurements: nothing runs in this process while one is
+        # timed (tqdm draws only on set_description / update; no per-request work)
+        tqdm.monitor_interval = 0  # no tqdm monitor thread waking in the measuring client
+        with tqdm(total=a.rounds * len(targets), unit="target", file=sys.stderr, leave=False,
+                  disable=a.no_progress) as bar:
+            for r in range(a.rounds):
+                for t in targets:
+                    bar.set_description(f"round {r + 1}/{a.rounds}: {t.name}")
+                    lat, err, cpu = await closed_loop(t, a.concurrency, a.seconds, BODY)
+                    tput_lat, tput_err, tput_cpu = await closed_loop(t, 64, a.seconds, BODY)
+                    chunks = await sse_rate(t, 16, 5_000)
+                    t.rounds.append({"p50": pct(lat, 0.5), "p99": pct(lat, 0.99), "n": len(lat),
+                                     "errors": err + tput_err, "cpu_ms": cpu * 1000 / max(len(lat), 1),
+                                     "max_rps": len(tput_lat) / a.seconds,
+                                     "cpu_ms_at_max": tput_cpu * 1000 / max(len(tput_lat), 1), "sse_chunks_s": chunks})
+                    bar.update()
     finally:
         for t in targets:
             if t.proc:
@@ -214,6 +222,7 @@ def main() -> None:
     p.add_argument("--peers", default="litellm,sglang-router", help="comma-separated; '' for none")
     p.add_argument("--baseline", default=None, help="a checkout of an earlier revision: its gateway joins the run")
     p.add_argument("--baseline-label", default="baseline")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (stderr)")
     asyncio.run(main_async(p.parse_args()))
 
 

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import httpx
@@ -87,7 +88,8 @@ async def _one(client: httpx.AsyncClient, base: str, model: str, r: TraceRecord,
 
 
 async def run_http(trace: Sequence[TraceRecord], base: str, model: str, api_key: str, speed: float,
-                   concurrency: int) -> list[HttpResult]:
+                   concurrency: int, progress: Callable[[], None] | None = None) -> list[HttpResult]:
+    """`progress`: called as each request finishes (a progress bar's update)."""
     sem = asyncio.Semaphore(concurrency)
     headers = {"Authorization": f"Bearer {api_key}", "Content-Type": "application/json"}
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
@@ -102,7 +104,9 @@ async def run_http(trace: Sequence[TraceRecord], base: str, model: str, api_key:
                 lag = time.perf_counter() - t0 - due
                 res = await _one(client, base, model, r, headers)
                 res.lag = lag
-                return res
+            if progress:
+                progress()
+            return res
 
         return list(await asyncio.gather(*(fire(r) for r in trace)))
 
@@ -119,7 +123,12 @@ def summary(results: Sequence[HttpResult], sla_s: float) -> dict[str, float]:
 
 
 def replay_http(trace: Sequence[TraceRecord], args: argparse.Namespace) -> int:
-    results = asyncio.run(run_http(trace, args.http, args.http_model, args.api_key, args.speed, args.concurrency))
+    from tqdm import tqdm  # stderr, so the summary on stdout stays clean
+
+    with tqdm(total=len(trace), desc=args.http, unit="req", file=sys.stderr, leave=False,
+              disable=args.no_progress) as bar:
+        results = asyncio.run(run_http(trace, args.http, args.http_model, args.api_key, args.speed, args.concurrency,
+                                       progress=None if args.no_progress else bar.update))
     s = summary(results, (args.sla_ms or 2220) / 1000)
     errors: dict[str, int] = {}
     for r in results:
