@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from gateway.replay.trace import TraceRecord, write_trace
-from tests.helpers import free_port
+from tests.helpers import free_port, free_port_base
 
 
 def _sessions() -> list[TraceRecord]:
@@ -29,7 +29,8 @@ def test_fleet_trace_replays_a_slice_through_the_gateway(tmp_path: Path) -> None
     trace = tmp_path / "t.jsonl"
     with trace.open("w") as f:
         write_trace(_sessions(), f)
-    port, sim_port, redis_port = free_port(), free_port(), free_port()
+    # the script takes port..port+3 for gateways and sim_port.. for the simulators: whole free ranges, not one port
+    port, sim_port, redis_port = free_port_base((0, 1, 2, 3)), free_port_base((0, 1, 2, 3)), free_port()
     r = subprocess.run([sys.executable, "-m", "loadtests.fleet_trace", "--trace", str(trace), "--slice-s", "60",
                         "--nodes", "1", "--time-scale", "20", "--targets", "this router", "--out", str(tmp_path / "r"),
                         "--png", str(tmp_path / "r.png"), "--port", str(port), "--sim-port", str(sim_port),
