@@ -60,8 +60,17 @@ def main() -> None:
     p.add_argument("--speculative-s", type=float, default=2.0, help="routing.kv_events.speculative_s (simulated s)")
     p.add_argument("--instances", default="1,2", help="gateway instances per run; above 1 each keeps its own index")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (stderr)")
+    w = p.add_argument_group("the Wafer workload (--wafer-seeds); defaults: the HTTP benchmark's evicting scenario")
+    w.add_argument("--wafer-groups", type=int, default=48)
+    w.add_argument("--wafer-prefix-tokens", type=int, default=8000)
+    w.add_argument("--wafer-prompt-tokens", type=int, default=10_000)
+    w.add_argument("--wafer-output-tokens", type=int, default=256)
+    w.add_argument("--wafer-rate", type=float, default=4.0, help="requests per second")
+    w.add_argument("--wafer-duration", type=float, default=120.0, help="seconds of arrivals")
+    p.add_argument("--b200", type=int, default=0, help="per-token B200 replicas beside the nodes (the spill pool)")
     a = p.parse_args()
-    targets = [(info, cfg.with_overrides(max_total_num_tokens=a.kv_per_rank)) for info, cfg in nodes_targets(a.nodes)]
+    targets = [(info, cfg.with_overrides(max_total_num_tokens=a.kv_per_rank) if info.prefix_cache else cfg)
+               for info, cfg in nodes_targets(a.nodes, a.b200)]
     if a.wafer_seeds:
         wafer(a, targets)
         return
@@ -96,21 +105,25 @@ def main() -> None:
 def wafer(a: argparse.Namespace, targets: list[tuple[TargetInfo, ReplicaConfig]]) -> None:
     page = targets[0][1].page_size
     print("| instances | mode | mean hit | min..max over seeds | mean TTFT p95 (s) | mean within SLA | predicted / realized "
-          "cached |\n|---|---|---|---|---|---|---|")
+          "cached | index corrections | spill |\n|---|---|---|---|---|---|---|---|---|")
     instances = [int(x) for x in a.instances.split(",")]
     # one bar over all replays; the table rows go to stdout through tqdm.write so they do not land inside it
     bar = tqdm(total=len(instances) * a.wafer_seeds * len(MODES), desc="wafer", unit="replay", file=sys.stderr,
                leave=False, disable=a.no_progress)
     for n in instances:
         got: dict[str, list[tuple[float, float, float]]] = {m: [] for m in MODES}
+        extra = {m: [0, 0.0] for m in MODES}  # index corrections (summed), spill share (summed over seeds)
         cached = {m: [0.0, 0.0] for m in MODES}  # the router's predicted and the engines' realized cached tokens
         for seed in range(a.wafer_seeds):
-            trace = wafer_trace(seed)
+            trace = wafer_trace(seed, a.wafer_groups, a.wafer_prefix_tokens, a.wafer_prompt_tokens,
+                                a.wafer_output_tokens, a.wafer_rate, a.wafer_duration)
             for mode in MODES:
                 routing = Routing(mode=mode, kv_events={"speculative_s": a.speculative_s})
                 r = replay(trace, targets, routing, instances=n, shared=n == 1,
                            fleet_hook=lambda fleet, routing=routing: install(fleet, routing, page))
                 got[mode].append((r.hit_rate, r.ttft_p95, r.within_sla))
+                extra[mode][0] += r.corrections
+                extra[mode][1] += r.spill
                 cached[mode][0] += sum(t[3] for t in r.timeline)
                 cached[mode][1] += sum(t[4] for t in r.timeline)
                 bar.update()
@@ -119,7 +132,8 @@ def wafer(a: argparse.Namespace, targets: list[tuple[TargetInfo, ReplicaConfig]]
             tqdm.write(f"| {n}{' (shared)' if n == 1 else ' (unshared)'} | {mode} | {sum(hits) / len(hits) * 100:.2f}% | "
                        f"{min(hits) * 100:.1f}..{max(hits) * 100:.1f}% | {sum(x for _, x, _ in rs) / len(rs):.2f} | "
                        f"{sum(x for _, _, x in rs) / len(rs) * 100:.1f}% | "
-                       f"{cached[mode][0] / max(cached[mode][1], 1):.3f} |", file=sys.stdout)
+                       f"{cached[mode][0] / max(cached[mode][1], 1):.3f} | {extra[mode][0]} | "
+                       f"{extra[mode][1] / len(rs) * 100:.1f}% |", file=sys.stdout)
             sys.stdout.flush()
     bar.close()
 
