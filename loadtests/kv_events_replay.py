@@ -67,6 +67,8 @@ def main() -> None:
     w.add_argument("--wafer-output-tokens", type=int, default=256)
     w.add_argument("--wafer-rate", type=float, default=4.0, help="requests per second")
     w.add_argument("--wafer-duration", type=float, default=120.0, help="seconds of arrivals")
+    p.add_argument("--branches", action="store_true", help="with --wafer-seeds: decision branches per mode, summed "
+                   "over the seeds (requests, and what the best candidate held)")
     p.add_argument("--b200", type=int, default=0, help="per-token B200 replicas beside the nodes (the spill pool)")
     a = p.parse_args()
     targets = [(info, cfg.with_overrides(max_total_num_tokens=a.kv_per_rank) if info.prefix_cache else cfg)
@@ -113,6 +115,7 @@ def wafer(a: argparse.Namespace, targets: list[tuple[TargetInfo, ReplicaConfig]]
     for n in instances:
         got: dict[str, list[tuple[float, float, float]]] = {m: [] for m in MODES}
         extra = {m: [0, 0.0] for m in MODES}  # index corrections (summed), spill share (summed over seeds)
+        branches: dict[str, dict[str, list[float]]] = {m: {} for m in MODES}  # requests, best held, prompt
         cached = {m: [0.0, 0.0] for m in MODES}  # the router's predicted and the engines' realized cached tokens
         for seed in range(a.wafer_seeds):
             trace = wafer_trace(seed, a.wafer_groups, a.wafer_prefix_tokens, a.wafer_prompt_tokens,
@@ -123,6 +126,11 @@ def wafer(a: argparse.Namespace, targets: list[tuple[TargetInfo, ReplicaConfig]]
                            fleet_hook=lambda fleet, routing=routing: install(fleet, routing, page))
                 got[mode].append((r.hit_rate, r.ttft_p95, r.within_sla))
                 extra[mode][0] += r.corrections
+                for b, v in r.branches.items():
+                    acc = branches[mode].setdefault(b, [0, 0.0, 0.0])
+                    acc[0] += int(v["requests"])
+                    acc[1] += v["best"]
+                    acc[2] += v["prompt"]
                 extra[mode][1] += r.spill
                 cached[mode][0] += sum(t[3] for t in r.timeline)
                 cached[mode][1] += sum(t[4] for t in r.timeline)
@@ -135,6 +143,11 @@ def wafer(a: argparse.Namespace, targets: list[tuple[TargetInfo, ReplicaConfig]]
                        f"{cached[mode][0] / max(cached[mode][1], 1):.3f} | {extra[mode][0]} | "
                        f"{extra[mode][1] / len(rs) * 100:.1f}% |", file=sys.stdout)
             sys.stdout.flush()
+        if a.branches:
+            for mode, bs in branches.items():
+                tqdm.write(f"    {n} instance(s) [{mode}] branches: " + ", ".join(
+                    f"{b} {int(v[0])} (best candidate held {v[1] / max(v[2], 1) * 100:.1f}%)"
+                    for b, v in sorted(bs.items(), key=lambda kv: -kv[1][0])), file=sys.stdout)
     bar.close()
 
 
