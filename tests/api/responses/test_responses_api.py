@@ -172,11 +172,11 @@ def test_mid_stream_failure_ends_with_error_and_failed_events(stack, client):
     assert "response.completed" not in types
 
 
-def test_agents_sdk_runs_a_tool_using_agent_to_completion(stack):
-    from agents import Agent, ModelSettings, OpenAIResponsesModel, Runner, function_tool, set_tracing_disabled
+def _research_agent(base: str, seen: list[str], max_tokens: int):
+    """An openai-agents Agent on the gateway's Responses API that must call its one tool (calls land in `seen`)."""
+    from agents import Agent, ModelSettings, OpenAIResponsesModel, function_tool, set_tracing_disabled
 
     set_tracing_disabled(True)
-    seen: list[str] = []
 
     @function_tool
     def lookup(query: str) -> str:
@@ -184,11 +184,17 @@ def test_agents_sdk_runs_a_tool_using_agent_to_completion(stack):
         seen.append(query)
         return "Prefix caches keep the KV of shared prompt prefixes."
 
-    client = AsyncOpenAI(base_url=stack["base"], api_key=KEY_A, max_retries=0)
-    agent = Agent(name="researcher", instructions="Use the lookup tool, then answer.", tools=[lookup],
-                  model=OpenAIResponsesModel(model="glm-5.2", openai_client=client),
-                  model_settings=ModelSettings(tool_choice="required", max_tokens=24))
-    result = asyncio.run(Runner.run(agent, "What is a prefix cache?", max_turns=4))
+    client = AsyncOpenAI(base_url=base, api_key=KEY_A, max_retries=0)
+    return Agent(name="researcher", instructions="Use the lookup tool, then answer.", tools=[lookup],
+                 model=OpenAIResponsesModel(model="glm-5.2", openai_client=client),
+                 model_settings=ModelSettings(tool_choice="required", max_tokens=max_tokens))
+
+
+def test_agents_sdk_runs_a_tool_using_agent_to_completion(stack):
+    from agents import Runner
+
+    seen: list[str] = []
+    result = asyncio.run(Runner.run(_research_agent(stack["base"], seen, 24), "What is a prefix cache?", max_turns=4))
     assert seen, "the agent never called its tool"
     assert isinstance(result.final_output, str) and result.final_output
     kinds = [type(i).__name__ for i in result.new_items]
@@ -198,23 +204,12 @@ def test_agents_sdk_runs_a_tool_using_agent_to_completion(stack):
 def test_agents_sdk_streamed_run_completes(stack):
     """`Runner.run_streamed` consumes the typed event stream itself (and fails a run whose stream ends otherwise
     than `response.completed`), so this checks the event sequence against the SDK's own accumulator."""
-    from agents import Agent, ModelSettings, OpenAIResponsesModel, Runner, function_tool, set_tracing_disabled
+    from agents import Runner
 
-    set_tracing_disabled(True)
     seen: list[str] = []
 
-    @function_tool
-    def lookup(query: str) -> str:
-        """Look a topic up."""
-        seen.append(query)
-        return "Prefix caches keep the KV of shared prompt prefixes."
-
     async def run() -> tuple[object, list[str]]:
-        client = AsyncOpenAI(base_url=stack["base"], api_key=KEY_A, max_retries=0)
-        agent = Agent(name="researcher", instructions="Use the lookup tool, then answer.", tools=[lookup],
-                      model=OpenAIResponsesModel(model="glm-5.2", openai_client=client),
-                      model_settings=ModelSettings(tool_choice="required", max_tokens=4000))
-        result = Runner.run_streamed(agent, "What is a prefix cache?", max_turns=4)
+        result = Runner.run_streamed(_research_agent(stack["base"], seen, 4000), "What is a prefix cache?", max_turns=4)
         kinds = [ev.type async for ev in result.stream_events()]
         return result, kinds
 
