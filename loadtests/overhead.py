@@ -207,8 +207,19 @@ async def main_async(a: argparse.Namespace) -> None:
 
     print(f"\nOverhead, {a.rounds} interleaved rounds x {a.seconds:.0f} s, concurrency {a.concurrency}, non-streaming chat "
           f"(16 tokens) against an instant stub upstream; load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
+    if a.tokenizer_cost:  # after every server has stopped: measured in this process, nothing else running
+        from loadtests.tokenize_cost import measure
+
+        about, steps = measure()
+        wanted = ("HF tokenizer, first turn", "HF tokenizer, next turn", "approximate mode", "event consumer")
+        for name, ms in steps:
+            if name.startswith(wanted):
+                rows.append([f"+ {name.split(':')[0].split(' (')[0]} (20k-token chat)", "-", "-", "-", f"{ms:.2f}",
+                             "-", "-", "-", "-", "-"])
     print(table(["target", "p50 ms", "added p50 ms", "added p99 ms", "CPU ms/req", "CPU ms/req @64", "max req/s (c=64)",
                  "idle RSS MiB", "SSE chunks/s", "errors"], rows))
+    if a.tokenizer_cost:
+        print(f"(+ rows: the per-request steps of routing.mode precise/hybrid, in-process, loadtests/tokenize_cost.py; {about})")
     save_json("overhead", {"args": vars(a), "targets": {t.name: {"rounds": t.rounds, "idle_rss_mib": t.idle_rss} for t in targets}})
 
 
@@ -222,6 +233,8 @@ def main() -> None:
     p.add_argument("--peers", default="litellm,sglang-router", help="comma-separated; '' for none")
     p.add_argument("--baseline", default=None, help="a checkout of an earlier revision: its gateway joins the run")
     p.add_argument("--baseline-label", default="baseline")
+    p.add_argument("--tokenizer-cost", action="store_true", help="also the precise mode's per-request tokenizer and "
+                   "event costs on a 20k-token chat, as rows under the table (~30 s more: it trains its tokenizer)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (stderr)")
     asyncio.run(main_async(p.parse_args()))
 

@@ -95,23 +95,19 @@ def cpu_ms(fn: Callable[[], Any], reps: int) -> float:
     return statistics.median(times) * 1000
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--tokens", type=int, default=20_000)
-    p.add_argument("--vocab", type=int, default=32_000)
-    p.add_argument("--reps", type=int, default=30)
-    p.add_argument("--block-size", type=int, default=64)
-    a = p.parse_args()
+def measure(tokens: int = 20_000, vocab: int = 32_000, reps: int = 30, block_size: int = 64) -> tuple[str, list[tuple[str, float]]]:
+    """(a line describing the request, [(step, CPU ms per request)]): the rows this script prints, also printed
+    under loadtests/overhead.py's table (`--tokenizer-cost`)."""
     with tempfile.TemporaryDirectory() as d:
-        hf = build_tokenizer(Path(d), a.vocab)
-        msgs, nxt = conversation(hf, a.tokens)
+        hf = build_tokenizer(Path(d), vocab)
+        msgs, nxt = conversation(hf, tokens)
         body, next_body = {"messages": msgs}, {"messages": nxt}
         n_tokens = len(hf.encode_request("chat/completions", body))
         sim = SimRuleTokenizer()
-        hf_hasher = TokenPrefixHasher(hf, a.block_size)
-        sim_hasher = TokenPrefixHasher(sim, a.block_size)
+        hf_hasher = TokenPrefixHasher(hf, block_size)
+        sim_hasher = TokenPrefixHasher(sim, block_size)
         sim_text_tokens = len(sim.encode_request("chat/completions", body))
-        store, remove = events_for(sim.encode_request("chat/completions", body).tolist(), a.block_size)
+        store, remove = events_for(sim.encode_request("chat/completions", body).tolist(), block_size)
 
         def cold() -> None:
             hf._cache.clear()
@@ -125,26 +121,37 @@ def main() -> None:
             hf_hasher("chat/completions", next_body, "m", "tenant:a", 256)
 
         next_times = []
-        for _ in range(a.reps):
+        for _ in range(reps):
             warm()
             next_times.append(cpu_ms(next_turn, 1))
         rows = [
-            ("HF tokenizer, first turn: template + encode + page keys", cpu_ms(cold, a.reps)),
+            ("HF tokenizer, first turn: template + encode + page keys", cpu_ms(cold, reps)),
             ("HF tokenizer, next turn (previous turn's ids cached)", statistics.median(next_times)),
-            ("HF tokenizer, encode only (first turn)", cpu_ms(lambda: hf.encode_text(hf.render(msgs, None)), a.reps)),
+            ("HF tokenizer, encode only (first turn)", cpu_ms(lambda: hf.encode_text(hf.render(msgs, None)), reps)),
             ("simulator token rule: render + ids + page keys", cpu_ms(lambda: sim_hasher("chat/completions", body, "m",
-                                                                                        "tenant:a", 256), a.reps)),
+                                                                                        "tenant:a", 256), reps)),
             ("approximate mode: text-chunk hashes (today's default)", cpu_ms(lambda: prefix_hashes(
-                "chat/completions", body, "m", "tenant:a", 256), a.reps)),
+                "chat/completions", body, "m", "tenant:a", 256), reps)),
             ("event consumer: decode + index this request's BlockStored, then its BlockRemoved",
-             cpu_ms(lambda: consume(store, remove), a.reps)),
+             cpu_ms(lambda: consume(store, remove), reps)),
         ]
-        print(f"request: {n_tokens} tokens under the benchmark tokenizer ({a.vocab} vocab), "
-              f"{sim_text_tokens} under the simulator's rule; {len(json.dumps(body)) // 1024} KiB body; "
-              f"block size {a.block_size}; median of {a.reps}")
-        print("| step | CPU ms per request |\n|---|---|")
-        for name, ms in rows:
-            print(f"| {name} | {ms:.2f} |")
+        about = (f"request: {n_tokens} tokens under the benchmark tokenizer ({vocab} vocab), {sim_text_tokens} under "
+                 f"the simulator's rule; {len(json.dumps(body)) // 1024} KiB body; block size {block_size}; median of {reps}")
+    return about, rows
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--tokens", type=int, default=20_000)
+    p.add_argument("--vocab", type=int, default=32_000)
+    p.add_argument("--reps", type=int, default=30)
+    p.add_argument("--block-size", type=int, default=64)
+    a = p.parse_args()
+    about, rows = measure(a.tokens, a.vocab, a.reps, a.block_size)
+    print(about)
+    print("| step | CPU ms per request |\n|---|---|")
+    for name, ms in rows:
+        print(f"| {name} | {ms:.2f} |")
 
 
 if __name__ == "__main__":
