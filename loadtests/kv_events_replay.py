@@ -143,6 +143,8 @@ def wafer(a: argparse.Namespace, targets: list[tuple[TargetInfo, ReplicaConfig]]
                        f"{cached[mode][0] / max(cached[mode][1], 1):.3f} | {extra[mode][0]} | "
                        f"{extra[mode][1] / len(rs) * 100:.1f}% |", file=sys.stdout)
             sys.stdout.flush()
+        tqdm.write(f"    {n} instance(s), hit per seed: " + "; ".join(
+            f"{mode} " + " ".join(f"{h * 100:.2f}" for h, _, _ in rs) for mode, rs in got.items()), file=sys.stdout)
         if a.branches:
             for mode, bs in branches.items():
                 tqdm.write(f"    {n} instance(s) [{mode}] branches: " + ", ".join(
