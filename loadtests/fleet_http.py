@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import re
 import signal
 import sys
@@ -44,6 +45,9 @@ MI355X_PRICE = {"type": "gpu_hour", "gpus_per_replica": 4, "usd_per_gpu_hour": 2
 def start_sims(a: argparse.Namespace, work: Path, tag: str) -> tuple[list[Proc], list[str], list[str]]:
     common = ["--time-scale", str(a.time_scale), "--stream-interval", str(a.stream_interval), "--jitter", "0"]
     kv = [] if a.kv_capacity is None else ["--kv-capacity", str(a.kv_capacity)]
+    if a.kv_events_port:  # SGLang's KV events, loopback only: replica i publishes on the port + 100 * i
+        kv += ["--kv-events-config", json.dumps({"publisher": "zmq", "endpoint": f"tcp://127.0.0.1:{a.kv_events_port}",
+                                                 "replay_endpoint": f"tcp://127.0.0.1:{a.kv_events_port + 50}"})]
     mi = Proc(f"sim-mi355x-{tag}", [sys.executable, "-m", "gateway.cli", "sim", "--enable-cache-report", "--replicas", str(2 * a.nodes),
                                    "--port", str(a.sim_port), *common, *kv], f"http://127.0.0.1:{a.sim_port}/ping",
               log=work / f"sim-mi355x-{tag}.log")
@@ -84,7 +88,7 @@ def routing_overrides(pairs: list[str] | None) -> dict[str, Any]:
 
 
 def gateway_targets(a: argparse.Namespace, work: Path, policy: str, mi: list[str], b200: list[str], redis_url: str,
-                    prefix: str) -> tuple[list[Proc], list[str]]:
+                    prefix: str, mode: str | None = None) -> tuple[list[Proc], list[str]]:
     ts = a.time_scale
     pools: list[dict[str, Any]] = [{"name": "mi355x", "kind": "sglang", "model": "zai-org/GLM-5.2", "pricing": MI355X_PRICE,
                                     "timing": wall_timing(MI355X_TIMING, ts),
@@ -98,9 +102,9 @@ def gateway_targets(a: argparse.Namespace, work: Path, policy: str, mi: list[str
            "routing": {"policy": policy, "redis_url": redis_url, "redis_prefix": prefix,
                        "ttft_sla_ms": a.sla * 1000 / ts, "stickiness_penalty_ms": 1000 / ts,
                        **({} if a.ttft_quantile_z is None else {"ttft_quantile_z": a.ttft_quantile_z}),
-                       **routing_overrides(getattr(a, "routing_set", None))},
+                       **routing_overrides(getattr(a, "routing_set", None)), **({"mode": mode} if mode else {})},
            "observability": {"log_requests": False}, "timeouts": {"first_byte": 600, "total": 3000, "idle": 120}}
-    path = work / f"gw-{policy}.yaml"
+    path = work / f"gw-{policy}{'-' + mode if mode else ''}.yaml"
     path.write_text(yaml.safe_dump(cfg))
     procs, urls = [], []
     for i in range(a.gateways):
@@ -202,10 +206,11 @@ def start_router(a: argparse.Namespace, work: Path, name: str, mi: list[str], b2
     "vllm-router cache_aware", "LiteLLM least-busy"; "<peer> +B200" also gives the peer the B200 replicas as ordinary
     workers (it has no notion of cost)."""
     if name.startswith("this router"):
-        policy = {"this router": "prefix_sla_cost", "this router / round_robin": "round_robin",
-                  "this router / least_loaded": "least_loaded"}[name]
+        m = re.fullmatch(r"this router \[(approximate|precise|hybrid)\]", name)  # routing.mode (docs/kv-events.md)
+        policy = "prefix_sla_cost" if m else {"this router": "prefix_sla_cost", "this router / round_robin": "round_robin",
+                                              "this router / least_loaded": "least_loaded"}[name]
         return gateway_targets(a, work, policy, mi, b200 if policy == "prefix_sla_cost" else [], redis_url,
-                               f"{policy}{id(work)}:")
+                               f"{policy}{m.group(1) if m else ''}{id(work)}:", m.group(1) if m else None)
     workers = mi + b200 if name.endswith("+B200") else mi
     if name.startswith("SGLang router"):
         policy = "round_robin" if "round_robin" in name else "cache_aware"
@@ -237,7 +242,7 @@ async def run_target(a: argparse.Namespace, work: Path, name: str, redis_url: st
         async with httpx.AsyncClient(timeout=3000, trust_env=False) as c:
             await warm_up(c, urls, wl, headers, per_group=1)
         rows = []
-        ours = name == "this router"
+        ours = name == "this router" or name.startswith("this router [")
         engines = mi + b200
         for m in (a.rates if ours else a.peer_rates or a.rates):
             rate = m * 2.4 * a.nodes
@@ -273,6 +278,11 @@ async def run_target(a: argparse.Namespace, work: Path, name: str, redis_url: st
             else:
                 s["spill"] = sum(r.headers.get("x-gateway-pool") == "b200" for r in res) / max(len(res), 1)
                 s.update(fleet_cost(a, res))
+            if "[precise]" in name or "[hybrid]" in name:  # the events really drove it: subscriptions at the end
+                async with httpx.AsyncClient(trust_env=False) as c:
+                    root = urls[0].removesuffix("/v1")  # the targets' URLs are OpenAI bases
+                    kv = (await c.get(root + "/readyz", timeout=10)).json().get("kv_events", {})
+                s["kv_events_healthy"] = f"{kv.get('healthy')}/{kv.get('total')}"
             rows.append(s)
             print(f"  {name} @ {rate:.1f} req/s: hit {s['cache_hit']:.3f} p95 {s['ttft_p95']:.2f} s success {s['success']:.3f}",
                   file=sys.stderr, flush=True)
@@ -336,6 +346,8 @@ def main() -> None:
     p.add_argument("--stream-interval", type=int, default=16)
     p.add_argument("--kv-capacity", type=int, default=None, help="KV tokens per MI355X replica (default: the profile's)")
     p.add_argument("--groups-per-node", type=int, default=16)
+    p.add_argument("--kv-events-port", type=int, default=None, help="the MI355X simulators publish KV events from this "
+                   "port (replica i: + 100 * i); targets 'this router [precise]' / '[hybrid]' route on them")
     p.add_argument("--sla", type=float, default=2.22)
     p.add_argument("--routing-set", action="append", metavar="KEY=VALUE", help="a routing setting for this router "
                    "(repeatable), e.g. recompute_weight=0")
