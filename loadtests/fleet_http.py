@@ -45,7 +45,7 @@ MI355X_PRICE = {"type": "gpu_hour", "gpus_per_replica": 4, "usd_per_gpu_hour": 2
 def start_sims(a: argparse.Namespace, work: Path, tag: str) -> tuple[list[Proc], list[str], list[str]]:
     common = ["--time-scale", str(a.time_scale), "--stream-interval", str(a.stream_interval), "--jitter", "0"]
     kv = [] if a.kv_capacity is None else ["--kv-capacity", str(a.kv_capacity)]
-    if a.kv_events_port:  # SGLang's KV events, loopback only: replica i publishes on the port + 100 * i
+    if getattr(a, "kv_events_port", None):  # SGLang's KV events, loopback only: replica i publishes on the port + 100 * i
         kv += ["--kv-events-config", json.dumps({"publisher": "zmq", "endpoint": f"tcp://127.0.0.1:{a.kv_events_port}",
                                                  "replay_endpoint": f"tcp://127.0.0.1:{a.kv_events_port + 50}"})]
     mi = Proc(f"sim-mi355x-{tag}", [sys.executable, "-m", "gateway.cli", "sim", "--enable-cache-report", "--replicas", str(2 * a.nodes),
