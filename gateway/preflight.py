@@ -88,6 +88,7 @@ class Report:
     url: str
     facts: ServerFacts | None = None
     findings: list[Finding] = field(default_factory=list)
+    refused: bool = False  # /server_info's connection was refused (down for sure), not slow or failing
 
     @property
     def ok(self) -> bool:
@@ -134,6 +135,7 @@ async def inspect(client: httpx.AsyncClient, pool: SGLangPool, server: str, url:
     try:
         status, info = await server_info(client, url, headers)
     except (httpx.HTTPError, ValueError) as e:
+        rep.refused = isinstance(e, httpx.ConnectError)
         rep.findings.append(Finding("reachable", f"/server_info unreachable ({type(e).__name__}: {e})"))
         return rep
     if status == 401:

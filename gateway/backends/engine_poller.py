@@ -45,6 +45,7 @@ class EnginePoller:
                                    registry=metrics_registry) if metrics_registry is not None else None
         self.reports: dict[str, preflight.Report] = {}  # server -> last full preflight
         self._reachable: dict[str, bool] = {}
+        self._refused: set[str] = set()  # servers whose last poll found nothing listening
         self._bg = BackgroundTask(self._run, "engine-poller")
         self._n = 0
 
@@ -55,10 +56,20 @@ class EnginePoller:
         """The start's preflight, awaited before serving (bounded): a simulator's incarnation is part of its prefix
         index key, so entries written before it is known would be dropped as a restart's once it is."""
         try:
-            await asyncio.wait_for(self.poll_once(), within_s)
+            await asyncio.wait_for(self._until_answered(), within_s)
             self._n = 1  # the loop's first poll need not repeat the full read
         except TimeoutError:
             log.warning("the start's preflight took over %.0f s; serving, it goes on in the background", within_s)
+
+    async def _until_answered(self) -> None:
+        # a server that was slow to answer (a busy host) is asked again within the bound: left to the loop, its
+        # incarnation would arrive after the first requests and drop their entries. One that refused the
+        # connection is down: the loop finds it when it comes up.
+        while True:
+            await self.poll_once()
+            if all(self._reachable.get(s, False) or s in self._refused for s in self.registry.servers()):
+                return
+            await asyncio.sleep(0.05)
 
     async def stop(self) -> None:
         await self._bg.stop()
@@ -91,9 +102,14 @@ class EnginePoller:
             else:
                 rows = _rows_v1_loads(r.json()) if r.status_code == 200 else None
             self._reachable[server] = True
+            self._refused.discard(server)
             _assign(targets, rows)
-        except (httpx.HTTPError, ValueError, KeyError, TypeError):
+        except (httpx.HTTPError, ValueError, KeyError, TypeError) as e:
             self._reachable[server] = False
+            if isinstance(e, httpx.ConnectError):
+                self._refused.add(server)
+            else:
+                self._refused.discard(server)
             for x in targets:
                 x.state.engine_load = None
 
@@ -103,7 +119,8 @@ class EnginePoller:
             return await self._server_info(server, t)
         rep = await preflight.inspect(self.client, pool, server, t.base_url, t.api_key, self.chunk_tokens)
         if rep.facts is None and any(f.check == "reachable" for f in rep.findings):
-            raise httpx.ConnectError("unreachable")  # not a misconfiguration: try again next poll
+            # not a misconfiguration: try again next poll
+            raise httpx.ConnectError("refused") if rep.refused else httpx.ReadTimeout("unreachable")
         old = self.reports.get(server)
         self.reports[server] = rep
         for f in rep.findings:
