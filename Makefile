@@ -22,10 +22,11 @@ setup: $(BIN)/gateway $(NODE_SDK)
 demo: setup
 	$(BIN)/gateway demo
 
-# lint (ruff), types (mypy --strict on gateway/, configured in pyproject.toml), then the whole suite
+# lint (ruff), types (mypy --strict on gateway/, configured in pyproject.toml), then the whole suite on two workers
+# (pytest-xdist; --dist loadfile keeps each file, and its module-scoped servers, on one worker)
 test: setup
 	$(BIN)/ruff check gateway tests loadtests
 	$(BIN)/mypy
-	$(BIN)/python -m pytest -q -x tests
+	$(BIN)/python -m pytest -q -x -n 2 --dist loadfile tests
 
 .PHONY: setup demo test
