@@ -243,6 +243,9 @@ class Routing(_Strict):
     stickiness_penalty_ms: float = Field(default=1000, ge=0, description="leave a warm replica only if it is slower by more")
     recompute_weight: float = Field(default=16, ge=0, le=1000, description="seconds of other requests' waiting one "
                                     "second of recomputed prefill counts as, where the SLA cannot decide (0: least TTFT)")
+    shortest_prefill_first: bool = Field(default=True, description="within a tenant class, the priority sent to "
+                                         "SGLang servers that schedule by it rises as a request's uncached prefill "
+                                         "shrinks, so cached turns are not queued behind long cold prompts")
     on_sla_miss: Literal["spill", "shed"] = "spill"
     objective: Literal["cost", "latency"] = "cost"
     bounded_load_factor: float = Field(default=1.25, ge=1.0, description="cold placement: max load vs the mean")

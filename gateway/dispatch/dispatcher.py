@@ -123,8 +123,10 @@ class Dispatcher:
             probing_stalled = target.breaker.state is BreakerState.HALF_OPEN and target.breaker.reason == "stalled"
             if probing_stalled:
                 first_byte = min(first_byte, self.cfg.retry.stall_s)
-            call = UpstreamCall(endpoint, adapt_body(body, target, stream, tenant), stream, request_id, first_byte)
             attempt = Attempt(req, target, decision)
+            uncached = attempt.uncached if self.cfg.routing.shortest_prefill_first else None
+            call = UpstreamCall(endpoint, adapt_body(body, target, stream, tenant, uncached), stream, request_id,
+                                first_byte)
             try:
                 await self.feedback.dispatched(attempt)
                 opened = await self._attempt(target, call, attempt, bp, tries.count, parent)

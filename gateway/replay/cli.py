@@ -48,6 +48,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--queue-drain", action="store_true", help="what-if routing.queue_drain: true")
     p.add_argument("--recompute-weight", type=float, default=None,
                    help="what-if routing.recompute_weight (0: the SLA alone decides; docs/routing.md)")
+    p.add_argument("--fcfs", action="store_true", help="what-if routing.shortest_prefill_first: false (the engines "
+                   "keep arrival order within a priority class; docs/routing.md)")
     p.add_argument("--branches", action="store_true", help="also print where the hits go, per decision branch")
     p.add_argument("--tail", action="store_true", help="also print what the requests over p95 waited for, per branch, "
                    "and how close the TTFT predictions were")
@@ -122,6 +124,8 @@ def _run(args: argparse.Namespace) -> int:
         routing = routing.model_copy(update={"queue_drain": True})
     if args.recompute_weight is not None:
         routing = Routing.model_validate({**routing.model_dump(), "recompute_weight": args.recompute_weight})
+    if args.fcfs:
+        routing = routing.model_copy(update={"shortest_prefill_first": False})
     if args.compare:
         runs = [("prefix_sla_cost", 1, True), ("round_robin", 1, True), ("least_loaded", 1, True),
                 ("prefix_sla_cost", 2, False)]

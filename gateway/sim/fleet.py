@@ -33,6 +33,7 @@ from gateway.sim.des import EventLoop, VirtualRank
 from gateway.sim.engine import Event, EventKind, Rank, SimRequest
 from gateway.sim.profiles import ReplicaConfig, profile
 from gateway.sim.stats import nearest_rank, window_throughput
+from gateway.upstreams import prefill_level
 
 CHUNK = 256
 MI355X_PRICE = GpuHourPricing(gpus_per_replica=4, usd_per_gpu_hour=2.10, prefill_tokens_per_s=16_700, decode_tokens_per_s=3_600)
@@ -101,9 +102,14 @@ class Fleet:
         self.infos = [info for info, _ in targets]
         self.ranks: dict[str, VirtualRank] = {}
         for i, (info, cfg) in enumerate(targets):
-            # only the first token and the finish matter here: one TOKENS event per request, not one per step
-            self.ranks[info.name] = VirtualRank(Rank(cfg.with_overrides(stream_interval=1 << 30), i, seed), self.loop)
+            # only the first token and the finish matter here: one TOKENS event per request, not one per step;
+            # self-hosted ranks schedule by priority, as deploy/sglang/ starts them (--enable-priority-scheduling)
+            over: dict[str, Any] = {"stream_interval": 1 << 30}
+            if info.self_hosted:
+                over["enable_priority_scheduling"] = True
+            self.ranks[info.name] = VirtualRank(Rank(cfg.with_overrides(**over), i, seed), self.loop)
         self.chunk_tokens = routing.chunk_tokens
+        self.shortest_prefill_first = routing.shortest_prefill_first
 
         def make_index() -> MemoryPrefixIndex:
             idx = MemoryPrefixIndex(clock=clock, default_capacity=2_400_000 // routing.chunk_tokens)
@@ -209,6 +215,8 @@ class Fleet:
                 loop.at(ev.time + t_api, done)
 
         sim_req = SimRequest(req.request_id, job.page_keys, job.prompt_len, max(1, job.output_len), "length", now, sink)
+        if self.shortest_prefill_first and info.self_hosted:  # the gateway's priority for a normal-class tenant
+            sim_req.priority = prefill_level(a.uncached)
         vr.rank.submit(sim_req)
         vr.kick()
 
@@ -251,10 +259,13 @@ class FleetResult:
 def run_fleet(policy: str, nodes: int, rate_per_node: float, duration: float = 120.0, seed: int = 0,
               groups_per_node: int = 16, b200_replicas: int = 0, gateways: int = 1, shared: bool = True,
               sla_s: float = 2.22, warm: bool = True, quantile_z: float = DEFAULT_Z,
-              split_regimes: bool = True, recompute_weight: float | None = None) -> FleetResult:
+              split_regimes: bool = True, recompute_weight: float | None = None,
+              shortest_prefill_first: bool | None = None) -> FleetResult:
     routing = Routing(policy=policy, ttft_quantile_z=quantile_z, chunk_tokens=CHUNK)  # type: ignore[arg-type]
     if recompute_weight is not None:
         routing = routing.model_copy(update={"recompute_weight": recompute_weight})
+    if shortest_prefill_first is not None:
+        routing = routing.model_copy(update={"shortest_prefill_first": shortest_prefill_first})
     targets = mi355x_targets(nodes * 2, b200_replicas)
     fleet = Fleet(targets, routing, gateways, shared, seed,
                   corrector=lambda: TtftCorrector(z=quantile_z, split_regimes=split_regimes))

@@ -11,7 +11,7 @@ from gateway.dispatch.upstream_body import adapt_body
 from gateway.policy_schema import Tenant
 from gateway.tenancy.policy_loader import PolicyError, load_policies
 from gateway.tenancy.schema_cli import schemas
-from gateway.upstreams import UpstreamRegistry
+from gateway.upstreams import UpstreamRegistry, prefill_level
 
 ROOT = Path(__file__).resolve().parents[2]
 KEY_HASH = hash_key("sk-unit")
@@ -127,6 +127,27 @@ def test_priority_is_explicit_for_every_class_on_servers_that_schedule_by_it():
     mi = dataclasses.replace(mi, send_priority="never")
     mi.state.priority_scheduling = True
     assert "priority" not in adapt_body(body, mi, False, tenant(priority="high"))
+
+
+def test_prefill_levels_order_a_class_by_its_uncached_tokens_and_never_cross_classes():
+    """routing.shortest_prefill_first: class value + 9 for <= 256 uncached tokens, one less per doubling, 0 from 128k.
+    The levels span 9, under the classes' spacing (10) and SGLang's preemption threshold (more than 10): a long
+    high request still ranks above a short normal one, and two requests of one class never preempt each other."""
+    assert [prefill_level(u) for u in (1, 256, 257, 512, 513, 2048, 20_000, 131_072, 10**6)] == [9, 9, 8, 8, 7, 6, 2, 0, 0]
+    reg = UpstreamRegistry(CFG)
+    mi = reg.by_pool["mi"][0]
+    mi.state.priority_scheduling = True
+    body = {"model": "glm-5.2", "messages": []}
+
+    def sent(klass: str, uncached: int | None) -> int:
+        return int(adapt_body(body, mi, False, tenant(priority=klass), uncached)["priority"])
+
+    assert sent("normal", 100) == 9 and sent("normal", 20_000) == 2 and sent("normal", None) == 0
+    assert sent("high", 10**6) > sent("normal", 1) and sent("normal", 10**6) > sent("low", 1)
+    mi.state.low_priority_values_first = True  # the server reads the scale upside down: so is the level
+    assert sent("normal", 100) == -9 and sent("high", 10**6) < sent("normal", 1)
+    hosted = reg.by_pool["hosted"][0]
+    assert "priority" not in adapt_body(body, hosted, False, tenant(priority="normal"), 100)
 
 
 def test_priority_mapping_is_per_pool():

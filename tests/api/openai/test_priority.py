@@ -125,3 +125,31 @@ def test_gateway_high_before_normal_before_low_whatever_the_server_default(defau
     finally:
         gw.stop()
         sims.stop()
+
+
+@pytest.mark.parametrize("shortest_first", [True, False])
+def test_a_short_prefill_goes_before_a_long_one_queued_first(shortest_first):
+    """routing.shortest_prefill_first (the default): within one class the priority sent rises as the uncached prefill
+    shrinks, so on a server that schedules by priority a short turn queued behind a cold 8k-token prompt is served
+    first. Switched off, the class value alone is sent and the server keeps arrival order."""
+    sims, _ = _sim()
+    tenants = [{"name": "t-normal", "api_key_hashes": [hash_key(KEYS["normal"])], "models": ["glm-5.2"]}]
+    gw = start_gateway(config([sglang_pool("p", sims.urls)], tenants=tenants,
+                              routing={"load_poll_s": 0.1, "shortest_prefill_first": shortest_first},
+                              timeouts={"first_byte": 60.0, "total": 60.0}))
+    try:
+        wait_until(lambda: gw.call(lambda: gw.app.state.gateway.registry.by_pool["p"][0].priority_scheduling) is True,
+                   timeout=10, what="the preflight read enable_priority_scheduling")
+        url = f"{gw.urls[0]}/v1/chat/completions"
+        words = {"blocker": 50, "long": 8000, "short": 50}  # ~4 characters a token: "long" is ~8k tokens
+
+        def send(tag, n, done):
+            body = {"model": "glm-5.2", "messages": [{"role": "user", "content": f"{tag} " * words[tag]}],
+                    "max_tokens": n, "ignore_eos": True}
+            _timed(url, body, done, tag, {"authorization": f"Bearer {KEYS['normal']}"})
+
+        done = _contend(send, "blocker", ["long", "short"], sims.urls[0])
+        assert (done["short"] < done["long"]) is shortest_first
+    finally:
+        gw.stop()
+        sims.stop()
