@@ -53,3 +53,26 @@ def test_attempt_spans_and_traceparent():
         gw.stop()
         sims.stop()
         hosted.stop()
+
+
+def test_traceparent_reaches_an_sglang_server_over_the_lean_http_client():
+    """SGLang pools go through backends/h1.py, not httpx: the same W3C traceparent names the attempt span there."""
+    fake = FakeOpenAI()  # records the headers it receives; stands in for an SGLang server's /v1/chat/completions
+    server = ServerThread([fake.app()]).start()
+    exporter = InMemorySpanExporter()
+    gw = start_gateway(config([sglang_pool("p", server.urls)], health={"enabled": False}), span_exporter=exporter)
+    try:
+        c = OpenAI(base_url=gw.urls[0] + "/v1", api_key=KEY_A, max_retries=0)
+        for stream in (False, True):
+            r = c.chat.completions.create(model="glm-5.2", messages=[{"role": "user", "content": "hi"}], max_tokens=2,
+                                          stream=stream)
+            if stream:
+                list(r)
+        wait_until(lambda: len([s for s in exporter.get_finished_spans() if s.kind == SpanKind.CLIENT]) >= 2,
+                   what="attempt spans", timeout=15)
+        clients = [s for s in exporter.get_finished_spans() if s.kind == SpanKind.CLIENT]
+        sent = {tuple(h["traceparent"].split("-")[1:3]) for h in fake.headers}
+        assert sent == {(format(s.context.trace_id, "032x"), format(s.context.span_id, "016x")) for s in clients}
+    finally:
+        gw.stop()
+        server.stop()

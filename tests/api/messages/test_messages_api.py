@@ -53,6 +53,27 @@ def test_repeated_prompt_reports_cache_read_tokens(client):
     assert total == usages[0].input_tokens + usages[0].cache_read_input_tokens
 
 
+def test_a_conversations_next_turn_lands_on_the_replica_holding_the_last(client):
+    """Each turn resends the conversation (the last answer, its tool results) plus a new question: the bridge
+    renders the same prompt the chat path hashes, so turns 2-4 go to turn 1's replica and read ever more from its
+    cache."""
+    system = "You are a research agent. " + "Context the agent keeps for the whole session. " * 120
+    history: list = [{"role": "user", "content": "Turn 1: what is a radix cache?"}]
+    replicas, cached = [], []
+    for turn in range(1, 5):
+        r = client.messages.with_raw_response.create(model="glm-5.2", max_tokens=8, system=system, messages=history,
+                                                     tools=[TOOL], extra_body=FULL)
+        m = r.parse()
+        replicas.append(r.headers["x-gateway-replica"])
+        cached.append(m.usage.cache_read_input_tokens)
+        results = [{"type": "tool_result", "tool_use_id": b.id, "content": f"result {turn} " * 40}
+                   for b in m.content if b.type == "tool_use"]
+        history += [{"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in m.content]},
+                    {"role": "user", "content": [*results, {"type": "text", "text": f"Turn {turn + 1}: and then?"}]}]
+    assert len(set(replicas)) == 1
+    assert cached[1] >= 1024 and cached[1] < cached[2] < cached[3]
+
+
 def test_stream_events_and_final_message(client):
     with client.messages.stream(model="glm-5.2", max_tokens=8, messages=MSG, extra_body=FULL) as s:
         types = [e.type for e in s]
