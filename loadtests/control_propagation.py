@@ -17,6 +17,7 @@ from pathlib import Path
 
 import httpx
 import yaml
+from tqdm import tqdm
 
 from gateway.config import hash_key
 from loadtests.procs import Proc
@@ -28,6 +29,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--trials", type=int, default=20)
     p.add_argument("--port", type=int, default=19700)
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (stderr)")
     a = p.parse_args()
     work = Path(tempfile.mkdtemp(prefix="gw-ctl-"))
     redis_port, sim_port, ports = a.port + 90, a.port + 50, [a.port, a.port + 1]
@@ -49,7 +51,10 @@ def main() -> None:
             procs[-1].wait_ready()
         h = {"authorization": f"Bearer {ADMIN}"}
         delays = []
-        with httpx.Client(headers=h, trust_env=False, timeout=5) as c:
+        # one step per trial, after its delay is taken (the monitor thread off: B is polled ~1 ms apart)
+        tqdm.monitor_interval = 0
+        with httpx.Client(headers=h, trust_env=False, timeout=5) as c, \
+                tqdm(total=a.trials, unit="trial", file=sys.stderr, leave=False, disable=a.no_progress) as bar:
             for i in range(a.trials):
                 action = "drain" if i % 2 == 0 else "undrain"
                 c.post(f"http://127.0.0.1:{ports[0]}/admin/replicas/p-0/{action}").raise_for_status()
@@ -61,6 +66,7 @@ def main() -> None:
                     if time.perf_counter() - t0 > 5:
                         raise RuntimeError("instance B did not see the change within 5 s")
                 delays.append((time.perf_counter() - t0) * 1000)
+                bar.update()
                 time.sleep(0.1)
         print(f"drain/undrain on A seen by B, {a.trials} trials: median {statistics.median(delays):.1f} ms, "
               f"max {max(delays):.1f} ms (includes one admin GET on B, ~1 ms)")

@@ -17,10 +17,13 @@ from __future__ import annotations
 
 import argparse
 import random
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
+from tqdm import tqdm
 
 from tests.gateway_fixtures import KEY_A, config, sglang_pool, start_gateway
 from tests.helpers import start_sims, wait_until
@@ -58,7 +61,8 @@ def hit_rate(urls: list[str]) -> tuple[int, int]:
 
 
 def run_setup(s: Setup, groups: int, per_group: int, prefix_words: int, seed: int = 0,
-              kv_capacity: int | None = None) -> dict[str, Any]:
+              kv_capacity: int | None = None, progress: Callable[[], None] | None = None) -> dict[str, Any]:
+    """`progress`: called as each request is answered (a progress bar's update)."""
     kv = {"max_total_num_tokens": kv_capacity} if kv_capacity else {}
     sims, _ = start_sims(s.servers, time_scale=50.0, **kv, **s.sim)
     pool = {**sglang_pool("p", sims.urls), **s.pool}
@@ -78,6 +82,8 @@ def run_setup(s: Setup, groups: int, per_group: int, prefix_words: int, seed: in
                 r = c.post(f"{gw.urls[0]}/v1/chat/completions", headers={"authorization": f"Bearer {KEY_A}"},
                            json={"model": "glm-5.2", "messages": prompt(g, seen[g], prefix_words), "max_tokens": 2})
                 r.raise_for_status()
+                if progress:
+                    progress()
         cached, total = hit_rate(sims.urls)
         return {"setup": s.name, "targets": targets, "cached": cached, "prompt": total,
                 "hit_rate": cached / total if total else 0.0}
@@ -94,8 +100,17 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--kv-capacity", type=int, default=None, help="KV tokens per rank (default the profile's 2.4M); "
                    "below the groups' total prefixes, duplicated prefixes evict each other")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (stderr)")
     a = p.parse_args(argv)
-    rows = [run_setup(s, a.groups, a.per_group, a.prefix_words, a.seed, a.kv_capacity) for s in SETUPS]
+    # per answered request over every setup (hit rates are measured, not time)
+    bar = tqdm(total=len(SETUPS) * a.groups * a.per_group, unit="req", file=sys.stderr, leave=False,
+               disable=a.no_progress)
+    rows = []
+    for s in SETUPS:
+        bar.set_description(s.name)
+        rows.append(run_setup(s, a.groups, a.per_group, a.prefix_words, a.seed, a.kv_capacity,
+                              progress=None if a.no_progress else bar.update))
+    bar.close()
     print(f"{'setup':42} {'targets':34} {'hit rate':>8}")
     for r in rows:
         print(f"{r['setup']:42} {','.join(r['targets']):34} {100 * r['hit_rate']:7.1f}%")

@@ -26,6 +26,7 @@ from typing import Any
 
 import httpx
 import yaml
+from tqdm import tqdm
 
 from gateway.config import PerTokenPricing, hash_key
 from gateway.prediction.pricing import request_cost
@@ -226,13 +227,20 @@ def redis_proc(port: int, work: Path) -> Proc:
                           "--dir", str(work)], "http://127.0.0.1:1/", log=work / "redis.log")
 
 
-async def run_target(a: argparse.Namespace, work: Path, name: str, redis_url: str) -> list[dict[str, Any]]:
+def target_rates(a: argparse.Namespace, name: str) -> list[float]:
+    """The rate multiples target `name` runs: this router's ramp, or the peers'."""
+    ours = name == "this router" or name.startswith("this router [")
+    return list(a.rates if ours else a.peer_rates or a.rates)
+
+
+async def run_target(a: argparse.Namespace, work: Path, name: str, redis_url: str, bar: Any) -> list[dict[str, Any]]:
+    """`bar`: the run's progress bar (tqdm), one step per rate, drawn between rates."""
     sims, mi, b200 = start_sims(a, work, re.sub(r"[^A-Za-z0-9]+", "_", name))
     procs: list[Proc] = []
     try:
         procs, urls = start_router(a, work, name, mi, b200, redis_url)
         if not procs:
-            print(f"  {name}: not available here", file=sys.stderr)
+            tqdm.write(f"  {name}: not available here", file=sys.stderr)
             return []
         for p in procs:
             p.wait_ready(300)
@@ -242,10 +250,10 @@ async def run_target(a: argparse.Namespace, work: Path, name: str, redis_url: st
         async with httpx.AsyncClient(timeout=3000, trust_env=False) as c:
             await warm_up(c, urls, wl, headers, per_group=1)
         rows = []
-        ours = name == "this router" or name.startswith("this router [")
         engines = mi + b200
-        for m in (a.rates if ours else a.peer_rates or a.rates):
+        for m in target_rates(a, name):
             rate = m * 2.4 * a.nodes
+            bar.set_description(f"{name} @ {m:g}x")
             async with httpx.AsyncClient(timeout=30, trust_env=False) as c:
                 async def counters() -> tuple[tuple[float, float, float], tuple[float, float, float]]:
                     return await engine_tokens(c, engines), await engine_tokens(c, b200)
@@ -255,8 +263,9 @@ async def run_target(a: argparse.Namespace, work: Path, name: str, redis_url: st
                     return await counters()
 
                 before = asyncio.create_task(at_window())
+                # the runner's own bar (simulated seconds sent) under this one
                 res = await run_rate(urls, rate, a.preroll + a.duration, wl, api_key=KEY, time_scale=a.time_scale,
-                                     seed=a.seed, progress=False)
+                                     seed=a.seed, progress=not a.no_progress)
                 after = await counters()
             # steady state: requests sent during the pre-roll run (same arrivals, same fleet) but are not measured;
             # output tok/s still counts their tokens finishing inside the window (all output the fleet produced then)
@@ -284,8 +293,9 @@ async def run_target(a: argparse.Namespace, work: Path, name: str, redis_url: st
                     kv = (await c.get(root + "/readyz", timeout=10)).json().get("kv_events", {})
                 s["kv_events_healthy"] = f"{kv.get('healthy')}/{kv.get('total')}"
             rows.append(s)
-            print(f"  {name} @ {rate:.1f} req/s: hit {s['cache_hit']:.3f} p95 {s['ttft_p95']:.2f} s success {s['success']:.3f}",
-                  file=sys.stderr, flush=True)
+            tqdm.write(f"  {name} @ {rate:.1f} req/s: hit {s['cache_hit']:.3f} p95 {s['ttft_p95']:.2f} s "
+                       f"success {s['success']:.3f}", file=sys.stderr)
+            bar.update()
         return rows
     finally:
         for p in procs + sims:
@@ -298,14 +308,21 @@ async def main_async(a: argparse.Namespace) -> None:
     await asyncio.sleep(0.5)
     redis_url = f"redis://127.0.0.1:{a.redis_port}/0"
     results: dict[str, list[dict[str, Any]]] = {}
+    names = [name.strip() for name in a.targets.split(",")]
+    # one step per (target, rate), drawn between rates; the runner's bar under it advances with the arrivals
+    tqdm.monitor_interval = 0  # no tqdm monitor thread waking in the measuring client
     try:
-        for name in a.targets.split(","):
-            try:
-                results[name.strip()] = await run_target(a, work, name.strip(), redis_url)
-            except RuntimeError as e:  # a peer that does not start here is reported, not the end of the run
-                print(f"  {name.strip()}: {e} (logs in {work})", file=sys.stderr, flush=True)
-                results[name.strip()] = []
-            save_json(a.out, {"args": vars(a), "results": results})  # a later crash loses nothing
+        with tqdm(total=sum(len(target_rates(a, n)) for n in names), unit="rate", file=sys.stderr, leave=False,
+                  disable=a.no_progress) as bar:
+            for name in names:
+                n0 = bar.n
+                try:
+                    results[name] = await run_target(a, work, name, redis_url, bar)
+                except RuntimeError as e:  # a peer that does not start here is reported, not the end of the run
+                    tqdm.write(f"  {name}: {e} (logs in {work})", file=sys.stderr)
+                    results[name] = []
+                bar.update(len(target_rates(a, name)) - (bar.n - n0))  # the rates of a target that did not run
+                save_json(a.out, {"args": vars(a), "results": results})  # a later crash loses nothing
     finally:
         redis.stop()
     rows = [[name, f"{s['multiple']:.2f}", f"{s['rate']:.1f}", f"{s['cache_hit'] * 100:.1f}%",
@@ -361,6 +378,7 @@ def main() -> None:
     p.add_argument("--port", type=int, default=19000)
     p.add_argument("--sim-port", type=int, default=19100)
     p.add_argument("--redis-port", type=int, default=19390)
+    p.add_argument("--no-progress", action="store_true", help="no progress bars (stderr)")
     # SIGTERM ends the run like Ctrl-C: the `finally` blocks stop every process it started (by PID)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     asyncio.run(main_async(p.parse_args()))

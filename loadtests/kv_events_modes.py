@@ -34,6 +34,7 @@ from typing import Any
 import httpx
 import numpy as np
 import yaml
+from tqdm import tqdm
 
 from gateway.config import hash_key
 from gateway.replay.http import run_http
@@ -155,7 +156,7 @@ async def run_mode(a: argparse.Namespace, urls: list[str], sims: list[str], wl_a
     watch = asyncio.create_task(watch_views(urls, sims, samples))
     try:
         res = await run_rate(urls, a.rate, a.duration, wl, api_key=KEY, time_scale=a.time_scale, seed=a.seed,
-                             progress=False)
+                             progress=not a.no_progress)  # the runner's bar (simulated seconds sent) under the run's
     finally:
         watch.cancel()
     async with httpx.AsyncClient(timeout=30, trust_env=False) as c:
@@ -196,7 +197,10 @@ async def run_trace_mode(a: argparse.Namespace, urls: list[str], sims: list[str]
         await asyncio.sleep(1.5)
         before = await metrics_text(c, urls)
     trace = read_trace(a.trace, a.trace_limit)
-    results = await run_http(trace, urls[0], "glm-5.2", KEY, a.time_scale, 256)
+    # per finished request, as fleet_trace's bar; under the run's
+    with tqdm(total=len(trace), desc="trace", unit="req", file=sys.stderr, leave=False, disable=a.no_progress) as bar:
+        results = await run_http(trace, urls[0], "glm-5.2", KEY, a.time_scale, 256,
+                                 progress=None if a.no_progress else bar.update)
     async with httpx.AsyncClient(timeout=30, trust_env=False) as c:
         after = await metrics_text(c, urls)
     out = trace_summary(results, a.sla / a.time_scale)  # TTFTs here are wall seconds
@@ -251,24 +255,32 @@ async def main_async(a: argparse.Namespace) -> None:
                "output_tokens": a.output_tokens, "seed": a.seed}
     modes = a.modes.split(",")
     out: dict[str, Any] = {"args": vars(a), "scenarios": {}}
+    # one step per (scenario, repeat, mode) run, drawn between runs; the runner's bar under it advances with the
+    # arrivals (the bystander's runs without one)
+    tqdm.monitor_interval = 0  # no tqdm monitor thread waking in the measuring client
+    bar = tqdm(total=len(scenarios) * a.repeat * len(modes), unit="run", file=sys.stderr, leave=False,
+               disable=a.no_progress)
     for scen, cap in scenarios.items():
         runs: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
         for rep in range(a.repeat):
             order = modes[rep % len(modes):] + modes[: rep % len(modes)]  # rotated: no mode always runs first
             for m in order:
+                bar.set_description(f"{scen} {m} ({rep + 1}/{a.repeat})")
                 r = await run_one(a, work, scen, cap, m, wl_args)
                 for k in ("evicted_pages", "answers_events", "answers_fallback"):
                     r.setdefault(k, 0)
                 runs[m].append(r)
-                print(f"{scen:9s} {m:11s} hit {r['cache_hit']:.3f}  p50 {r['ttft_p50']:.2f} s  p95 {r['ttft_p95']:.2f} s  "
-                      f"SLA {r['sla_met']:.3f}  ok {r['success']:.3f}  corrections {r['index_corrections']:.0f}  "
-                      f"evicted {r['evicted_pages']}  view missing/extra {r.get('view_pages_missing', 0):.1f}/"
-                      f"{r.get('view_pages_extra', 0):.1f} settled {r.get('view_settled_missing', '-')}/"
-                      f"{r.get('view_settled_extra', '-')}  predicted/reported {r.get('cached_predicted', 0):.0f}/"
-                      f"{r.get('cached_reported', 0):.0f}  answers events/fallback {r['answers_events']:.0f}/"
-                      f"{r['answers_fallback']:.0f}", file=sys.stderr, flush=True)
+                tqdm.write(f"{scen:9s} {m:11s} hit {r['cache_hit']:.3f}  p50 {r['ttft_p50']:.2f} s  p95 {r['ttft_p95']:.2f} s  "
+                           f"SLA {r['sla_met']:.3f}  ok {r['success']:.3f}  corrections {r['index_corrections']:.0f}  "
+                           f"evicted {r['evicted_pages']}  view missing/extra {r.get('view_pages_missing', 0):.1f}/"
+                           f"{r.get('view_pages_extra', 0):.1f} settled {r.get('view_settled_missing', '-')}/"
+                           f"{r.get('view_settled_extra', '-')}  predicted/reported {r.get('cached_predicted', 0):.0f}/"
+                           f"{r.get('cached_reported', 0):.0f}  answers events/fallback {r['answers_events']:.0f}/"
+                           f"{r['answers_fallback']:.0f}", file=sys.stderr)
+                bar.update()
         out["scenarios"][scen] = {"kv_capacity_per_replica": cap, "runs": runs,
                                   "rows": {m: mean_row(rs) for m, rs in runs.items()}}
+    bar.close()
     OUT.parent.mkdir(exist_ok=True)
     out_path = OUT.with_name(f"kv_events_modes_{'_'.join(scenarios)}_x{a.instances}.json")
     out_path.write_text(json.dumps(out, indent=1, default=str))
@@ -324,6 +336,7 @@ def main() -> None:
     p.add_argument("--sim-port", type=int, default=31400)
     p.add_argument("--kv-port", type=int, default=32400)
     p.add_argument("--port", type=int, default=31300)
+    p.add_argument("--no-progress", action="store_true", help="no progress bars (stderr)")
     a = p.parse_args()
     asyncio.run(main_async(a))
 

@@ -20,6 +20,7 @@ import sys
 import time
 
 import httpx
+from tqdm import tqdm
 
 from gateway.sim.wafer import WAFER_TABLE, run_node
 from loadtests.report import plot_ramp, save_json, table
@@ -62,9 +63,15 @@ async def main_async(a: argparse.Namespace) -> None:
     rates = [float(x) for x in a.rates.split(",")]
     print(f"virtual-clock model: {a.des_seeds} seeds x {a.duration:.0f} s per rate ...", file=sys.stderr)
     des = {}
-    for rate in rates:
-        runs = [run_node(rate, a.duration, seed=s) for s in range(a.des_seeds)]
-        des[rate] = {k: statistics.mean(getattr(r, k) for r in runs) for k in ("tok_s", "ttft_p50", "ttft_p95", "cache_hit")}
+    tqdm.monitor_interval = 0  # no tqdm monitor thread waking in the measuring client (the HTTP runs below)
+    with tqdm(total=len(rates) * a.des_seeds, desc="virtual clock", unit="run", file=sys.stderr, leave=False,
+              disable=a.no_progress) as bar:
+        for rate in rates:
+            runs = []
+            for seed in range(a.des_seeds):
+                runs.append(run_node(rate, a.duration, seed=seed))
+                bar.update()
+            des[rate] = {k: statistics.mean(getattr(r, k) for r in runs) for k in ("tok_s", "ttft_p50", "ttft_p95", "cache_hit")}
     proc = start_sim(a.port, a.time_scale, a.stream_interval)
     try:
         urls = [f"http://127.0.0.1:{a.port + i}/v1" for i in range(2)]
@@ -73,12 +80,17 @@ async def main_async(a: argparse.Namespace) -> None:
         async with httpx.AsyncClient(timeout=600, trust_env=False) as c:
             await warm_up(c, urls, wl, {"content-type": "application/json"}, per_group=2)
         http_rows = []
-        for rate in rates:
-            t0 = time.time()
-            res = await run_rate(urls, rate, a.duration, wl, time_scale=a.time_scale, seed=a.seed + int(rate * 100))
-            s = summarize(res, rate)
-            s["wall_s"] = round(time.time() - t0, 1)
-            http_rows.append(s)
+        # one step per rate, drawn between rates; the runner's bar under it advances with the arrivals
+        with tqdm(total=len(rates), unit="rate", file=sys.stderr, leave=False, disable=a.no_progress) as bar:
+            for rate in rates:
+                bar.set_description(f"HTTP @ {rate:g} req/s")
+                t0 = time.time()
+                res = await run_rate(urls, rate, a.duration, wl, time_scale=a.time_scale, seed=a.seed + int(rate * 100),
+                                     progress=not a.no_progress)
+                s = summarize(res, rate)
+                s["wall_s"] = round(time.time() - t0, 1)
+                http_rows.append(s)
+                bar.update()
         # the runs are over: a blocking read on the loop holds nothing up
         lag = [httpx.get(f"http://127.0.0.1:{a.port + i}/_sim/state").json()["ranks"][0]["lag"]  # noqa: ASYNC210
                for i in range(2)]
@@ -120,6 +132,7 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--des-seeds", type=int, default=12)
     p.add_argument("--port", type=int, default=32000)
+    p.add_argument("--no-progress", action="store_true", help="no progress bars (stderr)")
     a = p.parse_args()
     os.environ.setdefault("NO_PROXY", "127.0.0.1")
     asyncio.run(main_async(a))

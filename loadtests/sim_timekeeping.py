@@ -14,8 +14,10 @@ import asyncio
 import signal
 import sys
 import time
+from typing import Any
 
 import httpx
+from tqdm import tqdm
 
 from loadtests.report import save_json, table
 
@@ -30,6 +32,17 @@ async def stream_forever(client: httpx.AsyncClient, url: str, stop: asyncio.Even
                 return
 
 
+async def wait(seconds: float, bar: Any) -> None:
+    """Sleep `seconds`, stepping `bar` (tqdm, in seconds) once a second; a disabled bar: one plain sleep."""
+    if bar.disable:
+        await asyncio.sleep(seconds)
+        return
+    end = time.perf_counter() + seconds
+    while (left := end - time.perf_counter()) > 0:
+        await asyncio.sleep(min(left, 1.0))
+        bar.update(min(round(seconds - max(end - time.perf_counter(), 0.0)), bar.total) - bar.n)
+
+
 async def main_async(a: argparse.Namespace) -> None:
     proc = subprocess_start(a)
     try:
@@ -40,8 +53,12 @@ async def main_async(a: argparse.Namespace) -> None:
             tasks = [asyncio.create_task(stream_forever(c, u, stop, counter)) for u in urls for _ in range(48)]
             await asyncio.sleep(2)
             base = [(await c.get(u + "/_sim/state")).json()["ranks"][0] for u in urls]
-            t0, n0 = time.time(), counter[0]
-            await asyncio.sleep(a.seconds)
+            # the measured wait, stepped once a second (no per-event work; the monitor thread off)
+            tqdm.monitor_interval = 0
+            with tqdm(total=round(a.seconds), desc="measuring", unit="s", file=sys.stderr, leave=False,
+                      disable=a.no_progress) as bar:
+                t0, n0 = time.time(), counter[0]
+                await wait(a.seconds, bar)
             states = [(await c.get(u + "/_sim/state")).json()["ranks"][0] for u in urls]
             events_s = (counter[0] - n0) / (time.time() - t0)
             stop.set()
@@ -84,6 +101,7 @@ def main() -> None:
     p.add_argument("--time-scale", type=float, default=1.0)
     p.add_argument("--seconds", type=float, default=30.0)
     p.add_argument("--port", type=int, default=32200)
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (stderr)")
     asyncio.run(main_async(p.parse_args()))
 
 
