@@ -241,7 +241,7 @@ class Routing(_Strict):
     ttft_quantile_z: float = Field(default=0.5, ge=0, le=4, description="plan against mean + z std of the TTFT "
                                    "correction (per load regime): higher spills earlier near the knee and costs more")
     stickiness_penalty_ms: float = Field(default=1000, ge=0, description="leave a warm replica only if it is slower by more")
-    recompute_weight: float = Field(default=16, ge=0, le=1000, description="seconds of other requests' waiting one "
+    recompute_weight: float = Field(default=14, ge=0, le=1000, description="seconds of other requests' waiting one "
                                     "second of recomputed prefill counts as, where the SLA cannot decide (0: least TTFT)")
     shortest_prefill_first: bool = Field(default=True, description="within a tenant class, the priority sent to "
                                          "SGLang servers that schedule by it rises as a request's uncached prefill "

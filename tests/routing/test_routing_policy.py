@@ -63,7 +63,7 @@ def test_warm_replica_past_the_sla_is_left_for_a_feasible_one_when_recompute_is_
 def test_warm_replica_a_little_past_the_sla_beats_recomputing_its_context():
     """A fleet with no per-token pool: r1 holds 11.8k of the 20k tokens and is predicted 2.43 s (limit 2.0 s) behind
     a few long prefills; a cold replica would take 1.34 s but recompute 0.7 s of prefill that every request queued
-    behind it waits for: at weight 16 that is 11 s of others' waiting, so the warm replica wins; the feasible replicas
+    behind it waits for: at weight 14 that is 9.8 s of others' waiting, so the warm replica wins; the feasible replicas
     stay as fallbacks. Loaded with many requests instead, r1 is left: moving its prefix spreads that load."""
     over = {"r1": LoadView(queued_prefill_tokens=30_000, inflight=3)}
     many = {"r1": LoadView(queued_prefill_tokens=30_000, inflight=T.max_running / 8 + 1)}

@@ -40,7 +40,7 @@ class Params:
     bounded_load_factor: float = 1.25
     min_hit_tokens: int = 256
     cost_tie: float = 0.02  # costs within 2% count as equal
-    recompute_weight: float = 16.0  # others' waiting per second of recomputed prefill (docs/routing.md: the sweep)
+    recompute_weight: float = 14.0  # others' waiting per second of recomputed prefill (docs/routing.md: the sweep)
 
 
 def decide(req: RoutingRequest, cands: Sequence[Candidate], p: Params) -> Decision:
