@@ -33,18 +33,6 @@ from gateway.prediction.ttft import LoadView
 from gateway.secrets import pool_keys
 
 DEFAULT_PRIORITY_VALUES = {"high": 10, "normal": 0, "low": -10}
-PREFILL_LEVELS = 9  # within a class: 0..9, below SGLang's default preemption threshold (10) and the classes' spacing
-
-
-def prefill_level(uncached_tokens: int) -> int:
-    """How far ahead of its class a request's prefill goes (`routing.shortest_prefill_first`): 9 for <= 256 uncached
-    tokens, one step less per doubling, 0 from 128k. SGLang prefills its waiting queue in priority order, so a turn
-    that only adds a few hundred tokens to a cached context no longer waits behind the long cold prompts queued
-    before it (a prompt already being prefilled in chunks still finishes first). Within a class the levels differ by
-    at most 9, so they reorder the queue but never preempt a running request (threshold 10, by more than)."""
-    if uncached_tokens <= 256:
-        return PREFILL_LEVELS
-    return max(0, PREFILL_LEVELS - (uncached_tokens - 1).bit_length() + 8)
 Pricing = PerTokenPricing | GpuHourPricing
 
 
@@ -203,17 +191,16 @@ class Target:
             return {}
         return {"X-Data-Parallel-Rank": str(self.dp_rank)}
 
-    def priority_for(self, klass: str, uncached_tokens: int | None = None) -> int | None:
-        """The explicit priority to send for a tenant class, or None to send none (see SGLangPool.send_priority);
-        with `uncached_tokens` (routing.shortest_prefill_first) the class value plus the prefill's level."""
+    def priority_for(self, klass: str, level: int = 0) -> int | None:
+        """The explicit priority to send for a tenant class, or None to send none (see SGLangPool.send_priority):
+        the class value plus the request's prefill level (routing/engine.py: `RoutingEngine.prefill_level`)."""
         s = self.state
         if not self.caps.priority or self.send_priority == "never":
             return None
         if self.send_priority == "auto" and s.priority_scheduling is not True:
             return None
         value = self.priority_values.get(klass, DEFAULT_PRIORITY_VALUES.get(klass, 0))
-        if uncached_tokens is not None:
-            value += prefill_level(uncached_tokens)
+        value += level
         return -value if s.low_priority_values_first else value
 
 

@@ -124,8 +124,8 @@ class Dispatcher:
             if probing_stalled:
                 first_byte = min(first_byte, self.cfg.retry.stall_s)
             attempt = Attempt(req, target, decision)
-            uncached = attempt.uncached if self.cfg.routing.shortest_prefill_first else None
-            call = UpstreamCall(endpoint, adapt_body(body, target, stream, tenant, uncached), stream, request_id,
+            level = self.feedback.engine.prefill_level(attempt)
+            call = UpstreamCall(endpoint, adapt_body(body, target, stream, tenant, level), stream, request_id,
                                 first_byte)
             try:
                 await self.feedback.dispatched(attempt)

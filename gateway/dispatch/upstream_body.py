@@ -9,12 +9,12 @@ from gateway.upstreams import Target
 
 
 def adapt_body(body: dict[str, Any], target: Target, stream: bool, tenant: Tenant | None = None,
-               uncached_tokens: int | None = None) -> dict[str, Any]:
+               level: int = 0) -> dict[str, Any]:
     """The client's body for this upstream: its model name, usage always requested on streams (for metering; the
     usage chunk is shown to the client only if it asked), and on SGLang the tenant's cache namespace (combined with
     any client salt, so no client can read another tenant's cache), the DP rank the router chose, and the tenant's
-    priority class as an explicit value (never the client's), raised by the prefill's level when `uncached_tokens`
-    (the router's prediction on this target) is given. Every other field passes untouched."""
+    priority class as an explicit value (never the client's) raised by the request's prefill level on this target
+    (`RoutingEngine.prefill_level`). Every other field passes untouched."""
     out = dict(body)
     out["model"] = target.upstream_model
     if target.caps.dp_ranks:
@@ -32,7 +32,7 @@ def adapt_body(body: dict[str, Any], target: Target, stream: bool, tenant: Tenan
         # None (send_priority never, or auto on a server without priority scheduling): the field is left out, so a
         # server started with --abort-on-priority-when-disabled never refuses it.
         out.pop("priority", None)
-        value = target.priority_for(tenant.priority, uncached_tokens)
+        value = target.priority_for(tenant.priority, level)
         if value is not None:
             out["priority"] = value
     if stream and ("messages" in out or "prompt" in out):  # not a native Responses body: its usage comes at its end

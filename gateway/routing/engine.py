@@ -74,6 +74,7 @@ class Attempt:
         self.ttft_raw = cand.ttft_raw if cand else 0.0
         self.ttft = cand.ttft if cand else 0.0
         self.regime = cand.regime if cand else FREE
+        self.queued_prefill = cand.load.queued_prefill_tokens if cand else 0.0  # on the target, at the decision
         self.prefill_open = False
         self.open = False
 
@@ -81,7 +82,7 @@ class Attempt:
 class RoutingEngine:
     def __init__(self, policy: Policy, params: Any, *, uses_prefix: bool, chunk_tokens: int,
                  corrector: TtftCorrector, speculative_ttl_s: float, residency_ttl_s: float,
-                 queue_drain: bool = False) -> None:
+                 queue_drain: bool = False, shortest_prefill_first: bool = False) -> None:
         self.policy = policy
         self.params = params
         self.uses_prefix = uses_prefix  # False: the policy ignores prefixes, so callers may skip the lookup
@@ -90,6 +91,7 @@ class RoutingEngine:
         self.speculative_ttl_s = speculative_ttl_s
         self.residency_ttl_s = residency_ttl_s
         self.drain = QueueDrain() if queue_drain else None
+        self.shortest_prefill_first = shortest_prefill_first
 
     # -- the decision ------------------------------------------------------------------------------------------
     def decide(self, req: RoutingRequest, targets: Sequence[TargetInfo], matches: Mapping[str, int],
@@ -110,6 +112,20 @@ class RoutingEngine:
         if len(decision.features) < len(cands):  # keep every candidate's features for feedback and explain
             decision = replace(decision, features={c.name: c for c in cands})
         return decision
+
+    # -- the engine's queue order ------------------------------------------------------------------------------
+    def prefill_level(self, a: Attempt) -> int:
+        """What the request adds to its tenant class's priority on this target (`routing.shortest_prefill_first`):
+        SGLang with priority scheduling prefills its waiting queue by priority, so a cached turn that adds a few
+        hundred tokens need not wait for the long cold prompts queued before it (one already being prefilled in chunks
+        still finishes first). 0 where the target's queued prefill is past FAIR_AFTER_SLAS x the request's SLA: an
+        overloaded replica stays first come, first served, or short requests arriving without pause would starve the
+        long ones (the agent sessions at 2x: p95 35 s instead of 14 s)."""
+        if not self.shortest_prefill_first or a.info is None or not a.info.self_hosted:
+            return 0
+        if a.queued_prefill / a.info.timing.prefill_tokens_per_s > FAIR_AFTER_SLAS * a.req.ttft_sla_s:
+            return 0
+        return prefill_level(a.uncached)
 
     # -- feedback ----------------------------------------------------------------------------------------------
     def dispatched(self, a: Attempt) -> list[Effect]:
@@ -149,6 +165,18 @@ class RoutingEngine:
             # the replica never prefilled this prompt: withdraw the speculative entries beyond what it held
             out.append(IndexDrop(a.key, tuple(a.req.hashes[a.matched_chunks:]), "withdraw"))
         return out
+
+
+PREFILL_LEVELS = 9  # within a class: 0..9, below SGLang's default preemption threshold (10) and the classes' spacing
+FAIR_AFTER_SLAS = 2.0  # queued prefill (in seconds, x the request's SLA) past which a replica keeps arrival order
+
+
+def prefill_level(uncached_tokens: int) -> int:
+    """9 for <= 256 uncached tokens, one less per doubling, 0 from 128k. Levels of one class differ by at most 9, so
+    they reorder the queue but never preempt a running request (SGLang preempts for a difference above 10)."""
+    if uncached_tokens <= 256:
+        return PREFILL_LEVELS
+    return max(0, PREFILL_LEVELS + 8 - (uncached_tokens - 1).bit_length())
 
 
 def merged_load(tracked: LoadView, engine: LoadView | None) -> LoadView:

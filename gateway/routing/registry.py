@@ -36,4 +36,4 @@ def build_engine(cfg: Routing, corrector: TtftCorrector | None = None) -> Routin
     return RoutingEngine(policy, params, uses_prefix=uses_prefix, chunk_tokens=cfg.chunk_tokens,
                          corrector=corrector or TtftCorrector(z=cfg.ttft_quantile_z),
                          speculative_ttl_s=cfg.speculative_ttl_s, residency_ttl_s=cfg.residency_ttl_s,
-                         queue_drain=cfg.queue_drain)
+                         queue_drain=cfg.queue_drain, shortest_prefill_first=cfg.shortest_prefill_first)

@@ -33,7 +33,6 @@ from gateway.sim.des import EventLoop, VirtualRank
 from gateway.sim.engine import Event, EventKind, Rank, SimRequest
 from gateway.sim.profiles import ReplicaConfig, profile
 from gateway.sim.stats import nearest_rank, window_throughput
-from gateway.upstreams import prefill_level
 
 CHUNK = 256
 MI355X_PRICE = GpuHourPricing(gpus_per_replica=4, usd_per_gpu_hour=2.10, prefill_tokens_per_s=16_700, decode_tokens_per_s=3_600)
@@ -109,7 +108,6 @@ class Fleet:
                 over["enable_priority_scheduling"] = True
             self.ranks[info.name] = VirtualRank(Rank(cfg.with_overrides(**over), i, seed), self.loop)
         self.chunk_tokens = routing.chunk_tokens
-        self.shortest_prefill_first = routing.shortest_prefill_first
 
         def make_index() -> MemoryPrefixIndex:
             idx = MemoryPrefixIndex(clock=clock, default_capacity=2_400_000 // routing.chunk_tokens)
@@ -215,8 +213,7 @@ class Fleet:
                 loop.at(ev.time + t_api, done)
 
         sim_req = SimRequest(req.request_id, job.page_keys, job.prompt_len, max(1, job.output_len), "length", now, sink)
-        if self.shortest_prefill_first and info.self_hosted:  # the gateway's priority for a normal-class tenant
-            sim_req.priority = prefill_level(a.uncached)
+        sim_req.priority = eng.prefill_level(a)  # the priority the gateway sends for a normal-class tenant (0)
         vr.rank.submit(sim_req)
         vr.kick()
 

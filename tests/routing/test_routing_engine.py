@@ -145,3 +145,33 @@ def test_hosted_targets_get_no_index_entries() -> None:
     req = RoutingRequest("r", "t", "m", "chat/completions", True, 3000, None, (1, 2, 3))
     d = engine.decide(req, [info], {}, {})
     assert not any(isinstance(e, IndexWrite) for e in engine.dispatched(Attempt(req, d.chosen, d)))
+
+
+def test_prefill_level_orders_by_uncached_tokens_until_the_replica_is_overloaded() -> None:
+    """routing.shortest_prefill_first: the level a request adds to its class's priority falls as its uncached prefill
+    on the chosen target grows; past 2 x its SLA of queued prefill on that target it is 0 (arrival order), so a
+    replica behind on its work does not let short requests starve long ones; off, always 0."""
+    from gateway.prediction.ttft import LoadView
+
+    cfg = gateway_config("prefix_sla_cost")
+    infos = [i for i, _ in targets_from_config(cfg)]
+    rate = infos[0].timing.prefill_tokens_per_s
+    hashes = tuple(range(100, 140))
+
+    def level(engine: object, warm_chunks: int, queued_s: float) -> int:
+        index = MemoryPrefixIndex()
+        index.insert_sync(infos[0].key, hashes[:warm_chunks], 900)
+        req = RoutingRequest("r", "t", "glm-5.2", "chat/completions", True, 40 * 256 + 10, None, hashes,
+                             ttft_sla_s=2.0)
+        loads = {i.name: LoadView(queued_s * rate, 1) for i in infos}
+        d = engine.decide(req, infos, index.match_sync(hashes), loads)  # type: ignore[attr-defined]
+        return int(engine.prefill_level(Attempt(req, infos[0], d)))  # type: ignore[attr-defined]
+
+    on = build_engine(cfg.routing)
+    assert cfg.routing.shortest_prefill_first
+    assert level(on, 40, 0.5) == 9  # 10 uncached tokens: the front of its class
+    assert level(on, 20, 0.5) == 4  # 5,130 uncached
+    assert level(on, 0, 0.5) == 3  # 10,250 uncached
+    assert level(on, 40, 3.9) == 9 and level(on, 40, 4.1) == 0  # past 2 x 2.0 s of queued prefill: arrival order
+    off = build_engine(cfg.routing.model_copy(update={"shortest_prefill_first": False}))
+    assert level(off, 40, 0.5) == 0

@@ -9,9 +9,10 @@ import pytest
 from gateway.config import hash_key, load_config, parse_config
 from gateway.dispatch.upstream_body import adapt_body
 from gateway.policy_schema import Tenant
+from gateway.routing.engine import prefill_level
 from gateway.tenancy.policy_loader import PolicyError, load_policies
 from gateway.tenancy.schema_cli import schemas
-from gateway.upstreams import UpstreamRegistry, prefill_level
+from gateway.upstreams import UpstreamRegistry
 
 ROOT = Path(__file__).resolve().parents[2]
 KEY_HASH = hash_key("sk-unit")
@@ -140,14 +141,15 @@ def test_prefill_levels_order_a_class_by_its_uncached_tokens_and_never_cross_cla
     body = {"model": "glm-5.2", "messages": []}
 
     def sent(klass: str, uncached: int | None) -> int:
-        return int(adapt_body(body, mi, False, tenant(priority=klass), uncached)["priority"])
+        level = 0 if uncached is None else prefill_level(uncached)
+        return int(adapt_body(body, mi, False, tenant(priority=klass), level)["priority"])
 
     assert sent("normal", 100) == 9 and sent("normal", 20_000) == 2 and sent("normal", None) == 0
     assert sent("high", 10**6) > sent("normal", 1) and sent("normal", 10**6) > sent("low", 1)
     mi.state.low_priority_values_first = True  # the server reads the scale upside down: so is the level
     assert sent("normal", 100) == -9 and sent("high", 10**6) < sent("normal", 1)
     hosted = reg.by_pool["hosted"][0]
-    assert "priority" not in adapt_body(body, hosted, False, tenant(priority="normal"), 100)
+    assert "priority" not in adapt_body(body, hosted, False, tenant(priority="normal"), 9)
 
 
 def test_priority_mapping_is_per_pool():
