@@ -49,6 +49,8 @@ def start_sims(a: argparse.Namespace, work: Path, tag: str) -> tuple[list[Proc],
     if getattr(a, "kv_events_port", None):  # SGLang's KV events, loopback only: replica i publishes on the port + 100 * i
         kv += ["--kv-events-config", json.dumps({"publisher": "zmq", "endpoint": f"tcp://127.0.0.1:{a.kv_events_port}",
                                                  "replay_endpoint": f"tcp://127.0.0.1:{a.kv_events_port + 50}"})]
+    if getattr(a, "priority_scheduling", False):  # as deploy/sglang/ starts SGLang: the prefill levels take effect
+        kv += ["--enable-priority-scheduling"]
     mi = Proc(f"sim-mi355x-{tag}", [sys.executable, "-m", "gateway.cli", "sim", "--enable-cache-report", "--replicas", str(2 * a.nodes),
                                    "--port", str(a.sim_port), *common, *kv], f"http://127.0.0.1:{a.sim_port}/ping",
               log=work / f"sim-mi355x-{tag}.log")
@@ -365,6 +367,9 @@ def main() -> None:
     p.add_argument("--groups-per-node", type=int, default=16)
     p.add_argument("--kv-events-port", type=int, default=None, help="the MI355X simulators publish KV events from this "
                    "port (replica i: + 100 * i); targets 'this router [precise]' / '[hybrid]' route on them")
+    p.add_argument("--priority-scheduling", action="store_true", help="the MI355X simulators schedule by priority "
+                   "(--enable-priority-scheduling, as deploy/sglang/ starts SGLang), so this router's prefill levels "
+                   "apply (routing.shortest_prefill_first)")
     p.add_argument("--sla", type=float, default=2.22)
     p.add_argument("--routing-set", action="append", metavar="KEY=VALUE", help="a routing setting for this router "
                    "(repeatable), e.g. recompute_weight=0")

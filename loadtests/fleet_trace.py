@@ -167,6 +167,8 @@ def main() -> None:
     p.add_argument("--time-scale", type=float, default=12.0, help="simulators and arrivals k times faster")
     p.add_argument("--stream-interval", type=int, default=16)
     p.add_argument("--sla", type=float, default=2.22, help="TTFT SLA, simulated s")
+    p.add_argument("--priority-scheduling", action="store_true", help="the simulators schedule by priority "
+                   "(--enable-priority-scheduling, as deploy/sglang/ starts SGLang): this router's prefill levels apply")
     p.add_argument("--ttft-quantile-z", type=float, default=None)
     p.add_argument("--routing-set", action="append", metavar="KEY=VALUE",
                    help="a routing setting for this router (repeatable), e.g. recompute_weight=0")
