@@ -5,6 +5,8 @@ virtual-clock fleet (`sim/fleet.py`, behind `gateway replay`) call this one obje
 code, not a copy of it.
 
 - `decide(req, targets, matches, loads)`: features -> policy -> Decision (every candidate's features kept).
+- `prefill_level(attempt)`: what the request adds to its tenant class's priority on the chosen target, so engines
+  that schedule by priority prefill short (cached) requests before long cold ones (`routing.shortest_prefill_first`).
 - Feedback: `dispatched`, `first_token`, `usage`, `finished` take an `Attempt` and return the state changes as
   values (`IndexWrite`, `IndexDrop`, `LoadDelta`). The caller applies them: the gateway to Redis or memory
   (async), the fleet to its in-memory index and loads (sync). The one piece of state the engine holds itself is the
