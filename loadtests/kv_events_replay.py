@@ -59,6 +59,8 @@ def main() -> None:
     p.add_argument("--limit", type=int, default=None)
     p.add_argument("--speculative-s", type=float, default=2.0, help="routing.kv_events.speculative_s (simulated s)")
     p.add_argument("--instances", default="1,2", help="gateway instances per run; above 1 each keeps its own index")
+    p.add_argument("--shared", action="store_true", help="instances above 1 share one index and load view (as on one "
+                   "Redis), each with its own precise index around it (its own in-flight entries)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (stderr)")
     w = p.add_argument_group("the Wafer workload (--wafer-seeds); defaults: the HTTP benchmark's evicting scenario")
     w.add_argument("--wafer-groups", type=int, default=48)
@@ -84,11 +86,11 @@ def main() -> None:
         for mode in MODES:
             routing = Routing(mode=mode, kv_events={"speculative_s": a.speculative_s})
             page = targets[0][1].page_size
-            label = f"x{n} {'shared' if n == 1 else 'unshared'} [{mode}]"
+            label = f"x{n} {'shared' if n == 1 or a.shared else 'unshared'} [{mode}]"
             # per arrival, as `gateway replay` does; closed (leave=False clears it) before the stdout line below
             bar = tqdm(total=len(trace), desc=label, unit="req", file=sys.stderr, leave=False, disable=a.no_progress)
             t0 = time.perf_counter()
-            r = replay(trace, targets, routing, instances=n, shared=n == 1, bounds=bounds, label=label,
+            r = replay(trace, targets, routing, instances=n, shared=n == 1 or a.shared, bounds=bounds, label=label,
                        progress=None if a.no_progress else bar.update,
                        fleet_hook=lambda fleet, routing=routing, page=page: install(fleet, routing, page))
             wall = time.perf_counter() - t0
@@ -122,7 +124,7 @@ def wafer(a: argparse.Namespace, targets: list[tuple[TargetInfo, ReplicaConfig]]
                                 a.wafer_output_tokens, a.wafer_rate, a.wafer_duration)
             for mode in MODES:
                 routing = Routing(mode=mode, kv_events={"speculative_s": a.speculative_s})
-                r = replay(trace, targets, routing, instances=n, shared=n == 1,
+                r = replay(trace, targets, routing, instances=n, shared=n == 1 or a.shared,
                            fleet_hook=lambda fleet, routing=routing: install(fleet, routing, page))
                 got[mode].append((r.hit_rate, r.ttft_p95, r.within_sla))
                 extra[mode][0] += r.corrections
@@ -137,7 +139,7 @@ def wafer(a: argparse.Namespace, targets: list[tuple[TargetInfo, ReplicaConfig]]
                 bar.update()
         for mode, rs in got.items():
             hits = [h for h, _, _ in rs]
-            tqdm.write(f"| {n}{' (shared)' if n == 1 else ' (unshared)'} | {mode} | {sum(hits) / len(hits) * 100:.2f}% | "
+            tqdm.write(f"| {n}{' (shared)' if n == 1 or a.shared else ' (unshared)'} | {mode} | {sum(hits) / len(hits) * 100:.2f}% | "
                        f"{min(hits) * 100:.1f}..{max(hits) * 100:.1f}% | {sum(x for _, x, _ in rs) / len(rs):.2f} | "
                        f"{sum(x for _, _, x in rs) / len(rs) * 100:.1f}% | "
                        f"{cached[mode][0] / max(cached[mode][1], 1):.3f} | {extra[mode][0]} | "

@@ -75,16 +75,15 @@ class FleetPrecise:
         self.chunk_of: dict[int, int] = {}  # hybrid: page key -> chunk hash, for every request routed so far
         views = {info.key: [_RankView(_Held(self, fleet.ranks[info.name].rank.cache))]
                  for info in fleet.infos if info.prefix_cache}
-        wrapped: dict[int, PreciseIndex] = {}
         self.inners: list[Any] = []
         for inst in fleet.instances:
-            if id(inst.index) not in wrapped:  # a shared index is wrapped once
+            if all(inst.index is not x for x in self.inners):  # a shared (Redis) index gets the removals once
                 self.inners.append(inst.index)
-                wrapped[id(inst.index)] = PreciseIndex(inst.index, routing.mode, lambda key: views.get(key),
-                                                       dispatch_ttl_s=routing.speculative_ttl_s,
-                                                       lag_ttl_s=routing.kv_events.speculative_s,
-                                                       clock=lambda: fleet.loop.now)
-            inst.index = wrapped[id(inst.index)]
+            # each instance its own PreciseIndex, as each gateway process has: its speculative (in-flight) entries
+            # are its own, around the (maybe shared) approximate index
+            inst.index = PreciseIndex(inst.index, routing.mode, lambda key: views.get(key),
+                                      dispatch_ttl_s=routing.speculative_ttl_s,
+                                      lag_ttl_s=routing.kv_events.speculative_s, clock=lambda: fleet.loop.now)
         if routing.mode == "hybrid":
             for info in fleet.infos:
                 if info.prefix_cache:
