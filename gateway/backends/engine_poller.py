@@ -64,10 +64,13 @@ class EnginePoller:
     async def _until_answered(self) -> None:
         # a server that was slow to answer (a busy host) is asked again within the bound: left to the loop, its
         # incarnation would arrive after the first requests and drop their entries. One that refused the
-        # connection is down: the loop finds it when it comes up.
+        # connection is down: the loop finds it when it comes up. Servers that answered are not asked again.
+        pending = self.registry.servers()
         while True:
-            await self.poll_once()
-            if all(self._reachable.get(s, False) or s in self._refused for s in self.registry.servers()):
+            await asyncio.gather(*(self._poll(name, ts, True) for name, ts in pending.items()))
+            pending = {s: ts for s, ts in self.registry.servers().items()
+                       if not self._reachable.get(s, False) and s not in self._refused}
+            if not pending:
                 return
             await asyncio.sleep(0.05)
 
