@@ -32,7 +32,8 @@ from gateway.config import PerTokenPricing, hash_key
 from gateway.prediction.pricing import request_cost
 from gateway.sim.stats import window_throughput
 from loadtests.peers import ensure
-from loadtests.procs import Proc
+from loadtests.procs import Proc, cpu_seconds
+from loadtests.prom import metrics_text, total
 from loadtests.report import plot_fleet, save_json, sustained_rate, table
 from loadtests.runner import run_rate, summarize, warm_up
 from loadtests.workload import WaferWorkload
@@ -102,7 +103,7 @@ def gateway_targets(a: argparse.Namespace, work: Path, policy: str, mi: list[str
                       "replicas": [{"name": f"b200-{i}", "url": u} for i, u in enumerate(b200)]})
     cfg = {"models": [{"name": "glm-5.2", "pools": [p["name"] for p in pools]}], "pools": pools,
            "tenants": [{"name": "bench", "api_key_hashes": [hash_key(KEY)], "models": ["glm-5.2"]}],
-           "routing": {"policy": policy, "redis_url": redis_url, "redis_prefix": prefix,
+           "routing": {"policy": policy, **({} if a.unshared else {"redis_url": redis_url, "redis_prefix": prefix}),
                        "ttft_sla_ms": a.sla * 1000 / ts, "stickiness_penalty_ms": 1000 / ts,
                        **({} if a.ttft_quantile_z is None else {"ttft_quantile_z": a.ttft_quantile_z}),
                        **routing_overrides(getattr(a, "routing_set", None)), **({"mode": mode} if mode else {})},
@@ -202,6 +203,19 @@ async def engine_tokens(c: httpx.AsyncClient, urls: list[str]) -> tuple[float, f
     return tot[0], tot[1], tot[2]
 
 
+def router_counters(before: list[str], after: list[str]) -> dict[str, Any]:
+    """This router's own view of the window, summed over its instances: index corrections (the engine reported more
+    than a chunk fewer cached tokens than predicted), predicted / reported cached tokens, and decisions by branch."""
+    def delta(name: str, labels: str = "") -> float:
+        return total(after, name, labels) - total(before, name, labels)
+
+    branches = sorted({m for t in after for m in re.findall(r'gateway_routing_decisions_total\{[^}]*branch="([^"]+)"', t)})
+    return {"index_corrections": delta("gateway_prefix_index_corrections"),
+            "cached_predicted_over_reported": delta("gateway_cached_tokens_predicted")
+            / max(delta("gateway_cached_tokens_reported"), 1.0),
+            "branches": {b: delta("gateway_routing_decisions", f'branch="{b}"') for b in branches}}
+
+
 def start_router(a: argparse.Namespace, work: Path, name: str, mi: list[str], b200: list[str],
                  redis_url: str) -> tuple[list[Proc], list[str]]:
     """The processes and base URLs of target `name` in front of replicas `mi` (+ `b200`); ([], []) when a peer cannot
@@ -253,14 +267,18 @@ async def run_target(a: argparse.Namespace, work: Path, name: str, redis_url: st
             await warm_up(c, urls, wl, headers, per_group=1)
         rows = []
         engines = mi + b200
+        ours = name.startswith("this router")
+        cpu: list[float] = []
         for m in target_rates(a, name):
             rate = m * 2.4 * a.nodes
             bar.set_description(f"{name} @ {m:g}x")
             async with httpx.AsyncClient(timeout=30, trust_env=False) as c:
-                async def counters() -> tuple[tuple[float, float, float], tuple[float, float, float]]:
-                    return await engine_tokens(c, engines), await engine_tokens(c, b200)
+                async def counters() -> tuple[tuple[float, float, float], tuple[float, float, float], list[str]]:
+                    gw = await metrics_text(c, urls) if ours else []
+                    cpu.append(sum(cpu_seconds(p.pid) for p in procs))  # the router's processes, at the window's ends
+                    return await engine_tokens(c, engines), await engine_tokens(c, b200), gw
 
-                async def at_window() -> tuple[tuple[float, float, float], tuple[float, float, float]]:
+                async def at_window() -> tuple[tuple[float, float, float], tuple[float, float, float], list[str]]:
                     await asyncio.sleep(a.preroll / a.time_scale)
                     return await counters()
 
@@ -278,9 +296,10 @@ async def run_target(a: argparse.Namespace, work: Path, name: str, redis_url: st
                 r.end = None if r.end is None else r.end - a.preroll
             s = summarize(res, rate)
             s["tok_s"] = window_throughput((r.sent for r in res), finishes)
-            (b_all, b_b200), (a_all, a_b200) = await before, after
+            (b_all, b_b200, b_gw), (a_all, a_b200, a_gw) = await before, after
             s["engine_hit"] = (a_all[1] - b_all[1]) / max(a_all[0] - b_all[0], 1.0)
             s["multiple"] = m
+            s["router_cpu_ms_per_request"] = (cpu[-1] - cpu[-2]) * 1000 / max(len(res), 1)
             s["sla_met"] = sum(1 for r in res if r.ok and r.ttft is not None and r.ttft <= a.sla) / max(len(res), 1)
             if name.endswith("+B200"):
                 d_b200 = (a_b200[0] - b_b200[0], a_b200[1] - b_b200[1], a_b200[2] - b_b200[2])
@@ -289,14 +308,23 @@ async def run_target(a: argparse.Namespace, work: Path, name: str, redis_url: st
             else:
                 s["spill"] = sum(r.headers.get("x-gateway-pool") == "b200" for r in res) / max(len(res), 1)
                 s.update(fleet_cost(a, res))
+            if ours:
+                s.update(router_counters(b_gw, a_gw))
+                # per request, for comparing two runs' decisions: sent (s), group, replica, prompt and cached tokens,
+                # TTFT (s), the routing branch
+                s["requests_log"] = [[round(r.sent, 3), r.group, r.headers.get("x-gateway-replica", ""), r.prompt_tokens,
+                                      r.cached_tokens, r.ttft, r.headers.get("x-gateway-route", "")] for r in res]
             if "[precise]" in name or "[hybrid]" in name:  # the events really drove it: subscriptions at the end
                 async with httpx.AsyncClient(trust_env=False) as c:
                     root = urls[0].removesuffix("/v1")  # the targets' URLs are OpenAI bases
                     kv = (await c.get(root + "/readyz", timeout=10)).json().get("kv_events", {})
                 s["kv_events_healthy"] = f"{kv.get('healthy')}/{kv.get('total')}"
             rows.append(s)
+            own = (f" index corrections {s['index_corrections']:.0f} predicted/reported cached "
+                   f"{s['cached_predicted_over_reported']:.3f}" if ours else "")
             tqdm.write(f"  {name} @ {rate:.1f} req/s: hit {s['cache_hit']:.3f} p95 {s['ttft_p95']:.2f} s "
-                       f"success {s['success']:.3f}", file=sys.stderr)
+                       f"success {s['success']:.3f} router CPU {s['router_cpu_ms_per_request']:.2f} ms/request{own}",
+                       file=sys.stderr)
             bar.update()
         return rows
     finally:
@@ -333,7 +361,7 @@ async def main_async(a: argparse.Namespace) -> None:
              f"{s['tok_s']:.0f}", f"{s['usd_per_mtok']:.2f}", f"{s['all_b200_usd_per_mtok']:.2f}"]
             for name, rs in results.items() for s in rs]
     print(f"\nFleet over HTTP: {a.nodes} MI355X nodes ({2 * a.nodes} replicas) + {a.b200_replicas} B200 replicas, "
-          f"{a.gateways} gateway instances on one Redis, Wafer workload, {a.duration:.0f} simulated s measured per rate "
+          f"{a.gateways} gateway instances {'each with its own state' if a.unshared else 'on one Redis'}, Wafer workload, {a.duration:.0f} simulated s measured per rate "
           f"after a {a.preroll:.0f} s pre-roll, time scale {a.time_scale}")
     print(table(["target", "x 2.4/node", "req/s", "hit (usage)", "hit (engines)", "TTFT p50", "TTFT p95", "success", f"TTFT<={a.sla}s",
                  "spill", "tok/s", "$/Mtok out", "all-B200 $/Mtok"], rows))
@@ -356,6 +384,8 @@ def main() -> None:
     p.add_argument("--nodes", type=int, default=4)
     p.add_argument("--b200-replicas", type=int, default=12)
     p.add_argument("--gateways", type=int, default=2)
+    p.add_argument("--unshared", action="store_true", help="this router's instances keep their state in memory, each "
+                   "its own (no Redis): each index sees only its own dispatches")
     rates = lambda s: [float(x) for x in s.split(",")]  # noqa: E731
     p.add_argument("--rates", type=rates, default=[0.5, 0.7, 0.95, 1.2, 1.5], help="this router's ramp")
     p.add_argument("--peer-rates", type=rates, default=None, help="the other targets' ramp (default: --rates)")

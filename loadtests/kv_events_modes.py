@@ -42,6 +42,7 @@ from gateway.replay.http import summary as trace_summary
 from gateway.replay.trace import read_trace
 from loadtests.fleet_http import MI355X_PRICE, MI355X_TIMING, wall_timing
 from loadtests.procs import Proc
+from loadtests.prom import metrics_text, total
 from loadtests.runner import run_rate, summarize
 from loadtests.workload import WaferWorkload
 
@@ -87,15 +88,6 @@ def start_gateway(a: argparse.Namespace, work: Path, mode: str, sims: list[str],
                                           str(port)], f"http://127.0.0.1:{port}/healthz", log=work / f"gw-{mode}-{port}.log")
 
 
-def counter(text: str, name: str, labels: str = "") -> float:
-    """Sum of a counter's samples (`name` without _total; its _created samples are not counts)."""
-    total = 0.0
-    for line in text.splitlines():
-        series = line.split("{", 1)[0].split(" ", 1)[0]
-        if series in (name, f"{name}_total") and labels in line:
-            total += float(line.rsplit(" ", 1)[1])
-    return total
-
 
 async def evicted_pages(c: httpx.AsyncClient, sims: list[str]) -> int:
     total = 0
@@ -103,9 +95,6 @@ async def evicted_pages(c: httpx.AsyncClient, sims: list[str]) -> int:
         total += sum(rk["evicted_pages"] for rk in (await c.get(f"{s}/_sim/state")).json()["ranks"])
     return total
 
-
-async def metrics_text(c: httpx.AsyncClient, urls: list[str]) -> list[str]:
-    return [(await c.get(u.removesuffix("/v1") + "/metrics")).text for u in urls]
 
 
 async def view_vs_engine(c: httpx.AsyncClient, urls: list[str], sims: list[str]) -> tuple[int, int] | None:
@@ -137,9 +126,6 @@ async def watch_views(urls: list[str], sims: list[str], out: list[tuple[int, int
                     return
                 out.append(got)
 
-
-def total(texts: list[str], name: str, labels: str = "") -> float:
-    return sum(counter(t, name, labels) for t in texts)
 
 
 async def run_mode(a: argparse.Namespace, urls: list[str], sims: list[str], wl_args: dict[str, Any]) -> dict[str, Any]:
