@@ -50,6 +50,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="what-if routing.recompute_weight (0: the SLA alone decides; docs/routing.md)")
     p.add_argument("--fcfs", action="store_true", help="what-if routing.shortest_prefill_first: false (the engines "
                    "keep arrival order within a priority class; docs/routing.md)")
+    p.add_argument("--jitter", type=float, default=0.0, help="lognormal sigma of each engine forward's duration "
+                   "(run-to-run noise; default 0: the timing model exactly, every replay the same)")
+    p.add_argument("--seeds", type=int, default=1, help="with --jitter: replay each run under seeds 1..N, a row "
+                   "each, then their mean and range: whether a difference between runs is larger than the noise")
     p.add_argument("--branches", action="store_true", help="also print where the hits go, per decision branch")
     p.add_argument("--tail", action="store_true", help="also print what the requests over p95 waited for, per branch, "
                    "and how close the TTFT predictions were")
@@ -69,6 +73,22 @@ def _table(headers: list[str], rows: list[list[Any]]) -> str:
         return "| " + " | ".join(c.ljust(w[i]) for i, c in enumerate(r)) + " |"
 
     return "\n".join([line(cells[0]), "|" + "|".join("-" * (x + 2) for x in w) + "|"] + [line(r) for r in cells[1:]])
+
+
+def seed_table(results: list[ReplayResult]) -> str:
+    """Each run's rows over its seeds (labels "<run> seed <k>"): mean and range of what the main table compares."""
+    runs: dict[str, list[ReplayResult]] = {}
+    for r in results:
+        runs.setdefault(r.label.rsplit(" seed ", 1)[0], []).append(r)
+
+    def spread(vals: list[float], fmt: str) -> str:
+        return f"{fmt.format(sum(vals) / len(vals))} ({fmt.format(min(vals))}..{fmt.format(max(vals))})"
+
+    rows = [[label, len(rs), spread([r.hit_rate * 100 for r in rs], "{:.1f}%"),
+             spread([r.hit_rate / r.lru_hit_rate * 100 if r.lru_hit_rate else 0.0 for r in rs], "{:.1f}%"),
+             spread([r.ttft_p50 for r in rs], "{:.2f}"), spread([r.ttft_p95 for r in rs], "{:.3f}"),
+             spread([r.within_sla * 100 for r in rs], "{:.1f}%")] for label, rs in runs.items()]
+    return _table(["run", "seeds", "hit", "of LRU bound", "TTFT p50", "p95", "within SLA"], rows)
 
 
 def branch_table(r: ReplayResult) -> str:
@@ -104,6 +124,10 @@ def _run(args: argparse.Namespace) -> int:
     trace = read_trace(args.trace, args.limit)
     if args.speed <= 0:
         raise ValueError("--speed must be > 0")
+    if args.jitter < 0 or args.seeds < 1:
+        raise ValueError("--jitter must be >= 0 and --seeds >= 1")
+    if args.seeds > 1 and not args.jitter:
+        raise ValueError("--seeds needs --jitter: without it every seed replays the same")
     if args.http:
         from gateway.replay.http import replay_http
 
@@ -136,10 +160,11 @@ def _run(args: argparse.Namespace) -> int:
         if m not in ("approximate", "precise", "hybrid"):
             raise ValueError(f"--modes: unknown mode {m!r} (approximate, precise, hybrid)")
     with_modes = [(policy, n, shared, m) for policy, n, shared in runs for m in modes]
+    seeds = list(range(1, args.seeds + 1)) if args.jitter else [0]
     kv = sum(c.max_total_num_tokens for i, c in targets if i.prefix_cache)
     bounds = ideal_hit_rate(trace), lru_hit_rate(trace, kv)
     results = []
-    for policy, instances, shared, mode in with_modes:
+    for (policy, instances, shared, mode), seed in ((run, seed) for run in with_modes for seed in seeds):
         bar = None
         if not args.no_progress:
             from tqdm import tqdm  # light, and already used by the load tests
@@ -153,9 +178,11 @@ def _run(args: argparse.Namespace) -> int:
             install_mode(fleet, rc, page)
 
         r = replay(trace, targets, rc, instances=instances, shared=shared, speed=args.speed,
-                   progress=bar.update if bar else None, bounds=bounds, fleet_hook=hook)
+                   progress=bar.update if bar else None, bounds=bounds, fleet_hook=hook, seed=seed, jitter=args.jitter)
         if len(modes) > 1:
             r.label += f" [{mode}]"
+        if args.jitter:
+            r.label += f" seed {seed}"
         if bar:
             bar.close()
         print(f"  {r.label}: {time.perf_counter() - t0:.1f} s wall", file=sys.stderr)
@@ -165,6 +192,9 @@ def _run(args: argparse.Namespace) -> int:
           f"TTFT SLA {routing.ttft_sla_ms / 1000:.2f} s; ideal hit {bounds[0] * 100:.1f}%, LRU bound "
           f"{bounds[1] * 100:.1f}% at {kv / 1e6:.1f}M KV tokens")
     print(_table(HEADERS, [r.row() for r in results]))
+    if args.jitter:
+        print(f"\nOver {len(seeds)} seed(s) at jitter {args.jitter:g}: mean (min..max)")
+        print(seed_table(results))
     if args.branches:
         for r in results:
             print(f"\n{r.label}: where the hits go")
@@ -176,5 +206,6 @@ def _run(args: argparse.Namespace) -> int:
     if args.json_out:
         with open(args.json_out, "w") as f:
             json.dump({"trace": args.trace, "requests": len(trace), "speed": args.speed, "fleet": fleet_label,
+                       "jitter": args.jitter, "seeds": seeds,
                        "results": [asdict(r) for r in results]}, f, indent=1)
     return 0

@@ -95,7 +95,8 @@ class Instance:
 class Fleet:
     def __init__(self, targets: Sequence[tuple[TargetInfo, ReplicaConfig]], routing: Routing, instances: int = 1,
                  shared: bool = True, seed: int = 0, corrector: Callable[[], TtftCorrector] | None = None,
-                 on_decision: Callable[[Instance, RoutingRequest, Decision], None] | None = None) -> None:
+                 on_decision: Callable[[Instance, RoutingRequest, Decision], None] | None = None,
+                 jitter: float = 0.0) -> None:
         self.loop = EventLoop()
         clock = lambda: self.loop.now  # noqa: E731
         self.infos = [info for info, _ in targets]
@@ -106,6 +107,8 @@ class Fleet:
             over: dict[str, Any] = {"stream_interval": 1 << 30}
             if info.self_hosted:
                 over["enable_priority_scheduling"] = True
+            if jitter:  # each forward's duration x lognormal(0, jitter), drawn from the rank's seeded stream
+                over["jitter_sigma"] = jitter
             self.ranks[info.name] = VirtualRank(Rank(cfg.with_overrides(**over), i, seed), self.loop)
         self.chunk_tokens = routing.chunk_tokens
 
