@@ -103,7 +103,7 @@ def gateway_targets(a: argparse.Namespace, work: Path, policy: str, mi: list[str
                       "replicas": [{"name": f"b200-{i}", "url": u} for i, u in enumerate(b200)]})
     cfg = {"models": [{"name": "glm-5.2", "pools": [p["name"] for p in pools]}], "pools": pools,
            "tenants": [{"name": "bench", "api_key_hashes": [hash_key(KEY)], "models": ["glm-5.2"]}],
-           "routing": {"policy": policy, **({} if a.unshared else {"redis_url": redis_url, "redis_prefix": prefix}),
+           "routing": {"policy": policy, **({} if getattr(a, "unshared", False) else {"redis_url": redis_url, "redis_prefix": prefix}),
                        "ttft_sla_ms": a.sla * 1000 / ts, "stickiness_penalty_ms": 1000 / ts,
                        **({} if a.ttft_quantile_z is None else {"ttft_quantile_z": a.ttft_quantile_z}),
                        **routing_overrides(getattr(a, "routing_set", None)), **({"mode": mode} if mode else {})},
