@@ -194,13 +194,9 @@ COUNTERS = ("sglang:prompt_tokens_total", "sglang:cached_tokens_total", "sglang:
 async def engine_tokens(c: httpx.AsyncClient, urls: list[str]) -> tuple[float, float, float]:
     """(prompt, cached, generated) token counters summed over the replicas' /metrics: the engines' own count, for
     every target alike (LiteLLM's relayed usage lacks cached_tokens)."""
-    tot = [0.0, 0.0, 0.0]
-    for u in urls:
-        for line in (await c.get(u + "/metrics")).text.splitlines():
-            for i, name in enumerate(COUNTERS):
-                if line.startswith(name):
-                    tot[i] += float(line.rsplit(" ", 1)[1])
-    return tot[0], tot[1], tot[2]
+    texts = await metrics_text(c, urls)
+    prompt, cached, generated = (total(texts, name) for name in COUNTERS)
+    return prompt, cached, generated
 
 
 def router_counters(before: list[str], after: list[str]) -> dict[str, Any]:

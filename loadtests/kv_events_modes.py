@@ -88,13 +88,11 @@ def start_gateway(a: argparse.Namespace, work: Path, mode: str, sims: list[str],
                                           str(port)], f"http://127.0.0.1:{port}/healthz", log=work / f"gw-{mode}-{port}.log")
 
 
-
 async def evicted_pages(c: httpx.AsyncClient, sims: list[str]) -> int:
     total = 0
     for s in sims:
         total += sum(rk["evicted_pages"] for rk in (await c.get(f"{s}/_sim/state")).json()["ranks"])
     return total
-
 
 
 async def view_vs_engine(c: httpx.AsyncClient, urls: list[str], sims: list[str]) -> tuple[int, int] | None:
@@ -125,7 +123,6 @@ async def watch_views(urls: list[str], sims: list[str], out: list[tuple[int, int
                 if got is None:
                     return
                 out.append(got)
-
 
 
 async def run_mode(a: argparse.Namespace, urls: list[str], sims: list[str], wl_args: dict[str, Any]) -> dict[str, Any]:
