@@ -67,7 +67,7 @@ class EnginePoller:
         # connection is down: the loop finds it when it comes up. Servers that answered are not asked again.
         pending = self.registry.servers()
         while True:
-            await asyncio.gather(*(self._poll(name, ts, True) for name, ts in pending.items()))
+            await self.poll_once(servers=pending)
             pending = {s: ts for s, ts in self.registry.servers().items()
                        if not self._reachable.get(s, False) and s not in self._refused}
             if not pending:
@@ -77,8 +77,9 @@ class EnginePoller:
     async def stop(self) -> None:
         await self._bg.stop()
 
-    async def poll_once(self, info: bool = True) -> None:
-        servers = self.registry.servers()
+    async def poll_once(self, info: bool = True, servers: dict[str, list[Target]] | None = None) -> None:
+        """Poll `servers` (default: every server the registry has) once, concurrently."""
+        servers = self.registry.servers() if servers is None else servers
         await asyncio.gather(*(self._poll(name, ts, info) for name, ts in servers.items()))
 
     async def _run(self) -> None:
