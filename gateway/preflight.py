@@ -57,6 +57,7 @@ class ServerFacts:
     default_priority_value: int | None = None
     abort_on_priority: bool = False
     low_priority_values_first: bool = False
+    schedule_policy: str | None = None  # fcfs, or e.g. shortest-prefill-first (0.5.21+): the engine orders by itself
     incarnation: str | None = None  # the simulator's, when asked; real SGLang has none
 
     @classmethod
@@ -78,6 +79,7 @@ class ServerFacts:
                    default_priority_value=dpv if isinstance(dpv, int) and not isinstance(dpv, bool) else None,
                    abort_on_priority=bool(d.get("abort_on_priority_when_disabled")),
                    low_priority_values_first=bool(d.get("schedule_low_priority_values_first")),
+                   schedule_policy=str(d["schedule_policy"]) if d.get("schedule_policy") else None,
                    incarnation=str(d["incarnation"]) if d.get("incarnation") else None)
 
 
@@ -218,7 +220,8 @@ def describe(rep: Report) -> str:
         return f"{rep.pool}/{rep.server} {rep.url}"
     return (f"{rep.pool}/{rep.server} {rep.url}: SGLang {f.version or '?'}, {f.ranks} rank(s)"
             f"{' (DP attention)' if f.dp_attention else ''}, page {f.page_size}, context {f.context_length}, "
-            f"cache report {f.cache_report}, priority scheduling {f.priority_scheduling}")
+            f"cache report {f.cache_report}, schedule policy {f.schedule_policy or '?'}, "
+            f"priority scheduling {f.priority_scheduling}")
 
 
 def run_check(args: Any) -> int:

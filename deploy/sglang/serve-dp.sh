@@ -10,6 +10,17 @@ set -euo pipefail
 : "${MODEL:?}" "${PORT:?}" "${DEVICES_VAR:?}"
 SERVED=${SERVED:-zai-org/GLM-5.2}
 DEFAULT_PRIORITY=${DEFAULT_PRIORITY---default-priority-value 0}   # 0.5.13+; DEFAULT_PRIORITY="" on 0.5.9
+# How each rank orders its queue (docs/routing.md, "Shortest prefill first"):
+#   SCHEDULE=priority (default): --enable-priority-scheduling; tenants' priority classes and the gateway's prefill
+#     levels order the queue, with its starvation gate.
+#   SCHEDULE=shortest-prefill-first (SGLang 0.5.21+): the engine itself orders by uncached tokens and caps a long
+#     prefill's chunk so shorter ones share its forward; SGLang refuses it with priority scheduling, so tenants'
+#     classes are not honoured on these ranks, and under overload long prompts can starve.
+case "${SCHEDULE:-priority}" in
+  priority) SCHED_FLAGS="--enable-priority-scheduling $DEFAULT_PRIORITY" ;;
+  shortest-prefill-first) SCHED_FLAGS="--schedule-policy shortest-prefill-first" ;;
+  *) echo "SCHEDULE must be priority or shortest-prefill-first" >&2; exit 2 ;;
+esac
 export SGLANG_ENABLE_SPEC_V2=1
 DP_FLAGS="--dp 2" MAX_RUNNING=48          # per rank with plain DP
 # with DP attention SGLang divides --max-running-requests by the attention-DP size: 96 = 48 per rank
@@ -27,5 +38,5 @@ python3 -m sglang.launch_server \
   --tool-call-parser glm47 --reasoning-parser glm45 \
   --enable-cache-report \
   --enable-metrics \
-  --enable-priority-scheduling $DEFAULT_PRIORITY \
+  $SCHED_FLAGS \
   ${EXTRA_FLAGS:-}

@@ -9,6 +9,17 @@ SERVED=${SERVED:-zai-org/GLM-5.2}          # what the gateway's pool `model:` sa
 # The gateway sends an explicit priority for every tenant class, so this is belt and braces: without it SGLang gives
 # a request that carries no `priority` the LOWEST value. 0.5.13+ only; on 0.5.9 run with DEFAULT_PRIORITY="".
 DEFAULT_PRIORITY=${DEFAULT_PRIORITY---default-priority-value 0}
+# How each rank orders its queue (docs/routing.md, "Shortest prefill first"):
+#   SCHEDULE=priority (default): --enable-priority-scheduling; tenants' priority classes and the gateway's prefill
+#     levels order the queue, with its starvation gate.
+#   SCHEDULE=shortest-prefill-first (SGLang 0.5.21+): the engine itself orders by uncached tokens and caps a long
+#     prefill's chunk so shorter ones share its forward; SGLang refuses it with priority scheduling, so tenants'
+#     classes are not honoured on these ranks, and under overload long prompts can starve.
+case "${SCHEDULE:-priority}" in
+  priority) SCHED_FLAGS="--enable-priority-scheduling $DEFAULT_PRIORITY" ;;
+  shortest-prefill-first) SCHED_FLAGS="--schedule-policy shortest-prefill-first" ;;
+  *) echo "SCHEDULE must be priority or shortest-prefill-first" >&2; exit 2 ;;
+esac
 export SGLANG_ENABLE_SPEC_V2=1             # overlap scheduling for EAGLE/MTP
 
 for g in 0 1; do
@@ -24,7 +35,7 @@ for g in 0 1; do
     --tool-call-parser glm47 --reasoning-parser glm45 \
     --enable-cache-report \
     --enable-metrics \
-    --enable-priority-scheduling $DEFAULT_PRIORITY \
+    $SCHED_FLAGS \
     ${EXTRA_FLAGS:-} \
     > "sglang-$BASE_PORT-tp4-$g.log" 2>&1 &
 done

@@ -24,6 +24,7 @@ from gateway.replay.bounds import ideal_hit_rate, lru_hit_rate
 from gateway.replay.run import HEADERS, ReplayResult, nodes_targets, replay, targets_from_config
 from gateway.replay.trace import TraceError, read_trace
 from gateway.sim.fleet import Fleet
+from gateway.sim.profiles import SCHEDULE_POLICIES
 
 POLICIES = ("prefix_sla_cost", "round_robin", "least_loaded")
 
@@ -50,6 +51,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="what-if routing.recompute_weight (0: the SLA alone decides; docs/routing.md)")
     p.add_argument("--fcfs", action="store_true", help="what-if routing.shortest_prefill_first: false (the engines "
                    "keep arrival order within a priority class; docs/routing.md)")
+    p.add_argument("--schedule-policy", choices=sorted(SCHEDULE_POLICIES), default="fcfs",
+                   help="the self-hosted engines' SGLang --schedule-policy: fcfs with --enable-priority-scheduling "
+                   "(deploy/sglang's default), or shortest-prefill-first (0.5.21+, SCHEDULE=shortest-prefill-first "
+                   "there: no priority classes; docs/routing.md)")
     p.add_argument("--jitter", type=float, default=0.0, help="lognormal sigma of each engine forward's duration "
                    "(run-to-run noise; default 0: the timing model exactly, every replay the same)")
     p.add_argument("--seeds", type=int, default=1, help="with --jitter: replay each run under seeds 1..N, a row "
@@ -142,6 +147,8 @@ def _run(args: argparse.Namespace) -> int:
         fleet_label = f"{nodes} MI355X nodes ({2 * nodes} TP4 ranks)" + (f" + {args.b200} B200" if args.b200 else "")
     if not targets:
         raise ValueError("the fleet has no targets")
+    if args.schedule_policy != "fcfs":
+        fleet_label += f", engines {args.schedule_policy}"
     if args.sla_ms:
         routing = routing.model_copy(update={"ttft_sla_ms": args.sla_ms})
     if args.queue_drain:
@@ -178,7 +185,8 @@ def _run(args: argparse.Namespace) -> int:
             install_mode(fleet, rc, page)
 
         r = replay(trace, targets, rc, instances=instances, shared=shared, speed=args.speed,
-                   progress=bar.update if bar else None, bounds=bounds, fleet_hook=hook, seed=seed, jitter=args.jitter)
+                   progress=bar.update if bar else None, bounds=bounds, fleet_hook=hook, seed=seed, jitter=args.jitter,
+                   schedule_policy=args.schedule_policy)
         if len(modes) > 1:
             r.label += f" [{mode}]"
         if args.jitter:

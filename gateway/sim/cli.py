@@ -16,6 +16,7 @@ from gateway.servers import free_ports, make_server, serve_all, taken_port_error
 from gateway.sim.kv_events import KvEventsConfig, port_of
 from gateway.sim.profiles import (
     PROFILES,
+    SCHEDULE_POLICIES,
     SGLANG_VERSIONS,
     ReplicaConfig,
     for_version,
@@ -49,6 +50,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="usage carries prompt_tokens_details.cached_tokens (off by default, as in SGLang)")
     p.add_argument("--enable-dp-attention", action="store_true",
                    help="with --dp-size N: on 0.5.23 /server_info reads dp_size 1, attn_dp_size N")
+    p.add_argument("--schedule-policy", choices=sorted(SCHEDULE_POLICIES), default=None,
+                   help="fcfs (SGLang's default) or shortest-prefill-first (0.5.21+; not with priority scheduling)")
     p.add_argument("--enable-priority-scheduling", action="store_true")
     p.add_argument("--schedule-low-priority-values-first", action="store_true")
     p.add_argument("--default-priority-value", type=int, default=None, help="priority of requests without one (0.5.13+)")
@@ -81,6 +84,7 @@ def config_from_args(a: argparse.Namespace) -> ReplicaConfig:
         "sse_style": a.sse_style,
         "api_key": a.api_key,
         "seed": a.seed,
+        "schedule_policy": a.schedule_policy,
     }
     flags = ("enable_cache_report", "enable_dp_attention", "enable_priority_scheduling",
              "schedule_low_priority_values_first", "disable_priority_preemption", "abort_on_priority_when_disabled",
@@ -111,7 +115,12 @@ def config_from_args(a: argparse.Namespace) -> ReplicaConfig:
         if key not in cfg.__dataclass_fields__ and key not in cfg.timing.__dataclass_fields__:
             raise SystemExit(f"--set: unknown setting {key!r}")
         extra[key] = _parse_value(raw)
-    return cfg.with_overrides(**extra) if extra else cfg
+    cfg = cfg.with_overrides(**extra) if extra else cfg
+    try:
+        cfg.check_schedule()
+    except ValueError as e:
+        raise SystemExit(f"gateway sim: {e}") from None
+    return cfg
 
 
 def _parse_value(raw: str) -> object:

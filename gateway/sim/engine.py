@@ -9,7 +9,9 @@ Rules: FCFS (or, with `enable_priority_scheduling`, by priority then arrival, an
 running one by more than `priority_scheduling_preemption_threshold` retracts it when the batch is full); prefill
 strictly before decode (no mixed batches); one prefill forward takes up to
 `chunked_prefill_size` uncached tokens across waiting requests in order (the last may be split and continues
-first next time); admission stops at `max_running_requests` (running + picked) or when a new request's
+first next time; with `schedule_policy: shortest-prefill-first`, 0.5.21+, the waiting queue goes by uncached tokens and
+the continuing chunk is capped to leave room for the shorter waiting prefills, one chunked request at a time);
+admission stops at `max_running_requests` (running + picked) or when a new request's
 reservation (uncached prompt + output tokens) does not fit in KV even after evicting unlocked cache; a decode
 step advances every running request by alpha tokens (a fractional accumulator, so 3.5 means 3, 4, 3, 4, ...).
 """
@@ -24,6 +26,8 @@ from enum import Enum
 
 from gateway.sim.profiles import ReplicaConfig
 from gateway.sim.radix_cache import Node, PrefixCache
+
+SHORTEST_PREFILL_FIRST = "shortest-prefill-first"
 
 
 class EventKind(Enum):
@@ -118,6 +122,52 @@ class Rank:
         if self.cfg.enable_priority_scheduling:
             self._sort_waiting()
 
+    @property
+    def shortest_prefill_first(self) -> bool:
+        return self.cfg.schedule_policy == SHORTEST_PREFILL_FIRST
+
+    def _spf_work(self, req: SimRequest, now: float) -> int:
+        """SGLang's `_shortest_prefill_work`: the tokens a waiting request would prefill, from a fresh match."""
+        if req.started:
+            return max(1, req.uncached - req.prefilled)
+        matched = len(self.cache.match(req.keys, now)) * self.cfg.page_size
+        return max(1, req.prompt_len - matched)
+
+    def _sort_shortest_prefill(self, now: float) -> dict[int, int]:
+        """calc_priority under shortest-prefill-first: (shares a prefix with an earlier waiting request while
+        holding none of it cached, uncached work, arrival); the chunked request stays first. Returns the work.
+        The in-batch dedup is matched on the first page (SGLang: >= 32 tokens of a waiting-queue radix tree)."""
+        work = {id(r): self._spf_work(r, now) for r in self.waiting}
+        seen: set[int] = set()
+        deferred: set[int] = set()
+        for r in self.waiting:
+            if r.started or not r.keys or work[id(r)] < r.prompt_len:
+                continue
+            if r.keys[0] in seen:
+                deferred.add(id(r))
+            else:
+                seen.add(r.keys[0])
+        self.waiting.sort(key=lambda r: (not r.started, id(r) in deferred, work[id(r)], r.arrival))
+        return work
+
+    def _chunk_limit(self, head: SimRequest, work: dict[int, int], budget: int) -> int | None:
+        """SGLang's `shortest_prefill_chunk_limit`: the continuing chunk leaves room for the waiting requests
+        (in order) that need less than it still does, a page apart; None when none fits."""
+        ps = self.cfg.page_size
+        if budget < 2 * ps:
+            return None
+        remaining = head.uncached - head.prefilled
+        reserved = 0
+        for r in self.waiting:
+            if r is head:
+                continue
+            w = work[id(r)]
+            charge = -(-w // ps) * ps
+            if w >= remaining or reserved + charge > budget - ps:
+                break
+            reserved += charge
+        return (budget - reserved) // ps * ps if reserved else None
+
     def _rank_key(self, req: SimRequest) -> int:
         """Smaller is served first: SGLang sorts by priority x sign (-1: higher values first) then arrival."""
         return req.priority * (1 if self.cfg.schedule_low_priority_values_first else -1)
@@ -176,6 +226,12 @@ class Rank:
         picks: list[tuple[SimRequest, int]] = []
         chunks: list[tuple[int, float]] = []
         preempted = False
+        limit: int | None = None
+        work: dict[int, int] = {}
+        if self.shortest_prefill_first and self.waiting:
+            work = self._sort_shortest_prefill(now)
+            if self.waiting[0].started:
+                limit = self._chunk_limit(self.waiting[0], work, budget)
         for req in list(self.waiting):
             if budget <= 0:
                 break
@@ -183,9 +239,13 @@ class Rank:
                 if req.started or not self._preempt_for(req, now):
                     break
                 preempted = True
+            if limit is not None and not req.started and -(-work[id(req)] // cfg.page_size) * cfg.page_size > budget:
+                break  # SGLang splits no second request while the capped one is still chunked
             if not req.started and not self._admit(req, now):
                 break  # FCFS: the head blocks the rest
             n = min(req.uncached - req.prefilled, budget)
+            if limit is not None and req.started and not picks:
+                n = min(n, limit)  # the chunked request yields room to shorter waiting prefills
             picks.append((req, n))
             chunks.append((n, req.cached + req.prefilled + n / 2))
             budget -= n

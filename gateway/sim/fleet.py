@@ -96,20 +96,25 @@ class Fleet:
     def __init__(self, targets: Sequence[tuple[TargetInfo, ReplicaConfig]], routing: Routing, instances: int = 1,
                  shared: bool = True, seed: int = 0, corrector: Callable[[], TtftCorrector] | None = None,
                  on_decision: Callable[[Instance, RoutingRequest, Decision], None] | None = None,
-                 jitter: float = 0.0) -> None:
+                 jitter: float = 0.0, schedule_policy: str = "fcfs") -> None:
         self.loop = EventLoop()
         clock = lambda: self.loop.now  # noqa: E731
         self.infos = [info for info, _ in targets]
         self.ranks: dict[str, VirtualRank] = {}
         for i, (info, cfg) in enumerate(targets):
             # only the first token and the finish matter here: one TOKENS event per request, not one per step;
-            # self-hosted ranks schedule by priority, as deploy/sglang/ starts them (--enable-priority-scheduling)
+            # self-hosted ranks schedule by priority, as deploy/sglang/ starts them (--enable-priority-scheduling),
+            # or by shortest prefill (SCHEDULE=shortest-prefill-first there), which SGLang allows only without it
             over: dict[str, Any] = {"stream_interval": 1 << 30}
-            if info.self_hosted:
+            if info.self_hosted and schedule_policy == "fcfs":
                 over["enable_priority_scheduling"] = True
+            elif info.self_hosted:  # SGLang refuses priority scheduling with any other policy
+                over["schedule_policy"] = schedule_policy
             if jitter:  # each forward's duration x lognormal(0, jitter), drawn from the rank's seeded stream
                 over["jitter_sigma"] = jitter
-            self.ranks[info.name] = VirtualRank(Rank(cfg.with_overrides(**over), i, seed), self.loop)
+            rank_cfg = cfg.with_overrides(**over)
+            rank_cfg.check_schedule()
+            self.ranks[info.name] = VirtualRank(Rank(rank_cfg, i, seed), self.loop)
         self.chunk_tokens = routing.chunk_tokens
 
         def make_index() -> MemoryPrefixIndex:

@@ -43,7 +43,7 @@ class ReplicaConfig:
     max_running_requests: int = 48
     max_queued_requests: int | None = None
     max_total_num_tokens: int = 2_400_000  # KV capacity per rank, tokens
-    schedule_policy: str = "fcfs"
+    schedule_policy: str = "fcfs"  # or "shortest-prefill-first" (0.5.21+); SGLang's other policies are not modelled
     enable_cache_report: bool = False  # SGLang's default: usage carries no prompt_tokens_details
     enable_metrics: bool = True
     disable_radix_cache: bool = False
@@ -79,6 +79,20 @@ class ReplicaConfig:
         """True when the served SGLang version is `release` or newer ("0.5.13" matches "0.5.13.post1")."""
         return _release(self.version) >= _release(release)
 
+    def check_schedule(self) -> None:
+        """SGLang's start-up checks on the scheduling flags (arg_groups/validation_hook.py, schedule_policy.py)."""
+        if self.schedule_policy not in SCHEDULE_POLICIES:
+            raise ValueError(f"schedule_policy {self.schedule_policy!r}: the simulator models {sorted(SCHEDULE_POLICIES)}")
+        if self.schedule_policy == "fcfs":
+            return
+        if not self.at_least("0.5.21"):
+            raise ValueError(f"schedule_policy {self.schedule_policy!r}: not in SGLang {self.version} (added in 0.5.21)")
+        if self.enable_priority_scheduling:
+            raise ValueError("To use priority scheduling, schedule_policy must be 'fcfs' or 'lof'. "
+                             f"'{self.schedule_policy}' is not supported.")
+        if self.disable_radix_cache:
+            raise ValueError("Experimental shortest-prefill-first requires prefix caching")
+
     def with_overrides(self, **kw: Any) -> ReplicaConfig:
         timing_kw = {k: kw.pop(k) for k in list(kw) if k in TimingModel.__dataclass_fields__}
         cfg = replace(self, **kw)
@@ -86,6 +100,11 @@ class ReplicaConfig:
             cfg = replace(cfg, timing=replace(cfg.timing, **timing_kw))
         return cfg
 
+
+# What the simulator's scheduler models of SGLang's --schedule-policy: arrival order (with priority scheduling: by
+# priority, then arrival), and 0.5.21's shortest-prefill-first (by uncached tokens, the running chunk capped so that
+# shorter waiting prefills share its forward; SGLang refuses it together with --enable-priority-scheduling).
+SCHEDULE_POLICIES = frozenset({"fcfs", "shortest-prefill-first"})
 
 # `--sglang-version` choices -> the release string /server_info and /v1/loads report
 SGLANG_VERSIONS = {"0.5.9": "0.5.9", "0.5.13": "0.5.13.post1", "0.5.23": "0.5.23"}

@@ -167,3 +167,38 @@ def test_sglang_recipes_carry_the_flags_the_fitted_profile_assumes():
     pools = yaml.safe_load((DEPLOY / "sglang" / "pools.example.yaml").read_text())
     cfg = parse_config({**pools, "tenants": [{"name": "t", "api_key_hashes": ["0" * 64], "models": ["glm-5.2"]}]})
     assert [p.kind for p in cfg.pools] == ["sglang", "sglang", "openai"]
+
+
+@pytest.mark.parametrize("script", ["serve-tp4-groups.sh", "serve-dp.sh"])
+def test_sglang_recipes_schedule_by_priority_or_shortest_prefill(tmp_path: Path, script: str) -> None:
+    """SCHEDULE picks the ranks' queue order. The recipes run with a `python3` on PATH that prints its arguments, so
+    this checks the command line SGLang would get: priority scheduling by default, shortest-prefill-first without it
+    (SGLang refuses the two together), anything else refused before a server starts."""
+    shim = tmp_path / "bin" / "python3"
+    shim.parent.mkdir()
+    shim.write_text('#!/bin/sh\necho "$@"\n')
+    shim.chmod(0o755)
+    env = {"PATH": f"{shim.parent}:/usr/bin:/bin", "MODEL": "m", "PORT": "1", "BASE_PORT": "1",
+           "DEVICES_VAR": "HIP_VISIBLE_DEVICES"}
+
+    def run(schedule: str | None) -> subprocess.CompletedProcess[str]:
+        e = env if schedule is None else {**env, "SCHEDULE": schedule}
+        return subprocess.run(["bash", str(DEPLOY / "sglang" / script)], cwd=tmp_path, env=e, capture_output=True,
+                              text=True, timeout=30)
+
+    def argv() -> str:
+        logs = sorted(tmp_path.glob("sglang-*.log"))
+        return " ".join(p.read_text() for p in logs) if logs else ""
+
+    r = run(None)
+    out = r.stdout + argv()
+    assert r.returncode == 0 and "--enable-priority-scheduling --default-priority-value 0" in out
+    assert "--schedule-policy" not in out
+    for p in tmp_path.glob("sglang-*.log"):
+        p.unlink()
+    r = run("shortest-prefill-first")
+    out = r.stdout + argv()
+    assert r.returncode == 0 and "--schedule-policy shortest-prefill-first" in out
+    assert "--enable-priority-scheduling" not in out
+    bad = run("lpm")
+    assert bad.returncode == 2 and "SCHEDULE must be" in bad.stderr
