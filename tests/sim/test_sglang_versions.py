@@ -122,3 +122,29 @@ def test_health_is_slow_behind_a_long_prefill_and_the_gateway_keeps_the_replica(
     finally:
         gw.stop()
         sims.stop()
+
+
+def test_gateway_in_front_of_shortest_prefill_first_servers_sends_no_priority():
+    """Servers started with --schedule-policy shortest-prefill-first cannot schedule by priority, and with
+    --abort-on-priority-when-disabled refuse any request that carries one. The gateway reads that from /server_info
+    (`send_priority: auto`), sends no priority (the prefill levels included), and every request is served, its
+    prefix reused; `gateway check` reads the policy."""
+    sims, _ = start_sims(2, schedule_policy="shortest-prefill-first", abort_on_priority_when_disabled=True)
+    gw = start_gateway(config([sglang_pool("p", sims.urls)], routing={"load_poll_s": 0.1}))
+    try:
+        wait_until(lambda: gw.call(lambda: all(t.priority_scheduling is False
+                                               for t in gw.app.state.gateway.registry.by_pool["p"])),
+                   timeout=10, what="server facts read")
+        c = OpenAI(base_url=gw.urls[0] + "/v1", api_key=KEY_A, max_retries=0)
+        system = {"role": "system", "content": "shortest first shared context " * 400}
+        cached = []
+        for i in range(3):
+            r = c.chat.completions.create(model="glm-5.2", messages=[system, {"role": "user", "content": f"q{i}"}],
+                                          max_tokens=3)
+            cached.append(r.usage.prompt_tokens_details.cached_tokens)
+        assert min(cached[1:]) >= 2000
+        info = httpx.get(sims.urls[0] + "/server_info", timeout=5).json()
+        assert info["schedule_policy"] == "shortest-prefill-first" and info["enable_priority_scheduling"] is False
+    finally:
+        gw.stop()
+        sims.stop()
