@@ -52,6 +52,8 @@ def start_sims(a: argparse.Namespace, work: Path, tag: str) -> tuple[list[Proc],
                                                  "replay_endpoint": f"tcp://127.0.0.1:{a.kv_events_port + 50}"})]
     if getattr(a, "priority_scheduling", False):  # as deploy/sglang/ starts SGLang: the prefill levels take effect
         kv += ["--enable-priority-scheduling"]
+    if getattr(a, "schedule_policy", None):  # SCHEDULE=shortest-prefill-first in deploy/sglang/ (0.5.21+)
+        kv += ["--schedule-policy", a.schedule_policy]
     mi = Proc(f"sim-mi355x-{tag}", [sys.executable, "-m", "gateway.cli", "sim", "--enable-cache-report", "--replicas", str(2 * a.nodes),
                                    "--port", str(a.sim_port), *common, *kv], f"http://127.0.0.1:{a.sim_port}/ping",
               log=work / f"sim-mi355x-{tag}.log")

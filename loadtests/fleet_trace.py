@@ -169,6 +169,9 @@ def main() -> None:
     p.add_argument("--sla", type=float, default=2.22, help="TTFT SLA, simulated s")
     p.add_argument("--priority-scheduling", action="store_true", help="the simulators schedule by priority "
                    "(--enable-priority-scheduling, as deploy/sglang/ starts SGLang): this router's prefill levels apply")
+    p.add_argument("--schedule-policy", choices=["fcfs", "shortest-prefill-first"], default=None,
+                   help="the simulators' --schedule-policy; shortest-prefill-first (SGLang 0.5.21+) excludes "
+                   "--priority-scheduling, as SGLang does")
     p.add_argument("--ttft-quantile-z", type=float, default=None)
     p.add_argument("--routing-set", action="append", metavar="KEY=VALUE",
                    help="a routing setting for this router (repeatable), e.g. recompute_weight=0")
@@ -182,6 +185,8 @@ def main() -> None:
     p.add_argument("--redis-port", type=int, default=19390)
     p.add_argument("--no-progress", action="store_true", help="no progress bar (stderr) while a target replays")
     a = p.parse_args()
+    if a.schedule_policy == "shortest-prefill-first" and a.priority_scheduling:
+        p.error("--schedule-policy shortest-prefill-first and --priority-scheduling: SGLang allows one or the other")
     a.b200_replicas, a.gateways = 0, 1  # fleet_http's launchers read these: MI355X ranks only, one gateway
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the `finally` blocks stop what the run started
     asyncio.run(main_async(a))
