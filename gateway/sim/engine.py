@@ -227,6 +227,7 @@ class Rank:
         chunks: list[tuple[int, float]] = []
         preempted = False
         limit: int | None = None
+        chunk_open = False  # a request picked this forward stays chunked after it
         work: dict[int, int] = {}
         if self.shortest_prefill_first and self.waiting:
             work = self._sort_shortest_prefill(now)
@@ -239,13 +240,14 @@ class Rank:
                 if req.started or not self._preempt_for(req, now):
                     break
                 preempted = True
-            if limit is not None and not req.started and -(-work[id(req)] // cfg.page_size) * cfg.page_size > budget:
+            if chunk_open and not req.started and -(-work[id(req)] // cfg.page_size) * cfg.page_size > budget:
                 break  # SGLang splits no second request while the capped one is still chunked
             if not req.started and not self._admit(req, now):
                 break  # FCFS: the head blocks the rest
             n = min(req.uncached - req.prefilled, budget)
             if limit is not None and req.started and not picks:
                 n = min(n, limit)  # the chunked request yields room to shorter waiting prefills
+                chunk_open = n < req.uncached - req.prefilled
             picks.append((req, n))
             chunks.append((n, req.cached + req.prefilled + n / 2))
             budget -= n

@@ -135,3 +135,16 @@ def test_replay_schedule_policy_reaches_the_engines(tmp_path: Path, capsys: pyte
         p50[policy] = json.loads(out.read_text())["results"][0]["ttft_p50"]
     assert f"engines {SPF}" in capsys.readouterr().out
     assert p50[SPF] * 3 < p50["fcfs"], p50
+
+
+def test_a_capped_chunk_that_finishes_lets_the_next_request_be_split() -> None:
+    """The one-chunked-request rule holds only while the capped request stays chunked: when its last piece fits
+    under the cap, a waiting request too long for the rest of the budget is split as usual (scheduler.py resets
+    chunked_req once add_chunked_req does not truncate)."""
+    r = rank(schedule_policy=SPF)
+    req(r, "long", 16_384 + 3_000, 0.0)
+    step(r, 0.0)
+    req(r, "short", 500, 1.0)
+    req(r, "big", 20_000, 1.1)
+    picks = step(r, 2.0)
+    assert picks[:2] == [("long", 3_000), ("short", 500)] and picks[2][0] == "big" and picks[2][1] > 10_000
