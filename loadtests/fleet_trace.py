@@ -33,6 +33,7 @@ from tqdm import tqdm
 from gateway.replay.bounds import ideal_hit_rate, lru_hit_rate
 from gateway.replay.http import HttpResult, run_http, summary
 from gateway.replay.trace import TraceRecord, read_trace
+from gateway.sim.profiles import SCHEDULE_POLICIES
 from loadtests.fleet_http import KEY, engine_tokens, redis_proc, start_router, start_sims
 from loadtests.procs import Proc, cpu_seconds
 from loadtests.report import OUT, plot_trace_targets, save_json, table
@@ -169,7 +170,7 @@ def main() -> None:
     p.add_argument("--sla", type=float, default=2.22, help="TTFT SLA, simulated s")
     p.add_argument("--priority-scheduling", action="store_true", help="the simulators schedule by priority "
                    "(--enable-priority-scheduling, as deploy/sglang/ starts SGLang): this router's prefill levels apply")
-    p.add_argument("--schedule-policy", choices=["fcfs", "shortest-prefill-first"], default=None,
+    p.add_argument("--schedule-policy", choices=sorted(SCHEDULE_POLICIES), default=None,
                    help="the simulators' --schedule-policy; shortest-prefill-first (SGLang 0.5.21+) excludes "
                    "--priority-scheduling, as SGLang does")
     p.add_argument("--ttft-quantile-z", type=float, default=None)

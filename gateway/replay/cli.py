@@ -24,7 +24,7 @@ from gateway.replay.bounds import ideal_hit_rate, lru_hit_rate
 from gateway.replay.run import HEADERS, ReplayResult, nodes_targets, replay, targets_from_config
 from gateway.replay.trace import TraceError, read_trace
 from gateway.sim.fleet import Fleet
-from gateway.sim.profiles import SCHEDULE_POLICIES
+from gateway.sim.profiles import SHORTEST_PREFILL_FIRST
 
 POLICIES = ("prefix_sla_cost", "round_robin", "least_loaded")
 
@@ -51,10 +51,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="what-if routing.recompute_weight (0: the SLA alone decides; docs/routing.md)")
     p.add_argument("--fcfs", action="store_true", help="what-if routing.shortest_prefill_first: false (the engines "
                    "keep arrival order within a priority class; docs/routing.md)")
-    p.add_argument("--schedule-policy", choices=sorted(SCHEDULE_POLICIES), default="fcfs",
-                   help="the self-hosted engines' SGLang --schedule-policy: fcfs with --enable-priority-scheduling "
-                   "(deploy/sglang's default), or shortest-prefill-first (0.5.21+, SCHEDULE=shortest-prefill-first "
-                   "there: no priority classes; docs/routing.md)")
+    p.add_argument("--schedule", choices=["priority", SHORTEST_PREFILL_FIRST], default="priority",
+                   help="how the self-hosted engines order their queue, as deploy/sglang's SCHEDULE starts them: "
+                   "priority (--enable-priority-scheduling, the default) or shortest-prefill-first (SGLang 0.5.21+'s "
+                   "--schedule-policy; no priority classes; docs/routing.md)")
     p.add_argument("--jitter", type=float, default=0.0, help="lognormal sigma of each engine forward's duration "
                    "(run-to-run noise; default 0: the timing model exactly, every replay the same)")
     p.add_argument("--seeds", type=int, default=1, help="with --jitter: replay each run under seeds 1..N, a row "
@@ -134,6 +134,8 @@ def _run(args: argparse.Namespace) -> int:
     if args.seeds > 1 and not args.jitter:
         raise ValueError("--seeds needs --jitter: without it every seed replays the same")
     if args.http:
+        if args.schedule != "priority":
+            raise ValueError("--schedule describes simulated engines; with --http the endpoint's own engines decide")
         from gateway.replay.http import replay_http
 
         return replay_http(trace, args)
@@ -147,8 +149,8 @@ def _run(args: argparse.Namespace) -> int:
         fleet_label = f"{nodes} MI355X nodes ({2 * nodes} TP4 ranks)" + (f" + {args.b200} B200" if args.b200 else "")
     if not targets:
         raise ValueError("the fleet has no targets")
-    if args.schedule_policy != "fcfs":
-        fleet_label += f", engines {args.schedule_policy}"
+    if args.schedule != "priority":
+        fleet_label += f", engines {args.schedule}"
     if args.sla_ms:
         routing = routing.model_copy(update={"ttft_sla_ms": args.sla_ms})
     if args.queue_drain:
@@ -186,7 +188,7 @@ def _run(args: argparse.Namespace) -> int:
 
         r = replay(trace, targets, rc, instances=instances, shared=shared, speed=args.speed,
                    progress=bar.update if bar else None, bounds=bounds, fleet_hook=hook, seed=seed, jitter=args.jitter,
-                   schedule_policy=args.schedule_policy)
+                   schedule=args.schedule)
         if len(modes) > 1:
             r.label += f" [{mode}]"
         if args.jitter:

@@ -93,11 +93,12 @@ def replay(trace: Sequence[TraceRecord], targets: Sequence[tuple[TargetInfo, Rep
            *, instances: int = 1, shared: bool = True, speed: float = 1.0, label: str | None = None,
            progress: Callable[[], None] | None = None, fleet_hook: Callable[[Fleet], None] | None = None,
            bounds: tuple[float, float] | None = None, seed: int = 0, jitter: float = 0.0,
-           schedule_policy: str = "fcfs") -> ReplayResult:
+           schedule: str = "priority") -> ReplayResult:
     """Run the trace (arrivals divided by `speed`) and summarize. `bounds`: (ideal, LRU) if already computed;
     `jitter`: lognormal sigma of every engine forward's duration, drawn per rank from `seed` (0: the timing model
-    exactly, so every replay of one trace is the same); `schedule_policy`: the self-hosted engines' (sim/fleet.py)."""
-    fleet = Fleet(targets, routing, instances, shared, seed=seed, jitter=jitter, schedule_policy=schedule_policy)
+    exactly, so every replay of one trace is the same); `schedule`: how the self-hosted engines order their queue,
+    "priority" or "shortest-prefill-first" (sim/fleet.py)."""
+    fleet = Fleet(targets, routing, instances, shared, seed=seed, jitter=jitter, schedule=schedule)
     if fleet_hook:
         fleet_hook(fleet)
     fleet.on_arrival = progress

@@ -24,10 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 
-from gateway.sim.profiles import ReplicaConfig
+from gateway.sim.profiles import SHORTEST_PREFILL_FIRST, ReplicaConfig
 from gateway.sim.radix_cache import Node, PrefixCache
-
-SHORTEST_PREFILL_FIRST = "shortest-prefill-first"
 
 
 class EventKind(Enum):
@@ -126,31 +124,40 @@ class Rank:
     def shortest_prefill_first(self) -> bool:
         return self.cfg.schedule_policy == SHORTEST_PREFILL_FIRST
 
+    def _pages(self, n: int) -> int:
+        """n tokens in whole pages (what SGLang charges and reserves)."""
+        ps = self.cfg.page_size
+        return -(-n // ps) * ps
+
     def _spf_work(self, req: SimRequest, now: float) -> int:
-        """SGLang's `_shortest_prefill_work`: the tokens a waiting request would prefill, from a fresh match."""
+        """SGLang's `_shortest_prefill_work`: the tokens a waiting request would prefill, from a fresh match (which,
+        as SGLang's, refreshes the matched pages' access times)."""
         if req.started:
             return max(1, req.uncached - req.prefilled)
         matched = len(self.cache.match(req.keys, now)) * self.cfg.page_size
         return max(1, req.prompt_len - matched)
 
-    def _sort_shortest_prefill(self, now: float) -> dict[int, int]:
-        """calc_priority under shortest-prefill-first: (shares a prefix with an earlier waiting request while
-        holding none of it cached, uncached work, arrival); the chunked request stays first. Returns the work.
-        The in-batch dedup is matched on the first page (SGLang: >= 32 tokens of a waiting-queue radix tree)."""
-        work = {id(r): self._spf_work(r, now) for r in self.waiting}
+    def _shortest_prefill_pass(self, now: float, budget: int) -> tuple[dict[SimRequest, int], int | None]:
+        """One forward's calc_priority and shortest_prefill_chunk_limit: sort the waiting queue by (shares a prefix
+        with an earlier waiting request while holding none of it cached, uncached work, arrival), the chunked
+        request first; return the work per request and the cap on the chunked request's next chunk (None: none).
+        The in-batch dedup matches the first page (SGLang: >= 32 tokens of a waiting-queue radix tree)."""
+        work = {r: self._spf_work(r, now) for r in self.waiting}
+        self.cache.compact()  # a match per waiting request per forward: drop the heap entries they made stale
         seen: set[int] = set()
-        deferred: set[int] = set()
+        deferred: set[SimRequest] = set()
         for r in self.waiting:
-            if r.started or not r.keys or work[id(r)] < r.prompt_len:
+            if r.started or not r.keys or work[r] < r.prompt_len:
                 continue
             if r.keys[0] in seen:
-                deferred.add(id(r))
+                deferred.add(r)
             else:
                 seen.add(r.keys[0])
-        self.waiting.sort(key=lambda r: (not r.started, id(r) in deferred, work[id(r)], r.arrival))
-        return work
+        self.waiting.sort(key=lambda r: (not r.started, r in deferred, work[r], r.arrival))
+        head = self.waiting[0]
+        return work, self._chunk_limit(head, work, budget) if head.started else None
 
-    def _chunk_limit(self, head: SimRequest, work: dict[int, int], budget: int) -> int | None:
+    def _chunk_limit(self, head: SimRequest, work: dict[SimRequest, int], budget: int) -> int | None:
         """SGLang's `shortest_prefill_chunk_limit`: the continuing chunk leaves room for the waiting requests
         (in order) that need less than it still does, a page apart; None when none fits."""
         ps = self.cfg.page_size
@@ -161,11 +168,10 @@ class Rank:
         for r in self.waiting:
             if r is head:
                 continue
-            w = work[id(r)]
-            charge = -(-w // ps) * ps
-            if w >= remaining or reserved + charge > budget - ps:
+            w = work[r]
+            if w >= remaining or reserved + self._pages(w) > budget - ps:
                 break
-            reserved += charge
+            reserved += self._pages(w)
         return (budget - reserved) // ps * ps if reserved else None
 
     def _rank_key(self, req: SimRequest) -> int:
@@ -228,11 +234,10 @@ class Rank:
         preempted = False
         limit: int | None = None
         chunk_open = False  # a request picked this forward stays chunked after it
-        work: dict[int, int] = {}
         if self.shortest_prefill_first and self.waiting:
-            work = self._sort_shortest_prefill(now)
-            if self.waiting[0].started:
-                limit = self._chunk_limit(self.waiting[0], work, budget)
+            if len(self.running) >= cfg.max_running_requests and not self.waiting[0].started:
+                return None  # no request slot: SGLang returns before calc_priority (and cannot preempt here)
+            _, limit = self._shortest_prefill_pass(now, budget)
         for req in list(self.waiting):
             if budget <= 0:
                 break
@@ -240,7 +245,7 @@ class Rank:
                 if req.started or not self._preempt_for(req, now):
                     break
                 preempted = True
-            if chunk_open and not req.started and -(-work[id(req)] // cfg.page_size) * cfg.page_size > budget:
+            if chunk_open and not req.started and self._pages(self._spf_work(req, now)) > budget:
                 break  # SGLang splits no second request while the capped one is still chunked
             if not req.started and not self._admit(req, now):
                 break  # FCFS: the head blocks the rest

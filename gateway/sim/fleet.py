@@ -96,7 +96,7 @@ class Fleet:
     def __init__(self, targets: Sequence[tuple[TargetInfo, ReplicaConfig]], routing: Routing, instances: int = 1,
                  shared: bool = True, seed: int = 0, corrector: Callable[[], TtftCorrector] | None = None,
                  on_decision: Callable[[Instance, RoutingRequest, Decision], None] | None = None,
-                 jitter: float = 0.0, schedule_policy: str = "fcfs") -> None:
+                 jitter: float = 0.0, schedule: str = "priority") -> None:
         self.loop = EventLoop()
         clock = lambda: self.loop.now  # noqa: E731
         self.infos = [info for info, _ in targets]
@@ -106,10 +106,10 @@ class Fleet:
             # self-hosted ranks schedule by priority, as deploy/sglang/ starts them (--enable-priority-scheduling),
             # or by shortest prefill (SCHEDULE=shortest-prefill-first there), which SGLang allows only without it
             over: dict[str, Any] = {"stream_interval": 1 << 30}
-            if info.self_hosted and schedule_policy == "fcfs":
+            if info.self_hosted and schedule == "priority":
                 over["enable_priority_scheduling"] = True
             elif info.self_hosted:  # SGLang refuses priority scheduling with any other policy
-                over["schedule_policy"] = schedule_policy
+                over["schedule_policy"] = schedule
             if jitter:  # each forward's duration x lognormal(0, jitter), drawn from the rank's seeded stream
                 over["jitter_sigma"] = jitter
             rank_cfg = cfg.with_overrides(**over)

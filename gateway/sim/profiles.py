@@ -83,7 +83,7 @@ class ReplicaConfig:
         """SGLang's start-up checks on the scheduling flags (arg_groups/validation_hook.py, schedule_policy.py)."""
         if self.schedule_policy not in SCHEDULE_POLICIES:
             raise ValueError(f"schedule_policy {self.schedule_policy!r}: the simulator models {sorted(SCHEDULE_POLICIES)}")
-        if self.schedule_policy == "fcfs":
+        if self.schedule_policy == FCFS:
             return
         if not self.at_least("0.5.21"):
             raise ValueError(f"schedule_policy {self.schedule_policy!r}: not in SGLang {self.version} (added in 0.5.21)")
@@ -104,7 +104,8 @@ class ReplicaConfig:
 # What the simulator's scheduler models of SGLang's --schedule-policy: arrival order (with priority scheduling: by
 # priority, then arrival), and 0.5.21's shortest-prefill-first (by uncached tokens, the running chunk capped so that
 # shorter waiting prefills share its forward; SGLang refuses it together with --enable-priority-scheduling).
-SCHEDULE_POLICIES = frozenset({"fcfs", "shortest-prefill-first"})
+FCFS, SHORTEST_PREFILL_FIRST = "fcfs", "shortest-prefill-first"
+SCHEDULE_POLICIES = frozenset({FCFS, SHORTEST_PREFILL_FIRST})
 
 # `--sglang-version` choices -> the release string /server_info and /v1/loads report
 SGLANG_VERSIONS = {"0.5.9": "0.5.9", "0.5.13": "0.5.13.post1", "0.5.23": "0.5.23"}

@@ -199,6 +199,13 @@ class PrefixCache:
             self._rebuild_heap()
         return freed
 
+    def compact(self) -> None:
+        """Drop the heap entries every pop would skip (a newer push of the node, or the node gone), once they
+        outnumber the live ones; the rest keep their keys, so eviction order is unchanged."""
+        if len(self._heap) > 4 * len(self.nodes) + 1024:
+            self._heap = [e for e in self._heap if e[3].stamp == e[1] and self.nodes.get(e[3].key) is e[3]]
+            heapq.heapify(self._heap)
+
     def flush(self) -> None:
         self.nodes.clear()
         self._heap.clear()

@@ -2,6 +2,7 @@
 works against every one of them: completions, streams, cached tokens, engine load, DP ranks pinned by the field
 that release understands, liveness. Also: /health is slow behind a long prefill, and that is busy, not dead."""
 
+import asyncio
 import threading
 import time
 
@@ -9,6 +10,8 @@ import httpx
 import pytest
 from openai import OpenAI
 
+from gateway.config import parse_config
+from gateway.preflight import describe, inspect
 from tests.gateway_fixtures import KEY_A, config, sglang_pool, start_gateway
 from tests.helpers import start_sims, wait_until
 
@@ -143,8 +146,10 @@ def test_gateway_in_front_of_shortest_prefill_first_servers_sends_no_priority():
                                           max_tokens=3)
             cached.append(r.usage.prompt_tokens_details.cached_tokens)
         assert min(cached[1:]) >= 2000
-        info = httpx.get(sims.urls[0] + "/server_info", timeout=5).json()
-        assert info["schedule_policy"] == "shortest-prefill-first" and info["enable_priority_scheduling"] is False
+        rep = asyncio.run(inspect(httpx.AsyncClient(trust_env=False), parse_config(config([sglang_pool("p", sims.urls)]))
+                                  .pools[0], "p-0", sims.urls[0], None, 256))
+        assert "schedule policy shortest-prefill-first, priority scheduling False" in describe(rep)
+        assert rep.checks() == []  # send_priority: auto sends nothing there, so the refusal is no misconfiguration
     finally:
         gw.stop()
         sims.stop()

@@ -92,15 +92,50 @@ def test_only_one_request_is_chunked_at_a_time() -> None:
     assert sum(q.started for q in r.waiting) == 1
 
 
+def test_warm_requests_are_never_deferred_as_duplicates() -> None:
+    """The dedup only looks at requests with nothing cached: two turns whose shared first page is cached both keep
+    their place by work, ahead of a longer fresh prompt."""
+    r = rank(schedule_policy=SPF)
+    req(r, "ctx", 4_000, 0.0, base=5)
+    step(r, 0.0)
+    req(r, "fresh-3000", 3_000, 1.0)
+    req(r, "turn-a", 6_000, 2.0, base=5)  # 2,000 to compute
+    req(r, "turn-b", 5_000, 3.0, base=5)  # 1,000 to compute
+    assert [q for q, _ in step(r, 4.0)] == ["turn-b", "turn-a", "fresh-3000"]
+
+
+@pytest.mark.parametrize("budget, waiting, cap", [
+    (4096, [257], 4096 - 320),  # one waiter: its pages (5 x 64) come off the chunk
+    (4096, [3_840], 4096 - 3_840),
+    (4096, [4_032], 64),  # the most that still leaves the chunk a page
+    (4096, [4_033], None),  # a page more would leave the chunk nothing: no cap
+    (4096, [20_000], None),  # not shorter than what the chunk still needs: no cap
+    (100, [10], None),  # a budget under two pages is never capped
+    (4096, [500, 600, 30_000], 4096 - 512 - 640),  # stops at the first that is not shorter
+])
+def test_chunk_cap_boundaries(budget: int, waiting: list[int], cap: int | None) -> None:
+    """SGLang's shortest_prefill_chunk_limit, at page 64: reserve whole pages for the waiting requests, in order,
+    that need less than the chunked request still does, keeping at least one page for it."""
+    r = rank(schedule_policy=SPF, chunked_prefill_size=budget, max_prefill_tokens=budget)
+    req(r, "long", 100_000, 0.0)
+    r.waiting[0].started, r.waiting[0].prefilled = True, 10_000
+    for i, n in enumerate(waiting):
+        req(r, f"w{i}", n, 1.0 + i)
+    _, limit = r._shortest_prefill_pass(2.0, budget)
+    assert limit == cap
+
+
 @pytest.mark.parametrize("over, says", [
     ({"enable_priority_scheduling": True}, "schedule_policy must be 'fcfs' or 'lof'"),
     ({"disable_radix_cache": True}, "requires prefix caching"),
     ({"schedule_policy": "lpm"}, "the simulator models"),
 ])
-def test_start_up_checks_as_sglang_makes_them(over: dict, says: str) -> None:
-    cfg = profile("mi355x-glm52-tp4", **{"schedule_policy": SPF, **over})
+def test_start_up_refusals_as_sglang_makes_them(over: dict, says: str) -> None:
     with pytest.raises(ValueError, match=re.escape(says)):
-        cfg.check_schedule()
+        profile("mi355x-glm52-tp4", **{"schedule_policy": SPF, **over}).check_schedule()
+
+
+def test_shortest_prefill_first_needs_0_5_21() -> None:
     with pytest.raises(ValueError, match=r"added in 0\.5\.21"):
         for_version(profile("mi355x-glm52-tp4", schedule_policy=SPF), "0.5.13").check_schedule()
     profile("mi355x-glm52-tp4", schedule_policy=SPF).check_schedule()  # 0.5.23, radix cache, no priority: fine
@@ -118,8 +153,8 @@ def test_gateway_sim_refuses_the_combination_sglang_refuses(capsys: pytest.Captu
             config_from_args(p.parse_args(argv))
 
 
-def test_replay_schedule_policy_reaches_the_engines(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """`gateway replay --schedule-policy`: two long cold prompts occupy both ranks of one node, four short ones arrive
+def test_replay_schedule_reaches_the_engines(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`gateway replay --schedule`: two long cold prompts occupy both ranks of one node, four short ones arrive
     while they prefill. In arrival order the short ones wait for a long prefill; with shortest-prefill-first they
     share its next forward, so the median TTFT (a short request) falls several-fold."""
     recs = [TraceRecord(0, 100_000, 4, tuple(range(i * 1000, i * 1000 + 196))) for i in (1, 2)]
@@ -128,13 +163,15 @@ def test_replay_schedule_policy_reaches_the_engines(tmp_path: Path, capsys: pyte
     with p.open("w") as f:
         write_trace(recs, f)
     p50 = {}
-    for policy in ("fcfs", SPF):
-        out = tmp_path / f"{policy}.json"
-        assert main(["replay", str(p), "--nodes", "1", "--no-progress", "--schedule-policy", policy,
+    for schedule in ("priority", SPF):
+        out = tmp_path / f"{schedule}.json"
+        assert main(["replay", str(p), "--nodes", "1", "--no-progress", "--schedule", schedule,
                      "--json", str(out)]) == 0
-        p50[policy] = json.loads(out.read_text())["results"][0]["ttft_p50"]
+        p50[schedule] = json.loads(out.read_text())["results"][0]["ttft_p50"]
     assert f"engines {SPF}" in capsys.readouterr().out
-    assert p50[SPF] * 3 < p50["fcfs"], p50
+    assert p50[SPF] * 3 < p50["priority"], p50
+    assert main(["replay", str(p), "--http", "http://127.0.0.1:9", "--schedule", SPF]) == 2
+    assert "with --http the endpoint's own engines decide" in capsys.readouterr().err
 
 
 def test_a_capped_chunk_that_finishes_lets_the_next_request_be_split() -> None:
