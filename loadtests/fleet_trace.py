@@ -33,7 +33,7 @@ from tqdm import tqdm
 from gateway.replay.bounds import ideal_hit_rate, lru_hit_rate
 from gateway.replay.http import HttpResult, run_http, summary
 from gateway.replay.trace import TraceRecord, read_trace
-from gateway.sim.profiles import SCHEDULE_POLICIES
+from gateway.sim.profiles import SCHEDULE_POLICIES, SHORTEST_PREFILL_FIRST
 from loadtests.fleet_http import KEY, engine_tokens, redis_proc, start_router, start_sims
 from loadtests.procs import Proc, cpu_seconds
 from loadtests.report import OUT, plot_trace_targets, save_json, table
@@ -186,7 +186,7 @@ def main() -> None:
     p.add_argument("--redis-port", type=int, default=19390)
     p.add_argument("--no-progress", action="store_true", help="no progress bar (stderr) while a target replays")
     a = p.parse_args()
-    if a.schedule_policy == "shortest-prefill-first" and a.priority_scheduling:
+    if a.schedule_policy == SHORTEST_PREFILL_FIRST and a.priority_scheduling:
         p.error("--schedule-policy shortest-prefill-first and --priority-scheduling: SGLang allows one or the other")
     a.b200_replicas, a.gateways = 0, 1  # fleet_http's launchers read these: MI355X ranks only, one gateway
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the `finally` blocks stop what the run started

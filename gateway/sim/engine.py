@@ -98,6 +98,7 @@ class RankCounters:
 
 class Rank:
     def __init__(self, cfg: ReplicaConfig, dp_rank: int = 0, seed: int = 0) -> None:
+        cfg.check_schedule()  # SGLang refuses to start with these flags; so does every simulated rank
         self.cfg = cfg
         self.dp_rank = dp_rank
         self.cache = PrefixCache(cfg.page_size)
@@ -137,10 +138,10 @@ class Rank:
         matched = len(self.cache.match(req.keys, now)) * self.cfg.page_size
         return max(1, req.prompt_len - matched)
 
-    def _shortest_prefill_pass(self, now: float, budget: int) -> tuple[dict[SimRequest, int], int | None]:
+    def _shortest_prefill_pass(self, now: float, budget: int) -> int | None:
         """One forward's calc_priority and shortest_prefill_chunk_limit: sort the waiting queue by (shares a prefix
         with an earlier waiting request while holding none of it cached, uncached work, arrival), the chunked
-        request first; return the work per request and the cap on the chunked request's next chunk (None: none).
+        request first; return the cap on the chunked request's next chunk (None: none).
         The in-batch dedup matches the first page (SGLang: >= 32 tokens of a waiting-queue radix tree)."""
         work = {r: self._spf_work(r, now) for r in self.waiting}
         self.cache.compact()  # a match per waiting request per forward: drop the heap entries they made stale
@@ -155,7 +156,7 @@ class Rank:
                 seen.add(r.keys[0])
         self.waiting.sort(key=lambda r: (not r.started, r in deferred, work[r], r.arrival))
         head = self.waiting[0]
-        return work, self._chunk_limit(head, work, budget) if head.started else None
+        return self._chunk_limit(head, work, budget) if head.started else None
 
     def _chunk_limit(self, head: SimRequest, work: dict[SimRequest, int], budget: int) -> int | None:
         """SGLang's `shortest_prefill_chunk_limit`: the continuing chunk leaves room for the waiting requests
@@ -168,10 +169,10 @@ class Rank:
         for r in self.waiting:
             if r is head:
                 continue
-            w = work[r]
-            if w >= remaining or reserved + self._pages(w) > budget - ps:
+            w, charge = work[r], self._pages(work[r])
+            if w >= remaining or reserved + charge > budget - ps:
                 break
-            reserved += self._pages(w)
+            reserved += charge
         return (budget - reserved) // ps * ps if reserved else None
 
     def _rank_key(self, req: SimRequest) -> int:
@@ -237,7 +238,7 @@ class Rank:
         if self.shortest_prefill_first and self.waiting:
             if len(self.running) >= cfg.max_running_requests and not self.waiting[0].started:
                 return None  # no request slot: SGLang returns before calc_priority (and cannot preempt here)
-            _, limit = self._shortest_prefill_pass(now, budget)
+            limit = self._shortest_prefill_pass(now, budget)
         for req in list(self.waiting):
             if budget <= 0:
                 break

@@ -112,9 +112,7 @@ class Fleet:
                 over["schedule_policy"] = schedule
             if jitter:  # each forward's duration x lognormal(0, jitter), drawn from the rank's seeded stream
                 over["jitter_sigma"] = jitter
-            rank_cfg = cfg.with_overrides(**over)
-            rank_cfg.check_schedule()
-            self.ranks[info.name] = VirtualRank(Rank(rank_cfg, i, seed), self.loop)
+            self.ranks[info.name] = VirtualRank(Rank(cfg.with_overrides(**over), i, seed), self.loop)
         self.chunk_tokens = routing.chunk_tokens
 
         def make_index() -> MemoryPrefixIndex:

@@ -121,8 +121,7 @@ def test_chunk_cap_boundaries(budget: int, waiting: list[int], cap: int | None) 
     r.waiting[0].started, r.waiting[0].prefilled = True, 10_000
     for i, n in enumerate(waiting):
         req(r, f"w{i}", n, 1.0 + i)
-    _, limit = r._shortest_prefill_pass(2.0, budget)
-    assert limit == cap
+    assert r._shortest_prefill_pass(2.0, budget) == cap
 
 
 @pytest.mark.parametrize("over, says", [
