@@ -25,7 +25,7 @@ demo: setup
 # lint (ruff), types (mypy --strict on gateway/, configured in pyproject.toml), then the whole suite on two workers
 # (pytest-xdist; --dist loadfile keeps each file, and its module-scoped servers, on one worker)
 test: setup
-	$(BIN)/ruff check gateway tests loadtests
+	$(BIN)/ruff check gateway gateway_lab tests loadtests
 	$(BIN)/mypy
 	$(BIN)/python -m pytest -q -x -n 2 --dist loadfile tests
 

@@ -36,7 +36,7 @@ from gateway.observability.tracing import build_tracer
 from gateway.prefix.index import PrefixIndex
 from gateway.prefix.memory import MemoryPrefixIndex
 from gateway.prefix.redis import RedisPrefixIndex
-from gateway.replay.recorder import TraceRecorder
+from gateway.recording.recorder import TraceRecorder
 from gateway.routing.load import LoadTracker, MemoryLoadTracker, RedisLoadTracker
 from gateway.routing.pipeline import PipelineRouter
 from gateway.routing.registry import build_engine

@@ -1,18 +1,22 @@
-"""The `gateway` command: serve, demo, sim, check, admin, policies, replay."""
+"""The `gateway` command: serve, check, admin, policies — and the commands other installed packages add.
+
+The runtime never imports its lab (the simulator, replay, the demo): `gateway_lab` adds `sim`, `replay` and `demo`
+through the `gateway.commands` entry-point group (pyproject.toml), each a `register(subparsers)` function. A
+deployment that does not install the lab gets the runtime's commands only."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from importlib.metadata import entry_points
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gateway", description="OpenAI-compatible inference gateway")
     sub = parser.add_subparsers(dest="cmd", required=True)
 
     from gateway import admin_cli
     from gateway import serve as serve_mod
-    from gateway.sim import cli as sim_cli
     from gateway.tenancy import schema_cli
 
     p_serve = sub.add_parser("serve", help="run the gateway from a config file")
@@ -23,20 +27,6 @@ def build_parser() -> argparse.ArgumentParser:
     p_serve.add_argument("--drain-delay", type=float, default=None, help="seconds /readyz answers 503 after SIGTERM "
                          "before the listener closes (default: the config's shutdown.readiness_drain_s, 5)")
     p_serve.set_defaults(func=serve_mod.serve)
-
-    p_demo = sub.add_parser("demo", help="a simulated MI355X pool behind the gateway, in-memory state")
-    p_demo.add_argument("--host", default="127.0.0.1")
-    p_demo.add_argument("--port", type=int, default=8080)
-    p_demo.add_argument("--api-key", default="sk-demo")
-    p_demo.add_argument("--replicas", type=int, default=2)
-    p_demo.add_argument("--sim-port", type=int, default=0,
-                        help="first replica port (replicas use SIM_PORT..SIM_PORT+N-1); 0: free ports the OS picks")
-    p_demo.add_argument("--time-scale", type=float, default=1.0)
-    p_demo.set_defaults(func=serve_mod.demo)
-
-    p_sim = sub.add_parser("sim", help="run simulated SGLang replicas")
-    sim_cli.add_arguments(p_sim)
-    p_sim.set_defaults(func=sim_cli.run)
 
     p_admin = sub.add_parser("admin", help="on-call commands over the admin API")
     admin_cli.add_arguments(p_admin)
@@ -52,18 +42,18 @@ def build_parser() -> argparse.ArgumentParser:
     schema_cli.add_arguments(p_pol)
     p_pol.set_defaults(func=schema_cli.run)
 
-    from gateway.replay import cli as replay_cli
-
-    p_replay = sub.add_parser("replay", help="replay a trace through this router on the virtual clock (or over --http)",
-                              description=replay_cli.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    replay_cli.add_arguments(p_replay)
-    p_replay.set_defaults(func=replay_cli.run)
+    chosen = next((a for a in (argv if argv is not None else sys.argv[1:]) if not a.startswith("-")), None)
+    for ep in sorted(entry_points(group="gateway.commands"), key=lambda e: e.name):
+        if ep.name == chosen:
+            ep.load()(sub)  # only the command being run is imported: `gateway serve` loads no lab code
+        else:
+            sub.add_parser(ep.name, help=f"({ep.value.split(':')[0]}; `gateway {ep.name} -h` for its options)")
 
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = build_parser(argv).parse_args(argv)
     return int(args.func(args) or 0)
 
 

@@ -292,7 +292,7 @@ class Routing(_Strict):
 
 class Recording(_Strict):
     """Record live traffic as an anonymized trace (lengths, remapped block and tenant ids; never text) for
-    `gateway replay` (gateway/replay/recorder.py)."""
+    `gateway replay` (gateway/recording/recorder.py)."""
 
     path: str | None = Field(default=None, description="JSONL file to write (truncated at start); unset = off")
     autostart: bool = Field(default=True, description="record from the start; false: only once on-call starts it "

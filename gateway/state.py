@@ -30,7 +30,7 @@ from gateway.upstreams import UpstreamRegistry
 if TYPE_CHECKING:
     from gateway.backends.engine_poller import EnginePoller
     from gateway.kvevents.manager import KvEventsManager
-    from gateway.replay.recorder import TraceRecorder
+    from gateway.recording.recorder import TraceRecorder
 
 
 @dataclass

@@ -25,8 +25,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gateway.replay.bounds import ideal_hit_rate
-from gateway.replay.trace import BLOCK_TOKENS, TraceRecord, write_trace
+from gateway.recording.trace import BLOCK_TOKENS, TraceRecord, write_trace
+from gateway_lab.replay.bounds import ideal_hit_rate
 
 
 @dataclass

@@ -30,7 +30,7 @@ from tqdm import tqdm
 
 from gateway.config import PerTokenPricing, hash_key
 from gateway.prediction.pricing import request_cost
-from gateway.sim.stats import window_throughput
+from gateway_lab.sim.stats import window_throughput
 from loadtests.peers import ensure
 from loadtests.procs import Proc, cpu_seconds
 from loadtests.prom import metrics_text, total

@@ -4,7 +4,7 @@
     .venv/bin/python -m loadtests.fleet_trace --trace /work/shared/traces/conversation_trace.jsonl \\
         --slice-start-s 0 --slice-s 1200 --time-scale 12 --nodes 2
 
-Prompts are the replay's deterministic blocks (shared hash_ids share text; gateway.replay.http). The simulators run
+Prompts are the replay's deterministic blocks (shared hash_ids share text; gateway_lab.replay.http). The simulators run
 `--time-scale` times faster than real time and the slice's arrivals are compressed by the same factor, so the fleet
 sees the trace's load; TTFT and send lag are reported in simulated seconds (wall x time scale), which also scales each
 router's own wall-clock overhead by the same factor. Hit rate is token-weighted from the simulators' own counters
@@ -30,10 +30,10 @@ from typing import Any
 import httpx
 from tqdm import tqdm
 
-from gateway.replay.bounds import ideal_hit_rate, lru_hit_rate
-from gateway.replay.http import HttpResult, run_http, summary
-from gateway.replay.trace import TraceRecord, read_trace
-from gateway.sim.profiles import SCHEDULE_POLICIES, SHORTEST_PREFILL_FIRST
+from gateway.recording.trace import TraceRecord, read_trace
+from gateway_lab.replay.bounds import ideal_hit_rate, lru_hit_rate
+from gateway_lab.replay.http import HttpResult, run_http, summary
+from gateway_lab.sim.profiles import SCHEDULE_POLICIES, SHORTEST_PREFILL_FIRST
 from loadtests.fleet_http import KEY, engine_tokens, redis_proc, start_router, start_sims
 from loadtests.procs import Proc, cpu_seconds
 from loadtests.report import OUT, plot_trace_targets, save_json, table

@@ -37,9 +37,9 @@ import yaml
 from tqdm import tqdm
 
 from gateway.config import hash_key
-from gateway.replay.http import run_http
-from gateway.replay.http import summary as trace_summary
-from gateway.replay.trace import read_trace
+from gateway.recording.trace import read_trace
+from gateway_lab.replay.http import run_http
+from gateway_lab.replay.http import summary as trace_summary
 from loadtests.fleet_http import MI355X_PRICE, MI355X_TIMING, wall_timing
 from loadtests.procs import Proc
 from loadtests.prom import metrics_text, total

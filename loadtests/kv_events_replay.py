@@ -9,7 +9,7 @@ one (or a Redis-shared) index and with instances that each keep their own.
 48 groups x 8k-token prefix, 10k-token prompts, 256 output tokens, Poisson 4 req/s for 120 s) as N seeded traces,
 and the mean hit rate per mode over them: the deterministic counterpart of the HTTP runs, without their noise.
 
-Precise and hybrid read the simulated engines' caches as lag-free events (gateway/kvevents/fleet.py).
+Precise and hybrid read the simulated engines' caches as lag-free events (gateway_lab/replay/kv_modes.py).
 """
 
 from __future__ import annotations
@@ -22,12 +22,12 @@ import time
 from tqdm import tqdm
 
 from gateway.config import Routing
-from gateway.kvevents.fleet import install
-from gateway.replay.bounds import ideal_hit_rate, lru_hit_rate
-from gateway.replay.run import HEADERS, nodes_targets, replay
-from gateway.replay.trace import BLOCK_TOKENS, TraceRecord, read_trace
+from gateway.recording.trace import BLOCK_TOKENS, TraceRecord, read_trace
 from gateway.routing.features import TargetInfo
-from gateway.sim.profiles import ReplicaConfig
+from gateway_lab.replay.bounds import ideal_hit_rate, lru_hit_rate
+from gateway_lab.replay.kv_modes import install
+from gateway_lab.replay.run import HEADERS, nodes_targets, replay
+from gateway_lab.sim.profiles import ReplicaConfig
 
 MODES = ("approximate", "precise", "hybrid")
 

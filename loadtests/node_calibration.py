@@ -22,7 +22,7 @@ import time
 import httpx
 from tqdm import tqdm
 
-from gateway.sim.wafer import WAFER_TABLE, run_node
+from gateway_lab.sim.wafer import WAFER_TABLE, run_node
 from loadtests.report import plot_ramp, save_json, table
 from loadtests.runner import one_request, run_rate, summarize, warm_up
 from loadtests.workload import WaferWorkload, random_text

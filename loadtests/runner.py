@@ -19,7 +19,7 @@ import orjson
 from tqdm import tqdm
 
 from gateway.backends.sse import sse_payloads
-from gateway.sim.stats import nearest_rank, window_throughput
+from gateway_lab.sim.stats import nearest_rank, window_throughput
 from loadtests.workload import WaferWorkload
 
 

@@ -16,9 +16,9 @@ from typing import Any
 import httpx
 
 from gateway.servers import make_server
-from gateway.sim.profiles import for_version, profile
-from gateway.sim.replica import Replica
-from gateway.sim.server import create_sim_app
+from gateway_lab.sim.profiles import for_version, profile
+from gateway_lab.sim.replica import Replica
+from gateway_lab.sim.server import create_sim_app
 
 
 def free_port() -> int:

@@ -1,5 +1,6 @@
 """tests/ mirrors gateway/ (README, contributing notes): a test directory names the package it tests, so the tests of
-a module are found where the module is. Only whole-stack tests (e2e/) and shared fakes (fakes/) stand apart."""
+a module are found where the module is; tests/lab/ mirrors the lab package gateway_lab/ the same way. Only
+whole-stack tests (e2e/) and shared fakes (fakes/) stand apart."""
 
 import re
 from pathlib import Path
@@ -15,7 +16,8 @@ def test_every_test_directory_mirrors_a_gateway_package():
         rel = d.relative_to(tests)
         if rel.parts[0] in APART:
             continue
-        if not (ROOT / "gateway" / rel / "__init__.py").is_file():
+        package = ROOT / "gateway_lab" / rel.relative_to("lab") if rel.parts[0] == "lab" else ROOT / "gateway" / rel
+        if not (package / "__init__.py").is_file():
             strays.append(str(rel))
     assert not strays, f"test directories with no gateway package of the same path: {strays}"
 
@@ -48,7 +50,7 @@ def _section_modules(text: str, package: str) -> set[str]:
     return named
 
 
-def layout_modules(layout: str) -> set[str]:
+def layout_modules(layout: str, root: str = "gateway/") -> set[str]:
     """The modules the Layout's `gateway/` tree names, by path relative to gateway/. The tree runs from the
     `gateway/` line to the next unindented line; a line indented two spaces that starts with `pkg/` opens pkg's
     section, any other such line is gateway/'s own (top-level modules); deeper-indented lines continue the section
@@ -56,7 +58,8 @@ def layout_modules(layout: str) -> set[str]:
     lines = layout.splitlines()
     sections: dict[str, list[str]] = {}
     current = ""
-    for line in lines[lines.index("gateway/") + 1:]:
+    start = next(i for i, line in enumerate(lines) if line.split(" ", 1)[0] == root)
+    for line in lines[start + 1:]:
         if line.strip() and not line.startswith(" "):
             break
         text = line.strip()
@@ -89,8 +92,10 @@ def test_the_readme_layout_names_every_gateway_module():
     section (sub-packages as `sub/ (x.py, ...)`), so a new module must be placed in the map when it is added."""
     readme = (ROOT / "README.md").read_text()
     layout = readme[readme.index("## Layout"):readme.index("## Contributing")]
-    gateway = ROOT / "gateway"
-    modules = {p.relative_to(gateway).as_posix() for p in gateway.rglob("*.py") if p.name != "__init__.py"}
-    named = layout_modules(layout)
-    assert not sorted(modules - named), f"modules missing from README's Layout: {sorted(modules - named)}"
-    assert not sorted(named - modules), f"README's Layout names modules that do not exist: {sorted(named - modules)}"
+    for root in ("gateway", "gateway_lab"):
+        package = ROOT / root
+        modules = {p.relative_to(package).as_posix() for p in package.rglob("*.py") if p.name != "__init__.py"}
+        named = layout_modules(layout, root + "/")
+        assert not sorted(modules - named), f"{root}/ modules missing from README's Layout: {sorted(modules - named)}"
+        assert not sorted(named - modules), f"README's Layout names {root}/ modules that do not exist: " \
+            f"{sorted(named - modules)}"

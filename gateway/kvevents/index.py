@@ -117,7 +117,7 @@ class PreciseIndex:
     async def size(self) -> int:
         return await self.inner.size()
 
-    # -- the same, synchronously, over an in-memory approximate index (the virtual-clock fleet: kvevents/fleet.py)
+    # -- the same, synchronously, over an in-memory approximate index (the virtual-clock fleet: gateway_lab/replay/kv_modes.py)
     def match_sync(self, hashes: Sequence[int], replicas: Sequence[str] | None = None) -> dict[str, int]:
         keys = list(replicas) if replicas is not None else []
         return self.combine(hashes, keys, self.inner.match_sync(hashes, keys))  # type: ignore[attr-defined]

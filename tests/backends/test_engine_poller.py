@@ -10,9 +10,9 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from gateway.sim.profiles import for_version, profile
-from gateway.sim.replica import Replica
-from gateway.sim.server import create_sim_app
+from gateway_lab.sim.profiles import for_version, profile
+from gateway_lab.sim.replica import Replica
+from gateway_lab.sim.server import create_sim_app
 from tests.gateway_fixtures import KEY_A, config, sglang_pool, start_gateway
 from tests.helpers import ServerThread, free_port, start_sims, wait_until
 

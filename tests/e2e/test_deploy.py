@@ -101,12 +101,11 @@ def test_overlays_render_and_validate_against_the_kubernetes_schemas(overlay):
 
 def test_compose_names_only_files_in_this_repo_and_public_images():
     compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
-    parser = build_parser()
     for name, svc in compose["services"].items():
         image = svc["image"]
         if image == "inference-gateway:local":  # built here
             cmd = svc["command"]
-            parser.parse_args(cmd)  # a real `gateway` subcommand with valid flags (SystemExit otherwise)
+            build_parser(cmd).parse_args(cmd)  # a real `gateway` subcommand with valid flags (SystemExit otherwise)
         else:  # public and pinned, never :latest
             assert re.fullmatch(r"[a-z0-9./-]+:[0-9][\w.-]*", image), f"{name}: {image}"
         if "build" in svc:

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gateway.replay.trace import TraceRecord, write_trace
+from gateway.recording.trace import TraceRecord, write_trace
 from tests.helpers import free_port, free_port_base
 
 

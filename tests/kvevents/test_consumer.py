@@ -19,8 +19,8 @@ from gateway.kvevents.index import PreciseIndex
 from gateway.kvevents.request_keys import TokenPrefixHasher
 from gateway.kvevents.wire import Cleared, Removed, Stored, WireError, decode_batch
 from gateway.prefix.memory import MemoryPrefixIndex
-from gateway.sim.kv_events import encode_batch
 from gateway.tokenizers.sim import SimRuleTokenizer
+from gateway_lab.sim.kv_events import encode_batch
 
 
 # -- wire ---------------------------------------------------------------------------------------------------------
@@ -183,9 +183,9 @@ def test_routing_mode_config() -> None:
 
 # -- the virtual-clock fleet (gateway replay --modes) ------------------------------------------------------------
 def _fleet_job(mode: str) -> tuple[object, object, object]:
-    from gateway.kvevents.fleet import install
     from gateway.routing.request import RoutingRequest
-    from gateway.sim.fleet import Fleet, Job, mi355x_targets
+    from gateway_lab.replay.kv_modes import install
+    from gateway_lab.sim.fleet import Fleet, Job, mi355x_targets
 
     routing = Routing(mode=mode)
     fleet = Fleet(mi355x_targets(2), routing)

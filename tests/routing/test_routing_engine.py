@@ -12,16 +12,16 @@ from gateway.config import GatewayConfig, parse_config
 from gateway.dispatch.feedback import Attempt, Feedback
 from gateway.observability.metrics import GatewayMetrics
 from gateway.prefix.memory import MemoryPrefixIndex
-from gateway.replay.run import replay, targets_from_config
-from gateway.replay.trace import BLOCK_TOKENS, TraceRecord
+from gateway.recording.trace import BLOCK_TOKENS, TraceRecord
 from gateway.routing.engine import IndexDrop, IndexWrite, LoadDelta, apply_sync
 from gateway.routing.features import TargetInfo
 from gateway.routing.load import MemoryLoadTracker
 from gateway.routing.pipeline import PipelineRouter
 from gateway.routing.registry import build_engine
 from gateway.routing.request import RoutingRequest
-from gateway.sim.fleet import Fleet, Instance
 from gateway.upstreams import UpstreamRegistry
+from gateway_lab.replay.run import replay, targets_from_config
+from gateway_lab.sim.fleet import Fleet, Instance
 
 
 def synthetic_trace(n: int, seed: int = 0) -> list[TraceRecord]:

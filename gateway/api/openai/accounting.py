@@ -244,7 +244,7 @@ class Accounting:
                                           t.name if t is not None else None, ex.attempts, ex.decision))
 
     def _record(self, c: _Ctx) -> None:
-        """One anonymized trace line when `recording.path` is set (gateway/replay/recorder.py)."""
+        """One anonymized trace line when `recording.path` is set (gateway/recording/recorder.py)."""
         if self.state.recorder is not None:
             self.state.recorder.record(c.ex.rreq, c.ex.usage, c.ex.started)
 

@@ -1,0 +1,2 @@
+"""The gateway's anonymized request recording (`recording.path`) and its trace format, which `gateway replay`
+(the lab package) reads."""

@@ -1,0 +1,327 @@
+"""The shipped routing engine on a virtual clock: a fleet of simulated ranks (the real scheduler and radix cache)
+behind one or more gateway instances, each running `routing/engine.py` — the decision and the feedback rules the
+gateway runs, built by the same `routing/registry.build_engine` from a `Routing` config. No HTTP, no sleeping.
+
+One instance = (engine, prefix index, load view). `shared=True` is the Redis-backed design (one index and one load
+view for all instances); `shared=False` gives each instance its own (what routers with per-process state do).
+The feedback arrives when the gateway would see it: the first token and the usage `t_api` after the engine's event.
+
+`Fleet` is driven by `gateway replay` (traces) and by `run_fleet` below (the Wafer workload in token space).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from gateway.config import GpuHourPricing, PerTokenPricing, PoolTiming, Routing
+from gateway.prediction.pricing import request_cost
+from gateway.prediction.ttft import TtftCorrector
+from gateway.prefix.hashing import chain, group_key
+from gateway.prefix.memory import MemoryPrefixIndex
+from gateway.routing.decision import Decision
+from gateway.routing.engine import Attempt, RoutingEngine, apply_sync
+from gateway.routing.features import TargetInfo
+from gateway.routing.load import MemoryLoadTracker
+from gateway.routing.registry import build_engine
+from gateway.routing.request import RoutingRequest
+from gateway_lab.sim.des import EventLoop, VirtualRank
+from gateway_lab.sim.engine import Event, EventKind, Rank, SimRequest
+from gateway_lab.sim.profiles import ReplicaConfig, profile
+from gateway_lab.sim.stats import nearest_rank, window_throughput
+
+CHUNK = 256
+MI355X_PRICE = GpuHourPricing(gpus_per_replica=4, usd_per_gpu_hour=2.10, prefill_tokens_per_s=16_700, decode_tokens_per_s=3_600)
+B200_PRICE = PerTokenPricing(input_per_mtok=1.00, cached_input_per_mtok=0.20, output_per_mtok=3.20)
+B200_TIMING = PoolTiming(base_s=0.12, prefill_tokens_per_s=20_000, decode_step_s=0.0365)
+DEFAULT_Z = Routing().ttft_quantile_z  # the gateway's default, so the DES runs what a deployment runs
+
+
+def idle_ttft(cfg: ReplicaConfig, prompt_len: int, cached: int) -> float:
+    """TTFT of this prompt alone on an idle rank that holds `cached` of it (the slowdown's denominator)."""
+    t = cfg.timing
+    budget = min(cfg.chunked_prefill_size, cfg.max_prefill_tokens)
+    done, left, total = cached, max(1, prompt_len - cached), t.t_api
+    while left > 0:
+        n = min(budget, left)
+        total += t.prefill_time([(n, done + n / 2)])
+        done, left = done + n, left - n
+    return total
+
+
+@dataclass
+class Job:
+    """One request as the fleet needs it: what the router sees and what the engine's cache sees."""
+
+    req: RoutingRequest
+    page_keys: list[int]  # chain keys of the prompt's full engine pages (same keys = same KV)
+    prompt_len: int
+    output_len: int
+
+
+@dataclass
+class Record:
+    arrival: float
+    instance: int
+    name: str
+    pool: str
+    branch: str
+    prompt: int
+    output: int
+    predicted_cached: int
+    best_cached: int  # the most any candidate was predicted to hold (what the decision could have kept)
+    self_hosted: bool
+    predicted_ttft: float = 0.0  # the chosen candidate's, as the policy saw it (corrected)
+    predicted_raw: float = 0.0  # the same before the learned correction
+    cached: int = 0
+    ttft: float | None = None
+    idle_ttft: float | None = None
+    end: float | None = None
+
+
+class Instance:
+    """One gateway instance: its engine (policy + corrector) over an index and a load view (maybe shared)."""
+
+    def __init__(self, engine: RoutingEngine, index: MemoryPrefixIndex, loads: MemoryLoadTracker) -> None:
+        self.engine = engine
+        self.index = index
+        self.loads = loads
+
+
+class Fleet:
+    def __init__(self, targets: Sequence[tuple[TargetInfo, ReplicaConfig]], routing: Routing, instances: int = 1,
+                 shared: bool = True, seed: int = 0, corrector: Callable[[], TtftCorrector] | None = None,
+                 on_decision: Callable[[Instance, RoutingRequest, Decision], None] | None = None,
+                 jitter: float = 0.0, schedule: str = "priority") -> None:
+        self.loop = EventLoop()
+        clock = lambda: self.loop.now  # noqa: E731
+        self.infos = [info for info, _ in targets]
+        self.ranks: dict[str, VirtualRank] = {}
+        for i, (info, cfg) in enumerate(targets):
+            # only the first token and the finish matter here: one TOKENS event per request, not one per step;
+            # self-hosted ranks schedule by priority, as deploy/sglang/ starts them (--enable-priority-scheduling),
+            # or by shortest prefill (SCHEDULE=shortest-prefill-first there), which SGLang allows only without it
+            over: dict[str, Any] = {"stream_interval": 1 << 30}
+            if info.self_hosted and schedule == "priority":
+                over["enable_priority_scheduling"] = True
+            elif info.self_hosted:  # SGLang refuses priority scheduling with any other policy
+                over["schedule_policy"] = schedule
+            if jitter:  # each forward's duration x lognormal(0, jitter), drawn from the rank's seeded stream
+                over["jitter_sigma"] = jitter
+            self.ranks[info.name] = VirtualRank(Rank(cfg.with_overrides(**over), i, seed), self.loop)
+        self.chunk_tokens = routing.chunk_tokens
+
+        def make_index() -> MemoryPrefixIndex:
+            idx = MemoryPrefixIndex(clock=clock, default_capacity=2_400_000 // routing.chunk_tokens)
+            for info, cfg in targets:  # what the engine poller reads from /server_info in the gateway
+                idx.set_capacity(info.key, cfg.max_total_num_tokens // routing.chunk_tokens)
+            return idx
+
+        shared_state = (make_index(), MemoryLoadTracker())
+        self.instances = []
+        for _ in range(instances):
+            index, loads = shared_state if shared else (make_index(), MemoryLoadTracker())
+            self.instances.append(Instance(build_engine(routing, corrector() if corrector else None), index, loads))
+        self.on_decision = on_decision
+        self.records: list[Record] = []
+        self.on_arrival: Callable[[], None] | None = None  # progress hook
+        self.on_job: Callable[[Job], None] | None = None  # each job before it is routed (gateway_lab/replay/kv_modes.py)
+        self.corrections = 0  # usage reports below the index's prediction (gateway_prefix_index_corrections_total)
+
+    # -- setup -------------------------------------------------------------------------------------------------
+    def warm(self, name: str, page_keys: Sequence[int], hashes: Sequence[int]) -> None:
+        """A prefix already cached on `name`, and known to every instance (a fleet that has been running)."""
+        rank = self.ranks[name].rank
+        rank.cache.insert(page_keys, 0.0)
+        info = next(i for i in self.infos if i.name == name)
+        for inst in {id(x.index): x for x in self.instances}.values():
+            inst.index.insert_sync(info.key, hashes, 1e9)
+
+    # -- driving -----------------------------------------------------------------------------------------------
+    def feed(self, arrivals: Iterable[tuple[float, Callable[[], Job]]]) -> None:
+        """Arrivals in time order, each built lazily when it fires (a long trace never sits in memory whole)."""
+        it: Iterator[tuple[float, Callable[[], Job]]] = iter(arrivals)
+        n = [0]
+
+        def next_arrival() -> None:
+            item = next(it, None)
+            if item is None:
+                return
+            t, make = item
+
+            def fire() -> None:
+                k = n[0]
+                n[0] += 1
+                self._arrive(k, make())
+                if self.on_arrival:
+                    self.on_arrival()
+                next_arrival()
+
+            self.loop.at(t, fire)
+
+        next_arrival()
+
+    def run(self) -> list[Record]:
+        self.loop.run()
+        return self.records
+
+    def _arrive(self, k: int, job: Job) -> None:
+        now = self.loop.now
+        inst = self.instances[k % len(self.instances)]
+        eng, req = inst.engine, job.req
+        infos = self.infos
+        if self.on_job:
+            self.on_job(job)
+        matches = inst.index.match_sync(req.hashes, [i.key for i in infos]) if eng.uses_prefix and req.hashes else {}
+        loads = {i.name: inst.loads.view(i.name) for i in infos}
+        decision = eng.decide(req, infos, matches, loads, now)
+        if self.on_decision:
+            self.on_decision(inst, req, decision)
+        chosen = decision.chosen
+        if chosen is None:  # shed: counted, never dispatched
+            self.records.append(Record(now, k % len(self.instances), "", "", decision.branch, job.prompt_len,
+                                       job.output_len, 0, 0, True))
+            return
+        a = Attempt(req, chosen, decision)
+        feats = decision.features
+        info = feats[chosen.name].info  # ranked holds the gateway's Targets when the fleet was built from a config
+        rec = Record(now, k % len(self.instances), info.name, info.pool, decision.branch, job.prompt_len,
+                     job.output_len, a.predicted_cached, max((c.cached_tokens for c in feats.values()), default=0),
+                     info.self_hosted, feats[chosen.name].ttft, feats[chosen.name].ttft_raw)
+        self.records.append(rec)
+        apply_sync(eng.dispatched(a), inst.index, inst.loads)
+        vr = self.ranks[info.name]
+        cfg = vr.rank.cfg
+        t_api = cfg.timing.t_api
+        loop = self.loop
+
+        def sink(ev: Event) -> None:
+            if ev.kind is EventKind.FIRST:
+                rec.ttft = ev.time + t_api - now
+                rec.cached = sim_req.cached
+                rec.idle_ttft = idle_ttft(cfg, job.prompt_len, sim_req.cached)
+                ttft = rec.ttft
+                loop.at(ev.time + t_api, lambda: apply_sync(eng.first_token(a, ttft), inst.index, inst.loads))
+            elif ev.kind is EventKind.FINISH:
+                rec.end = ev.time + t_api
+                cached = sim_req.cached
+
+                def done() -> None:
+                    corrected = eng.usage(a, cached) if info.prefix_cache else []
+                    self.corrections += bool(corrected)
+                    apply_sync(corrected, inst.index, inst.loads)
+                    apply_sync(eng.finished(a), inst.index, inst.loads)
+
+                loop.at(ev.time + t_api, done)
+
+        sim_req = SimRequest(req.request_id, job.page_keys, job.prompt_len, max(1, job.output_len), "length", now, sink)
+        sim_req.priority = eng.prefill_level(a)  # the priority the gateway sends for a normal-class tenant (0)
+        vr.rank.submit(sim_req)
+        vr.kick()
+
+
+def mi355x_targets(replicas: int, b200: int = 0) -> list[tuple[TargetInfo, ReplicaConfig]]:
+    """`replicas` MI355X TP4 ranks (2.4M-token KV each; 2 per node) and `b200` per-token B200 replicas."""
+    cfg, b_cfg = profile("mi355x-glm52-tp4"), profile("b200-glm52")
+    out = [(TargetInfo(f"mi355x-{i}", f"mi355x-{i}@0", "mi355x", PoolTiming(), MI355X_PRICE), cfg) for i in range(replicas)]
+    out += [(TargetInfo(f"b200-{i}", f"b200-{i}@0", "b200", B200_TIMING, B200_PRICE, prefix_cache=False), b_cfg)
+            for i in range(b200)]
+    return out
+
+
+def cost_usd(info: TargetInfo, r: Record) -> float:
+    return request_cost(info.pricing, r.prompt, r.cached, r.output)
+
+
+# -- the Wafer workload on the fleet (loadtests/fleet_des.py, tests/sim/test_fleet_des.py) -------------------------
+@dataclass
+class FleetResult:
+    policy: str
+    nodes: int
+    rate: float
+    requests: int
+    hit_rate: float
+    ttft_p50: float
+    ttft_p95: float
+    within_sla: float
+    spill_share: float
+    usd_per_mtok_out: float
+    tok_s: float
+    branches: dict[str, int] = field(default_factory=dict)
+
+    def row(self) -> list[Any]:
+        return [self.policy, self.nodes, self.rate, self.requests, f"{self.hit_rate * 100:.1f}%", f"{self.ttft_p50:.2f}",
+                f"{self.ttft_p95:.2f}", f"{self.within_sla * 100:.1f}%", f"{self.spill_share * 100:.1f}%",
+                f"{self.usd_per_mtok_out:.3f}"]
+
+
+def run_fleet(policy: str, nodes: int, rate_per_node: float, duration: float = 120.0, seed: int = 0,
+              groups_per_node: int = 16, b200_replicas: int = 0, gateways: int = 1, shared: bool = True,
+              sla_s: float = 2.22, warm: bool = True, quantile_z: float = DEFAULT_Z,
+              split_regimes: bool = True, recompute_weight: float | None = None,
+              shortest_prefill_first: bool | None = None) -> FleetResult:
+    routing = Routing(policy=policy, ttft_quantile_z=quantile_z, chunk_tokens=CHUNK)  # type: ignore[arg-type]
+    if recompute_weight is not None:
+        routing = routing.model_copy(update={"recompute_weight": recompute_weight})
+    if shortest_prefill_first is not None:
+        routing = routing.model_copy(update={"shortest_prefill_first": shortest_prefill_first})
+    targets = mi355x_targets(nodes * 2, b200_replicas)
+    fleet = Fleet(targets, routing, gateways, shared, seed,
+                  corrector=lambda: TtftCorrector(z=quantile_z, split_regimes=split_regimes))
+    infos = {i.name: i for i in fleet.infos}
+    rng = random.Random(seed)
+    nrng = np.random.default_rng(seed)
+    n_groups = groups_per_node * nodes
+    prefixes = [nrng.integers(0, 150_000, 12_000, dtype=np.uint32) for _ in range(n_groups)]
+    seed_bytes = b"glm-5.2\x00tenant"
+    group_hashes = [chain(seed_bytes, [p[k * CHUNK:(k + 1) * CHUNK].tobytes() for k in range(12_000 // CHUNK)]) for p in prefixes]
+    page_keys = fleet.ranks[targets[0][0].name].rank.cache.page_keys  # rank-independent chain keys
+    if warm:  # every group's prefix already cached somewhere, as in a fleet that has been running
+        for g, p in enumerate(prefixes):
+            fleet.warm(targets[g % (nodes * 2)][0].name, page_keys(p, "tenant"), group_hashes[g])
+
+    def arrivals() -> Iterator[tuple[float, Callable[[], Job]]]:
+        total_rate = rate_per_node * nodes
+        t, i = 0.0, 0
+        while True:
+            t += rng.expovariate(total_rate)
+            if t > duration:
+                return
+            g = rng.randrange(n_groups)
+
+            def make(g: int = g, i: int = i) -> Job:
+                tokens = np.concatenate([prefixes[g], nrng.integers(0, 150_000, 8_000, dtype=np.uint32)])
+                hashes = tuple(group_hashes[g]) + tuple(
+                    int(x) for x in nrng.integers(-2**63, 2**63 - 1, 78 - len(group_hashes[g]), dtype=np.int64))
+                req = RoutingRequest(f"r{i}", "tenant", "glm-5.2", "chat/completions", True, 20_000, 1000, hashes,
+                                     sla_s, "cost", "spill", group_key(hashes, i))
+                return Job(req, page_keys(tokens, "tenant"), 20_000, 1000)
+
+            yield t, make
+            i += 1
+
+    fleet.feed(arrivals())
+    recs = fleet.run()
+    done = [r for r in recs if r.ttft is not None]
+    ttft = sorted(r.ttft for r in done if r.ttft is not None)
+    branches: dict[str, int] = {}
+    for r in recs:
+        branches[r.branch] = branches.get(r.branch, 0) + 1
+    tok_s = window_throughput((r.arrival for r in recs), ((r.end, 1000) for r in done if r.end is not None))
+    cost = sum(cost_usd(infos[r.name], r) for r in done)
+    return FleetResult(
+        policy if gateways == 1 else f"{policy} x{gateways} {'shared' if shared else 'unshared'}", nodes, rate_per_node,
+        len(recs), sum(r.cached for r in done) / (20_000 * len(done)), nearest_rank(ttft, 0.5),
+        nearest_rank(ttft, 0.95), sum(x <= sla_s for x in ttft) / len(ttft),
+        sum(not r.self_hosted for r in recs) / len(recs), cost / (1000 * len(done)) * 1e6, tok_s, branches)
+
+
+def run_many(policies: Sequence[str], **kw: Any) -> list[FleetResult]:
+    return [run_fleet(p, **kw) for p in policies]
+
+
+__all__ = ["Fleet", "FleetResult", "Instance", "Job", "Record", "idle_ttft", "mi355x_targets", "run_fleet"]
