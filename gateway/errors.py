@@ -20,6 +20,10 @@ from __future__ import annotations
 
 from typing import Any
 
+# Client errors a retry cannot change (bad key, no permission, invalid or too large body, unknown model or path):
+# answered with `x-should-retry: false`, which the OpenAI and Anthropic SDKs (and the agents built on them) obey.
+FINAL_STATUSES = frozenset({400, 401, 403, 404, 405, 413, 422})
+
 
 class GatewayError(Exception):
     status = 500
@@ -57,6 +61,8 @@ class GatewayError(Exception):
             h["retry-after"] = str(max(1, round(secs)))
             h["retry-after-ms"] = str(int(secs * 1000))
         should = self.should_retry
+        if should is None and self.status in FINAL_STATUSES:
+            should = False  # the same request gets the same answer: the SDKs retry 408/409/429/5xx only if not told
         if should is None and self.status >= 500:
             # every 5xx says whether a retry can help (the SDK retries any 5xx otherwise): an overload passes; a
             # 5xx that did not say is an internal error the same request would most likely meet again

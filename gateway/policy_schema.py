@@ -7,9 +7,10 @@ models (`gateway policies schema`) for editors.
 
 from __future__ import annotations
 
+import fnmatch
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from gateway.typed import Strict, sha256_hex_list
 
@@ -45,6 +46,24 @@ class CachePolicy(Strict):
         return f"tenant:{tenant}" if self.isolated else "shared"
 
 
+class ModelAlias(Strict):
+    """A client-facing model name (or glob) served by one of the tenant's models: agents ask for their vendor's names
+    (`claude-sonnet-4-5`, `gpt-5-codex`) and cannot be told otherwise. The response reports the name asked for."""
+
+    match: str = Field(min_length=1, max_length=200,
+                       description="an exact model name, or a glob (`*`, `?`, `[...]`) such as `claude-*`")
+    model: str = Field(min_length=1, description="the served model (one of the tenant's `models`)")
+    max_output_tokens: int | None = Field(default=None, ge=1,
+                                          description="the output cap sent when a request through this alias names none")
+
+    @property
+    def is_glob(self) -> bool:
+        return any(c in self.match for c in "*?[")
+
+    def matches(self, name: str) -> bool:
+        return name == self.match or (self.is_glob and fnmatch.fnmatchcase(name, self.match))
+
+
 class _PolicyFields(Strict):
     """Everything a tenant's file or the defaults file may set."""
 
@@ -65,6 +84,15 @@ class _PolicyFields(Strict):
     rate_limits: RateLimits = RateLimits()
     budget: Budget = Budget()
     cache: CachePolicy = CachePolicy()
+    model_aliases: list[ModelAlias] = Field(
+        default_factory=list, description="names (exact or glob) answered by a served model; first match wins, exact "
+        "names before globs; a name the tenant serves itself is never aliased")
+    hosted_tools: Literal["drop", "refuse"] = Field(
+        default="drop", description="tools only the provider's servers run (web_search, file_search, code_interpreter, "
+        "computer use, MCP...): drop them with an `x-gateway-dropped` header (the turn is served), or refuse the request")
+    client_metadata: Literal["strip", "forward"] = Field(
+        default="strip", description="client-identifying fields (Codex's client_metadata, Anthropic metadata.user_id, "
+        "OpenAI user / safety_identifier) removed before upstream, or forwarded as sent")
 
 
 class PolicyDefaults(_PolicyFields):
@@ -89,6 +117,14 @@ class Tenant(_PolicyFields):
     def _hashes(cls, v: list[str]) -> list[str]:
         return sha256_hex_list(v)
 
+    @model_validator(mode="after")
+    def _aliases_serve_own_models(self) -> Tenant:
+        for i, a in enumerate(self.model_aliases):
+            if a.model not in self.models:
+                raise ValueError(f"model_aliases[{i}].model: {a.model!r} is not one of this tenant's models "
+                                 f"{self.models}")
+        return self
+
     @property
     def cache_salt(self) -> str:
         return self.cache.salt(self.name)
@@ -101,3 +137,11 @@ class Tenant(_PolicyFields):
     @property
     def priority_value(self) -> int:
         return PRIORITY_VALUES[self.priority]
+
+    def alias_for(self, name: str) -> ModelAlias | None:
+        """The alias answering `name`: none for a model the tenant serves itself; else the first exact match, then
+        the first glob that matches."""
+        if name in self.models:
+            return None
+        exact = next((a for a in self.model_aliases if a.match == name), None)
+        return exact or next((a for a in self.model_aliases if a.is_glob and a.matches(name)), None)

@@ -34,7 +34,7 @@ class OpenAIErrorProtocol(HttpToolsProtocol):
         head = [b"HTTP/1.1 400 Bad Request\r\n"]
         head += [name + b": " + value + b"\r\n" for name, value in self.server_state.default_headers]
         head += [b"content-type: application/json\r\n", b"content-length: %d\r\n" % len(body),
-                 b"connection: close\r\n", b"\r\n"]
+                 b"x-should-retry: false\r\n", b"connection: close\r\n", b"\r\n"]
         self.transport.write(b"".join(head) + body)
         self.transport.close()
         self._account(err)

@@ -24,6 +24,18 @@ from starlette.types import Message, Receive, Scope, Send
 from gateway.api.openai.accounting import API
 from gateway.api.openai.body import read_body
 from gateway.api.openai.validation import parse_json
+from gateway.errors import GatewayError
+
+
+def note_refusal(request: Request, model: object, err: GatewayError, served: str | None = None) -> None:
+    """What the request log line of a bridge's own refusal carries (api/refusals.py reads it): the model when it
+    could be read (the served model an alias resolves to, else the name as sent, bounded) and a bounded reason —
+    the error's code or type and the field it names, never its message, which may quote the client's text."""
+    reason = err.code or err.type
+    if err.param:
+        reason = f"{reason} ({err.param})"
+    name = served or (model[:64] if isinstance(model, str) and model else None)
+    request.scope.setdefault("state", {})["refusal"] = {"model": name, "error": reason[:120]}
 
 
 async def read_json(request: Request, limit: int) -> dict[str, Any]:
@@ -114,6 +126,7 @@ class TranslatedStream(Response):
         self.status_code = 200  # what it will be if the chat path commits; its own headers go out as sent
         self.raw_headers = []
         self.sent_headers: list[tuple[bytes, bytes]] = []  # the chat path's, once it committed (x-gateway-replica)
+        self.extra_headers: list[tuple[bytes, bytes]] = []  # the bridge's own (x-gateway-dropped), sent on commit
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         token = API.set(self.api) if self.api else None
@@ -137,6 +150,8 @@ class TranslatedStream(Response):
                 start = message
                 if status == 200:
                     self.sent_headers = list(message.get("headers", []))
+                    if self.extra_headers:
+                        message = {**message, "headers": self.sent_headers + self.extra_headers}
                     await send(message)
                     await send({"type": "http.response.body", "body": self.translator.start(), "more_body": True})
                 return

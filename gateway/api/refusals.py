@@ -3,8 +3,10 @@ they call the chat path, the admin API, unknown paths — counted in `gateway_re
 in the one-line request log like the chat path's own, so an auth storm or a client sending garbage is visible on every
 endpoint. The chat path marks the requests it accounts itself (`scope["state"]["accounted"]`); those are skipped.
 
-Labels stay bounded: the tenant is a configured tenant's name or "none", the model is always "unknown" here (the
-body is not read), the reason comes from a fixed map of statuses, and the logged endpoint is a known path prefix."""
+Labels stay bounded: the tenant is a configured tenant's name or "none", the model label is always "unknown" here,
+the reason comes from a fixed map of statuses, and the logged endpoint is a known path prefix. A bridge that read the
+body before refusing leaves `scope["state"]["refusal"]` (api/chat_bridge.py `note_refusal`): the log line then names
+the model as read and the error's code and field."""
 
 from __future__ import annotations
 
@@ -61,13 +63,16 @@ def account(st: AppState, scope: MutableMapping[str, Any], status: int, started:
         tenant = _tenant(st, scope.get("headers", []))
         st.metrics.requests.labels("unknown", "none", tenant, str(status), reason, api_for_path(scope.get("path", ""))).inc()
         if st.config.observability.log_requests:
+            noted = scope.get("state", {}).get("refusal") or {}
             log_request({
-                "request_id": scope.get("state", {}).get("request_id"), "tenant": tenant, "model": "unknown",
+                "request_id": scope.get("state", {}).get("request_id"), "tenant": tenant,
+                "model": noted.get("model") or "unknown",
                 "endpoint": endpoint_of(scope.get("path", "")), "api": api_for_path(scope.get("path", "")),
                 "method": scope.get("method"), "stream": False,
                 "status": str(status), "reason": reason, "pool": "none", "replica": None, "route": None,
                 "attempts": 0, "ttft_ms": None, "duration_ms": round((time.monotonic() - started) * 1000, 1),
-                "prompt_tokens": 0, "cached_tokens": 0, "completion_tokens": 0, "cost_usd": 0.0, "error": reason,
+                "prompt_tokens": 0, "cached_tokens": 0, "completion_tokens": 0, "cost_usd": 0.0,
+                "error": noted.get("error") or reason,
             })
     except Exception:
         log.exception("counting a refusal failed")

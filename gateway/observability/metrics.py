@@ -61,6 +61,9 @@ class GatewayMetrics:
         self.routing_lookup = Histogram("gateway_routing_lookup_seconds", "Prefix match + load snapshot before a decision",
                                         buckets=(0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1),
                                         registry=r)
+        # kind: api/chat_bridge.py DROP_KINDS (what a bridge left out of a served request, and why)
+        self.bridge_dropped = Counter("gateway_bridge_dropped", "Request parts the Responses and Messages bridges left "
+                                      "out of a served request", ["api", "kind"], registry=r)
         self.refusals = Counter("gateway_tenant_refusals", "Requests refused by a tenant's rate limit or budget",
                                 ["tenant", "reason"], registry=r)
         self.policy_reloads = Counter("gateway_policy_reloads", "Policy reloads by result", ["result"], registry=r)

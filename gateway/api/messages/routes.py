@@ -1,7 +1,8 @@
 """POST /v1/messages (+ /v1/messages/count_tokens): the Anthropic Messages API bridged onto the chat path
 (`gateway/api/chat_bridge.py`). Keys are the tenants' own, sent as `x-api-key` (Anthropic clients) or
-`Authorization: Bearer`. Every error, the chat path's included, is rendered in Anthropic's shape
-(`{"type": "error", "error": {"type", "message"}}`), with 529 where the chat path says 503."""
+`Authorization: Bearer`, and checked before the body is read, like every other endpoint. Every error, the chat
+path's included, is rendered in Anthropic's shape (`{"type": "error", "error": {"type", "message"}}`), with 529
+where the chat path says 503; what the bridge left out of a served request is named in `x-gateway-dropped`."""
 
 from __future__ import annotations
 
@@ -11,7 +12,16 @@ import orjson
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from gateway.api.chat_bridge import TranslatedStream, call_chat, json_body, passthrough_headers, read_json, with_bearer
+from gateway.api.chat_bridge import (
+    TranslatedStream,
+    call_chat,
+    json_body,
+    note_refusal,
+    passthrough_headers,
+    read_json,
+    with_bearer,
+)
+from gateway.api.dropped import HEADER, Dropped
 from gateway.api.messages.stream import MessagesStream
 from gateway.api.messages.translate import (
     error_body,
@@ -22,6 +32,7 @@ from gateway.api.messages.translate import (
     to_chat,
 )
 from gateway.errors import GatewayError, ModelNotFound
+from gateway.policy_schema import Tenant
 from gateway.state import AppState
 from gateway.tokenizers import prompt_tokens
 
@@ -55,39 +66,70 @@ def _api_key(request: Request) -> str | None:
     return request.headers.get("x-api-key")
 
 
+def _tenant(st: AppState, request: Request) -> Tenant:
+    """The key's tenant (401 first, whatever the body holds)."""
+    key = _api_key(request)
+    return st.policies.index.identify(f"Bearer {key}" if key else request.headers.get("authorization"))
+
+
+def _served(tenant: Tenant, model: object) -> str | None:
+    if not isinstance(model, str):
+        return None
+    alias = tenant.alias_for(model)
+    return alias.model if alias is not None else (model if model in tenant.models else None)
+
+
 @router.post("/v1/messages")
 async def create_message(request: Request) -> Response:
     st: AppState = request.app.state.gateway
+    body: dict[str, Any] = {}
+    tenant: Tenant | None = None
+    dropped = Dropped()
     try:
+        tenant = _tenant(st, request)
         body = await read_json(request, st.config.max_body_bytes)
-        chat = to_chat(body)
+        chat = to_chat(body, dropped=dropped, hosted_tools=tenant.hosted_tools, client_metadata=tenant.client_metadata)
         stops = chat.get("stop")
-        out = await call_chat(request.app.state.proxy, with_bearer(request, _api_key(request)), chat, "messages")
     except GatewayError as e:
+        note_refusal(request, body.get("model"), e, _served(tenant, body.get("model")) if tenant else None)
+        return _error(e, request)
+    rid = request.scope.get("state", {}).get("request_id")
+    dropped.report(st.metrics, "messages", rid)
+    try:
+        out = await call_chat(request.app.state.proxy, with_bearer(request, _api_key(request)), chat, "messages")
+    except GatewayError as e:  # accounted by the chat path
         return _error(e, request)
     if chat["stream"]:
-        return TranslatedStream(out, MessagesStream(chat["model"], input_tokens(chat), stops), _render_stream_error,
-                                api="messages")
+        stream = TranslatedStream(out, MessagesStream(chat["model"], input_tokens(chat), stops), _render_stream_error,
+                                  api="messages")
+        if dropped:
+            stream.extra_headers.append((HEADER.encode(), dropped.header().encode()))
+        return stream
     result = json_body(out)
     if result is None:
         return out  # 499: the client is gone
-    return _json(from_chat(result, chat["model"], stops), headers=passthrough_headers(out))
+    headers = passthrough_headers(out)
+    if dropped:
+        headers[HEADER] = dropped.header()
+    return _json(from_chat(result, chat["model"], stops), headers=headers)
 
 
 @router.post("/v1/messages/count_tokens")
 async def count_tokens(request: Request) -> Response:
     """The prompt's tokens as the model's tokenizer counts them where the gateway has loaded it (precise/hybrid
     routing with `routing.kv_events.tokenizer`; chat template applied), else the shared 4-characters rule; only
-    for a model this key may use, like a real request."""
+    for a model (or alias) this key may use, like a real request."""
     st: AppState = request.app.state.gateway
+    body: dict[str, Any] = {}
+    tenant: Tenant | None = None
     try:
-        key = _api_key(request)
-        tenant = st.policies.index.identify(f"Bearer {key}" if key else request.headers.get("authorization"))
+        tenant = _tenant(st, request)
         body = await read_json(request, st.config.max_body_bytes)
-        chat = to_chat(body, count_only=True)
-        if chat["model"] not in tenant.models:
+        chat = to_chat(body, count_only=True, hosted_tools=tenant.hosted_tools)
+        if _served(tenant, chat["model"]) is None:
             raise ModelNotFound(f"model: {chat['model']}", param="model")
         n = prompt_tokens(st.kv_events.tokenizer if st.kv_events is not None else None, chat)
     except GatewayError as e:
+        note_refusal(request, body.get("model"), e, _served(tenant, body.get("model")) if tenant else None)
         return _error(e, request)
     return _json({"input_tokens": n})

@@ -9,6 +9,15 @@ stop_sequences -> stop; max_tokens (required), temperature, top_p, top_k, metada
 request option is ignored. Response: text and tool_use blocks; finish reasons stop -> end_turn (stop_sequence when
 a stop sequence matched), length -> max_tokens, tool_calls -> tool_use, content_filter -> refusal; usage counts
 `input_tokens` without the cached part, which is `cache_read_input_tokens` (Anthropic's accounting).
+
+What real clients send beyond that (Claude Code, the anthropic SDKs), per Anthropic's own handling: `role: "system"`
+entries inside `messages` (mid-conversation system messages) stay where they are, as chat system messages, so the
+prefix before them is unchanged and the chat template places them; content blocks of a type this bridge does not
+translate (documents, search results, server-tool results...) are left out and reported; tools with `defer_loading`
+(shown to the model only through tool search) are left out; server tools (`type` set: web search, code execution,
+computer use, ...) and `mcp_servers` are left out or refused per the tenant's `hosted_tools`; `metadata.user_id`
+(Claude Code puts device and session ids there) is not sent upstream unless the tenant's `client_metadata` is
+`forward`. Each part left out is recorded in the caller's `Dropped` (api/chat_bridge.py).
 """
 
 from __future__ import annotations
@@ -18,6 +27,7 @@ from typing import Any
 
 import orjson
 
+from gateway.api.dropped import Dropped
 from gateway.errors import GatewayError, InvalidRequest
 from gateway.tokenizer import count_tokens, render_chat
 
@@ -49,8 +59,34 @@ def _text_of(content: Any, where: str) -> str:
     raise _bad(f"{where} must be a string or an array of text blocks.", where)
 
 
+def _system_text(content: Any, where: str, dropped: Dropped) -> str:
+    """A `role: "system"` entry's text: a string, or its text blocks (other blocks left out and reported)."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise _bad(f"{where} must be a string or an array of content blocks.", where)
+    out = []
+    for j, b in enumerate(content):
+        t = _block_type(b, f"{where}[{j}]")
+        if t == "text" and isinstance(b.get("text"), str):
+            out.append(b["text"])
+        else:
+            dropped.add(f"{where}[{j}]", "unknown_block")
+    return "".join(out)
+
+
+def _block_type(b: Any, where: str) -> str:
+    """A content block's type; a block that is not an object with a string type is refused (as Anthropic does)."""
+    if not isinstance(b, dict) or not isinstance(b.get("type"), str):
+        raise _bad(f"{where}: a content block must be an object with a string 'type'.", f"{where}.type")
+    t: str = b["type"]
+    return t
+
+
 def _image_part(block: dict[str, Any], where: str) -> dict[str, Any]:
-    src = block.get("source") or {}
+    src = block.get("source")
+    if not isinstance(src, dict):
+        raise _bad(f"{where}.source: an object is required (a base64 or url image source).", f"{where}.source")
     if src.get("type") == "base64" and isinstance(src.get("data"), str):
         url = f"data:{src.get('media_type', 'image/png')};base64,{src['data']}"
     elif src.get("type") == "url" and isinstance(src.get("url"), str):
@@ -60,7 +96,22 @@ def _image_part(block: dict[str, Any], where: str) -> dict[str, Any]:
     return {"type": "image_url", "image_url": {"url": url}}
 
 
-def _user_messages(content: Any, where: str) -> list[dict[str, Any]]:
+def _tool_result_text(inner: Any, where: str, dropped: Dropped) -> str:
+    """A tool_result's content as text: a string, or its text blocks (images and other blocks left out)."""
+    if inner is None or isinstance(inner, str):
+        return inner or ""
+    if not isinstance(inner, list):
+        raise _bad(f"{where} must be a string or an array of content blocks.", where)
+    out = []
+    for j, x in enumerate(inner):
+        if _block_type(x, f"{where}[{j}]") == "text" and isinstance(x.get("text"), str):
+            out.append(x["text"])
+        else:
+            dropped.add(f"{where}[{j}]", "unknown_block")
+    return "".join(out)
+
+
+def _user_messages(content: Any, where: str, dropped: Dropped) -> list[dict[str, Any]]:
     if isinstance(content, str):
         return [{"role": "user", "content": content}]
     if not isinstance(content, list):
@@ -69,7 +120,7 @@ def _user_messages(content: Any, where: str) -> list[dict[str, Any]]:
     parts: list[dict[str, Any]] = []
     for j, b in enumerate(content):
         w = f"{where}[{j}]"
-        t = b.get("type") if isinstance(b, dict) else None
+        t = _block_type(b, w)
         if t == "text" and isinstance(b.get("text"), str):
             parts.append({"type": "text", "text": b["text"]})
         elif t == "image":
@@ -77,17 +128,14 @@ def _user_messages(content: Any, where: str) -> list[dict[str, Any]]:
         elif t == "tool_result":
             if not isinstance(b.get("tool_use_id"), str):
                 raise _bad(f"{w}.tool_use_id must be a string.", f"{w}.tool_use_id")
-            inner = b.get("content")
-            text = inner if isinstance(inner, str) else "".join(
-                x.get("text", "") for x in inner or [] if isinstance(x, dict) and x.get("type") == "text")
+            text = _tool_result_text(b.get("content"), f"{w}.content", dropped)
             if b.get("is_error"):
                 text = f"Error: {text}"
             tools.append({"role": "tool", "tool_call_id": b["tool_use_id"], "content": text})
         elif t in ("thinking", "redacted_thinking"):
-            continue
+            continue  # past reasoning: the engine's template drops it too
         else:
-            raise _bad(f"{w}: content blocks of type {t!r} are not supported in user messages "
-                       "(supported: text, image, tool_result).", f"{w}.type")
+            dropped.add(w, "unknown_block")
     out = list(tools)
     if parts:
         only_text = all(p["type"] == "text" for p in parts)
@@ -95,7 +143,7 @@ def _user_messages(content: Any, where: str) -> list[dict[str, Any]]:
     return out
 
 
-def _assistant_message(content: Any, where: str) -> dict[str, Any]:
+def _assistant_message(content: Any, where: str, dropped: Dropped) -> dict[str, Any]:
     if isinstance(content, str):
         return {"role": "assistant", "content": content}
     if not isinstance(content, list):
@@ -103,7 +151,7 @@ def _assistant_message(content: Any, where: str) -> dict[str, Any]:
     text, calls = [], []
     for j, b in enumerate(content):
         w = f"{where}[{j}]"
-        t = b.get("type") if isinstance(b, dict) else None
+        t = _block_type(b, w)
         if t == "text" and isinstance(b.get("text"), str):
             text.append(b["text"])
         elif t == "tool_use":
@@ -114,15 +162,15 @@ def _assistant_message(content: Any, where: str) -> dict[str, Any]:
         elif t in ("thinking", "redacted_thinking"):
             continue
         else:
-            raise _bad(f"{w}: content blocks of type {t!r} are not supported in assistant messages "
-                       "(supported: text, tool_use).", f"{w}.type")
+            dropped.add(w, "unknown_block")
     msg: dict[str, Any] = {"role": "assistant", "content": "".join(text) if text else None}
     if calls:
         msg["tool_calls"] = calls
     return msg
 
 
-def chat_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
+def chat_messages(body: dict[str, Any], dropped: Dropped | None = None) -> list[dict[str, Any]]:
+    dropped = dropped if dropped is not None else Dropped()
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise _bad("messages: at least one message is required.", "messages")
@@ -132,18 +180,33 @@ def chat_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
         text = _text_of(system, "system")
         if text:
             out.append({"role": "system", "content": text})
+    turns = 0
     for i, m in enumerate(messages):
         where = f"messages[{i}]"
-        if not isinstance(m, dict) or m.get("role") not in ("user", "assistant"):
-            raise _bad(f"{where}.role must be 'user' or 'assistant'.", f"{where}.role")
-        if m["role"] == "user":
-            out.extend(_user_messages(m.get("content"), f"{where}.content"))
+        role = m.get("role") if isinstance(m, dict) else None
+        if role not in ("user", "assistant", "system"):
+            raise _bad(f"{where}.role must be 'user', 'assistant' or 'system'.", f"{where}.role")
+        assert isinstance(m, dict)
+        if role == "system":  # a mid-conversation system message: in place, so the prefix before it is unchanged
+            text = _system_text(m.get("content"), f"{where}.content", dropped)
+            if text:
+                out.append({"role": "system", "content": text})
+        elif role == "user":
+            turns += 1
+            out.extend(_user_messages(m.get("content"), f"{where}.content", dropped))
         else:
-            out.append(_assistant_message(m.get("content"), f"{where}.content"))
+            turns += 1
+            out.append(_assistant_message(m.get("content"), f"{where}.content", dropped))
+    if not turns:
+        raise _bad("messages: at least one user or assistant message is required.", "messages")
     return out
 
 
-def chat_tools(tools: Any) -> list[dict[str, Any]] | None:
+def chat_tools(tools: Any, dropped: Dropped | None = None, hosted_tools: str = "drop") -> list[dict[str, Any]] | None:
+    """Client tools as chat function tools. Server tools (a `type` other than custom) run on the provider's side:
+    left out (`hosted_tools: drop`) or refused (`refuse`); `defer_loading` tools are left out (only tool search
+    would show them to the model)."""
+    dropped = dropped if dropped is not None else Dropped()
     if tools is None:
         return None
     if not isinstance(tools, list):
@@ -153,8 +216,14 @@ def chat_tools(tools: Any) -> list[dict[str, Any]] | None:
         if not isinstance(t, dict) or not isinstance(t.get("name"), str) or not t["name"]:
             raise _bad(f"tools[{i}].name: a non-empty string is required.", f"tools[{i}].name")
         if t.get("type") not in (None, "custom"):
-            raise _bad(f"tools[{i}]: server tools of type {t.get('type')!r} are not supported by this gateway.",
-                       f"tools[{i}].type")
+            if hosted_tools == "refuse" or not isinstance(t.get("type"), str):
+                raise _bad(f"tools[{i}]: server tools of type {t.get('type')!r} are not supported by this gateway.",
+                           f"tools[{i}].type")
+            dropped.add(f"tools[{i}]", "hosted_tool")
+            continue
+        if t.get("defer_loading") is True:
+            dropped.add(f"tools[{i}]", "deferred_tool")
+            continue
         schema = t.get("input_schema")
         if not isinstance(schema, dict):
             raise _bad(f"tools[{i}].input_schema: an object is required.", f"tools[{i}].input_schema")
@@ -192,8 +261,15 @@ def _num(body: dict[str, Any], name: str, lo: float, hi: float | None) -> Any:
     return v
 
 
-def to_chat(body: dict[str, Any], *, count_only: bool = False) -> dict[str, Any]:
-    """The chat body for a Messages request (`count_only`: count_tokens, where max_tokens is not required)."""
+def _named_tool(choice: Any) -> str | None:
+    return choice.get("name") if isinstance(choice, dict) and choice.get("type") == "tool" else None
+
+
+def to_chat(body: dict[str, Any], *, count_only: bool = False, dropped: Dropped | None = None,
+            hosted_tools: str = "drop", client_metadata: str = "strip") -> dict[str, Any]:
+    """The chat body for a Messages request (`count_only`: count_tokens, where max_tokens is not required).
+    `dropped` collects what is left out; `hosted_tools` and `client_metadata` are the tenant's policy."""
+    dropped = dropped if dropped is not None else Dropped()
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise _bad("model: a non-empty string is required.", "model")
@@ -203,9 +279,21 @@ def to_chat(body: dict[str, Any], *, count_only: bool = False) -> dict[str, Any]
     stream = body.get("stream") or False
     if not isinstance(stream, bool):
         raise _bad("stream: must be a boolean.", "stream")
-    tools = chat_tools(body.get("tools"))
-    choice, parallel = chat_tool_choice(body.get("tool_choice"), bool(tools))
-    chat: dict[str, Any] = {"model": model, "messages": chat_messages(body)}
+    if body.get("mcp_servers"):  # Anthropic's MCP connector: servers the provider calls
+        if hosted_tools == "refuse":
+            raise _bad("mcp_servers: MCP servers called by the provider are not supported by this gateway.",
+                       "mcp_servers")
+        dropped.add("mcp_servers", "hosted_tool")
+    raw_tools = body.get("tools")
+    tools = chat_tools(raw_tools, dropped, hosted_tools)
+    raw_choice = body.get("tool_choice")
+    named = _named_tool(raw_choice)
+    offered = {t["function"]["name"] for t in tools or []}
+    if raw_choice is not None and raw_tools and (not tools or (named is not None and named not in offered)):
+        dropped.add("tool_choice", "tool_choice")  # it names (or needs) a tool that was left out
+        raw_choice = None
+    choice, parallel = chat_tool_choice(raw_choice, bool(tools))
+    chat: dict[str, Any] = {"model": model, "messages": chat_messages(body, dropped)}
     if tools:
         chat["tools"] = tools
         if choice is not None:
@@ -229,7 +317,10 @@ def to_chat(body: dict[str, Any], *, count_only: bool = False) -> dict[str, Any]
             chat[name] = v
     meta = body.get("metadata")
     if isinstance(meta, dict) and isinstance(meta.get("user_id"), str):
-        chat["user"] = meta["user_id"]
+        if client_metadata == "forward":
+            chat["user"] = meta["user_id"]
+        else:
+            dropped.add("metadata.user_id", "client_metadata")
     return chat
 
 
@@ -283,8 +374,10 @@ def from_chat(chat: dict[str, Any], model: str, stops: list[str] | None) -> dict
 
 
 # -- errors --------------------------------------------------------------------------------------------------
-ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-               404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 529: "overloaded_error"}
+# Anthropic's error types by status (its errors page); any other 4xx is invalid_request_error, any other 5xx api_error
+ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 402: "billing_error", 403: "permission_error",
+               404: "not_found_error", 409: "conflict_error", 413: "request_too_large", 429: "rate_limit_error",
+               500: "api_error", 504: "timeout_error", 529: "overloaded_error"}
 
 
 def error_status(status: int) -> int:

@@ -199,7 +199,7 @@ class Accounting:
 
     def _metrics(self, c: _Ctx) -> None:
         ex, m = c.ex, self.state.metrics
-        model, tenant, pool = ex.parsed.model, ex.tenant.name, c.pool
+        model, tenant, pool = ex.route.name, ex.tenant.name, c.pool  # the served model: an alias's glob is no label
         m.requests.labels(model, pool, tenant, ex.status, ex.reason, c.api).inc()
         m.latency.labels(model, pool, tenant, c.api).observe(c.now - ex.started)
         if ex.first_token_at is not None:
@@ -256,7 +256,8 @@ class Accounting:
             return
         ex, t = c.ex, c.ex.served_by
         log_request({
-            "request_id": ex.request_id, "tenant": ex.tenant.name, "model": ex.parsed.model, "endpoint": ex.endpoint,
+            "request_id": ex.request_id, "tenant": ex.tenant.name, "model": ex.route.name, "endpoint": ex.endpoint,
+            "requested_model": ex.parsed.model[:64] if ex.parsed.model != ex.route.name else None,
             "api": c.api, "stream": ex.parsed.stream, "status": ex.status, "reason": ex.reason, "pool": c.pool,
             "replica": t.name if t is not None else None, "route": ex.decision.branch if ex.decision else None,
             "attempts": ex.attempts,

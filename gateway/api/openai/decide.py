@@ -37,12 +37,12 @@ _DECISIONS: dict[tuple[int, str, str], tuple[Any, Any]] = {}
 async def decide(state: AppState, ex: Exchange) -> None:
     ex.rreq = routing_request(state.config.routing, ex, state.prefix_hasher)
     ex.decision = await state.router.decide(ex.rreq, ex.route)
-    key = (id(state.metrics), ex.parsed.model, ex.decision.branch)
+    key = (id(state.metrics), ex.route.name, ex.decision.branch)  # the served model (an alias is no label)
     hit = _DECISIONS.get(key)
     if hit is None or hit[0] is not state.metrics:
         if len(_DECISIONS) > 4096:  # many apps over a process's life (tests): start again
             _DECISIONS.clear()
-        hit = _DECISIONS[key] = (state.metrics, state.metrics.decisions.labels(ex.parsed.model, ex.decision.branch))
+        hit = _DECISIONS[key] = (state.metrics, state.metrics.decisions.labels(ex.route.name, ex.decision.branch))
     hit[1].inc()
     ex.headers["x-gateway-route"] = ex.decision.branch
     if ex.decision.branch == "shed":

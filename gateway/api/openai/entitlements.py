@@ -3,10 +3,16 @@
 The model's pools the tenant may use (its `pools` list, its price cap), then its own fallback pools; or only the
 pool on-call pinned it to. A model the tenant may not use is reported exactly like one that does not exist (404:
 nothing leaks). A client may narrow the route to one of those pools with `x-gateway-pool` (403 otherwise).
+
+A name the tenant does not serve may be one of its `model_aliases` (exact, then glob): the route is then the served
+model's (`route.name`), while the request keeps the name the client asked for, which its response reports.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+from gateway.api.openai.validation import ParsedRequest
 from gateway.config import ModelRoute, PerTokenPricing
 from gateway.errors import ModelNotFound, PermissionDenied
 from gateway.policy_schema import Tenant
@@ -25,6 +31,13 @@ class Entitlements:
         key = (tenant.name, model, st.policies.current.fingerprint, st.control.applied_at, pin)
         route = self._routes.get(key)
         if route is not None:
+            return route
+        alias = tenant.alias_for(model)
+        if alias is not None:
+            route = self.route_for(tenant, alias.model)  # the served model's route, under its own name
+            if len(self._routes) > 10_000:
+                self._routes.clear()
+            self._routes[key] = route
             return route
         if model in tenant.models:
             r = next((r for r in st.config.models if r.name == model), None)
@@ -45,6 +58,15 @@ class Entitlements:
         if pin not in route.pools:
             raise PermissionDenied("This key may not pin requests to that pool.", param="x-gateway-pool")
         return ModelRoute(name=route.name, pools=[pin])
+
+    @staticmethod
+    def with_alias_defaults(tenant: Tenant, parsed: ParsedRequest) -> ParsedRequest:
+        """`parsed` with its alias's default output cap when it names none (chat `max_tokens`)."""
+        alias = tenant.alias_for(parsed.model)
+        if alias is None or alias.max_output_tokens is None or parsed.max_output_tokens is not None:
+            return parsed
+        body = {**parsed.body, "max_tokens": alias.max_output_tokens}
+        return replace(parsed, body=body, max_output_tokens=alias.max_output_tokens)
 
     def _pool_allowed(self, tenant: Tenant, pool: str) -> bool:
         if tenant.pools is not None and pool not in tenant.pools and pool not in tenant.fallback_pools:

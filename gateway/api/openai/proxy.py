@@ -107,6 +107,8 @@ class OpenAIProxy:
         parsed = validate(body, endpoint)
         edge.stage = "entitlements"
         route = self.entitlements.resolve(tenant, parsed.model, request.headers.get("x-gateway-pool"))
+        parsed = self.entitlements.with_alias_defaults(tenant, parsed)
+        edge.model = route.name  # an alias's served model
         edge.stage = "validate"
         check_limits(parsed, endpoint, limits_for(st.config, route.pools, st.registry))  # n and context caps of these pools
         return Exchange(edge.request_id, tenant, endpoint, parsed, route, edge.started,

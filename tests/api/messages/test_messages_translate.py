@@ -6,6 +6,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
+from gateway.api.dropped import Dropped
 from gateway.api.messages.stream import MessagesStream
 from gateway.api.messages.translate import error_body, error_status, from_chat, stop_reason, to_chat
 from gateway.errors import InvalidRequest
@@ -44,7 +45,43 @@ def test_system_blocks_tool_use_and_tool_results_map_to_chat_turns():
     assert chat["tools"] == [{"type": "function", "function": {"name": "w", "parameters": {"type": "object"},
                                                                "description": "weather"}}]
     assert chat["tool_choice"] == "required" and chat["parallel_tool_calls"] is False
-    assert chat["stop"] == ["END"] and chat["top_k"] == 40 and chat["user"] == "u1" and chat["max_tokens"] == 10
+    assert chat["stop"] == ["END"] and chat["top_k"] == 40 and chat["max_tokens"] == 10
+    assert "user" not in chat  # client-identifying: stripped unless the tenant forwards it
+    assert to_chat(body, client_metadata="forward")["user"] == "u1"
+
+
+def test_what_claude_code_sends_is_served_and_what_is_left_out_is_reported():
+    """Claude Code (2.1.154+) puts a system entry inside messages[], marks tools deferred, may send server tools
+    and unknown blocks: the turn is served, the system entry stays in place (the prefix before it unchanged), and
+    every part left out is named with its reason."""
+    body = {"model": "claude-sonnet", "max_tokens": 32000, "stream": True,
+            "system": [{"type": "text", "text": "base", "cache_control": {"type": "ephemeral"}}],
+            "messages": [{"role": "user", "content": "Read calc.py"},
+                         {"role": "system", "content": [{"type": "text", "text": "# Environment"},
+                                                        {"type": "image_ref", "x": 1}]},
+                         {"role": "assistant", "content": [{"type": "server_tool_use", "id": "s", "name": "web_search"},
+                                                           {"type": "text", "text": "ok"}]},
+                         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t",
+                                                       "content": [{"type": "text", "text": "a"},
+                                                                   {"type": "image", "source": {}}]},
+                                                      {"type": "search_result", "title": "x"}]}],
+            "tools": [{"name": "Read", "input_schema": {"type": "object"}},
+                      {"name": "DeferredToolPlaceholder", "input_schema": {"type": "object"}, "defer_loading": True},
+                      {"type": "web_search_20250305", "name": "web_search"}],
+            "tool_choice": {"type": "tool", "name": "web_search"},
+            "metadata": {"user_id": "{\"device_id\": \"d\"}"}, "thinking": {"type": "adaptive"},
+            "context_management": {"edits": []}, "output_config": {"effort": "high"}}
+    dropped = Dropped()
+    chat = to_chat(body, dropped=dropped)
+    assert [m["role"] for m in chat["messages"]] == ["system", "user", "system", "assistant", "tool"]
+    assert chat["messages"][2] == {"role": "system", "content": "# Environment"}
+    assert [t["function"]["name"] for t in chat["tools"]] == ["Read"] and "tool_choice" not in chat
+    assert "user" not in chat and "thinking" not in chat
+    assert dropped.header() == (
+        "tools[1]=deferred_tool, tools[2]=hosted_tool, tool_choice=tool_choice, "
+        "messages[1].content[1]=unknown_block, messages[2].content[0]=unknown_block, "
+        "messages[3].content[0].content[1]=unknown_block, messages[3].content[1]=unknown_block, "
+        "metadata.user_id=client_metadata")
 
 
 @pytest.mark.parametrize("choice,expected", [({"type": "auto"}, "auto"), ({"type": "none"}, "none"),
@@ -58,16 +95,27 @@ def test_tool_choice_kinds(choice, expected):
 @pytest.mark.parametrize("body,param", [
     ({"model": "m", "messages": [{"role": "user", "content": "x"}]}, "max_tokens"),
     ({"model": "m", "max_tokens": 5, "messages": []}, "messages"),
-    ({"model": "m", "max_tokens": 5, "messages": [{"role": "system", "content": "x"}]}, "messages[0].role"),
-    ({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "document"}]}]},
+    ({"model": "m", "max_tokens": 5, "messages": [{"role": "system", "content": "x"}]}, "messages"),
+    ({"model": "m", "max_tokens": 5, "messages": [{"role": "tool", "content": "x"}]}, "messages[0].role"),
+    ({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": [{"type": 3}]}]},
      "messages[0].content[0].type"),
+    ({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "image", "source": "x"}]}]},
+     "messages[0].content[0].source"),
+    ({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}],
+      "tools": [{"name": "w", "type": "web_search_20250305"}]}, None),
     ({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}], "temperature": 1.5}, "temperature"),
     ({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}], "tool_choice": {"type": "any"}},
      "tool_choice"),
 ])
 def test_bad_input_names_the_field(body, param):
-    with pytest.raises(InvalidRequest) as e:
+    if param is None:  # a server tool: refused only when the tenant's hosted_tools says so
         to_chat(body)
+        param = "tools[0].type"
+        with pytest.raises(InvalidRequest) as e:
+            to_chat(body, hosted_tools="refuse")
+    else:
+        with pytest.raises(InvalidRequest) as e:
+            to_chat(body)
     assert e.value.param == param
 
 
