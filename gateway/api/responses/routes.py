@@ -12,7 +12,8 @@ import orjson
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from gateway.api.chat_bridge import TranslatedStream, json_body, passthrough_headers, read_json
+from gateway.api.chat_bridge import TranslatedStream, json_body, note_refusal, passthrough_headers, read_json
+from gateway.api.dropped import HEADER, Dropped
 from gateway.api.openai.accounting import API
 from gateway.api.responses.affinity import affinity_of, served_by
 from gateway.api.responses.native import NativeResponses, is_native
@@ -20,6 +21,7 @@ from gateway.api.responses.store import ResponseStore
 from gateway.api.responses.stream import ResponsesStream
 from gateway.api.responses.translate import ResponsesRequest, from_chat, history_of, new_id, parse_request
 from gateway.errors import GatewayError, InvalidRequest, ModelNotFound
+from gateway.policy_schema import Tenant
 from gateway.routing.request import AFFINITY
 from gateway.state import AppState
 from gateway.tokenizers import prompt_tokens
@@ -44,6 +46,13 @@ def _ctx(request: Request) -> tuple[AppState, Any, ResponseStore, str]:
     st: AppState = request.app.state.gateway
     tenant = st.policies.index.identify(request.headers.get("authorization"))
     return st, request.app.state.proxy, request.app.state.responses_store, tenant.name
+
+
+def _served(tenant: Tenant, model: object) -> str | None:
+    if not isinstance(model, str):
+        return None
+    alias = tenant.alias_for(model)
+    return alias.model if alias is not None else (model if model in tenant.models else None)
 
 
 def pool_kinds(st: AppState, model: Any, pin: str | None) -> frozenset[str]:
@@ -89,7 +98,20 @@ def _openai_error(status: int, body: dict[str, Any], headers: list[tuple[bytes, 
 @router.post("/v1/responses")
 async def create_response(request: Request) -> Response:
     st, proxy, store, tenant = _ctx(request)
-    body = await read_json(request, st.config.max_body_bytes)
+    policy = st.policies.index.tenants[tenant]
+    body: dict[str, Any] = {}
+    try:
+        return await _create(request, st, proxy, store, policy, body)
+    except GatewayError as e:
+        if not request.scope.get("state", {}).get("accounted"):  # refused before the chat path: log what was read
+            note_refusal(request, body.get("model"), e, _served(policy, body.get("model")))
+        raise
+
+
+async def _create(request: Request, st: AppState, proxy: Any, store: ResponseStore, policy: Tenant,
+                  body: dict[str, Any]) -> Response:
+    tenant = policy.name
+    body.update(await read_json(request, st.config.max_body_bytes))
     prev = body.get("previous_response_id")
     history: list[dict[str, Any]] = []
     stored = None
@@ -101,12 +123,16 @@ async def create_response(request: Request) -> Response:
     hint = AFFINITY.set(affinity_of(stored))  # routing's hint: the replica that served the stored turn
     api = API.set("responses")  # the metrics' and log line's api label
     try:
-        if is_native(st, body.get("model")):
+        served = _served(policy, body.get("model"))
+        if is_native(st, served):
             if "input" not in body:
                 raise InvalidRequest("'input' is required.", param="input")
             return await NativeResponses(request, proxy, store, tenant, body, history).handle()
+        dropped = Dropped()
         req = parse_request(body, history, st.config.responses.auto_truncate_input_tokens,
-                            pool_kinds=pool_kinds(st, body.get("model"), request.headers.get("x-gateway-pool")))
+                            pool_kinds=pool_kinds(st, served, request.headers.get("x-gateway-pool")),
+                            dropped=dropped, hosted_tools=policy.hosted_tools, client_metadata=policy.client_metadata)
+        dropped.report(st.metrics, "responses", request.scope.get("state", {}).get("request_id"))
         resp_id, created = new_id("resp"), int(time.time())
         out: Response = await proxy.handle(request, "chat/completions", body=req.chat)
     finally:
@@ -120,13 +146,18 @@ async def create_response(request: Request) -> Response:
                 await _store(store, tenant, req, history, translator.final, stream.header(b"x-gateway-replica"))
 
         stream = TranslatedStream(out, translator, _openai_error, on_end, api="responses")
+        if dropped:
+            stream.extra_headers.append((HEADER.encode(), dropped.header().encode()))
         return stream
     chat = json_body(out)
     if chat is None:
         return out  # 499: the client is gone
     response = from_chat(chat, resp_id, created, int(time.time()), req)
     await _store(store, tenant, req, history, response, out.headers.get("x-gateway-replica"))
-    return _json(response, headers=passthrough_headers(out))
+    headers = passthrough_headers(out)
+    if dropped:
+        headers[HEADER] = dropped.header()
+    return _json(response, headers=headers)
 
 
 @router.post("/v1/responses/input_tokens")

@@ -13,6 +13,7 @@ from typing import Any
 from gateway.api.chat_bridge import first_choice, sse_event
 from gateway.api.responses.translate import (
     ResponsesRequest,
+    custom_input,
     error_code,
     function_call_item,
     message_item,
@@ -111,15 +112,16 @@ class ResponsesStream:
         if st is None:
             out += self._close_reasoning() + self._close_text()  # a turn's thinking and text precede its calls
             item = function_call_item({"id": call.get("id"), "function": {"name": fn.get("name"), "arguments": ""}},
-                                      new_id("fc"), status="in_progress")
+                                      new_id("fc"), status="in_progress", names=self.req.tool_names)
             st = self.calls[idx] = {"item": item, "index": self._next_index, "buf": [], "open": True}
             self._next_index += 1
             out += self._ev("response.output_item.added", output_index=st["index"], item=item)
         args = fn.get("arguments")
         if isinstance(args, str) and args:
             st["buf"].append(args)
-            out += self._ev("response.function_call_arguments.delta", item_id=st["item"]["id"],
-                            output_index=st["index"], delta=args)
+            if st["item"]["type"] == "function_call":  # a custom tool's input is whole only once its JSON is
+                out += self._ev("response.function_call_arguments.delta", item_id=st["item"]["id"],
+                                output_index=st["index"], delta=args)
         return out
 
     def _reasoning_delta(self, text: str) -> bytes:
@@ -167,9 +169,16 @@ class ResponsesStream:
             if not st["open"]:
                 continue
             st["open"] = False
-            item = dict(st["item"], arguments="".join(st["buf"]), status="completed")
-            out += self._ev("response.function_call_arguments.done", item_id=item["id"], output_index=st["index"],
-                            name=item["name"], arguments=item["arguments"])
+            if st["item"]["type"] == "custom_tool_call":
+                item = dict(st["item"], input=custom_input("".join(st["buf"])), status="completed")
+                out += self._ev("response.custom_tool_call_input.delta", item_id=item["id"], output_index=st["index"],
+                                delta=item["input"])
+                out += self._ev("response.custom_tool_call_input.done", item_id=item["id"], output_index=st["index"],
+                                input=item["input"])
+            else:
+                item = dict(st["item"], arguments="".join(st["buf"]), status="completed")
+                out += self._ev("response.function_call_arguments.done", item_id=item["id"], output_index=st["index"],
+                                name=item["name"], arguments=item["arguments"])
             out += self._ev("response.output_item.done", output_index=st["index"], item=item)
             self._place(st["index"], item)
         return out

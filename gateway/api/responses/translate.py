@@ -6,13 +6,22 @@ would have sent and turn N+1 lands on the replica that holds turn N. Response: t
 items (an assistant `message`, `function_call`s) and `usage` with `input_tokens_details.cached_tokens`.
 
 Supported: string or item-list input (messages with input_text / output_text / input_image parts, function_call,
-function_call_output; reasoning items are dropped from the prompt), function tools and tool_choice,
-max_output_tokens, temperature, top_p, text.format (text / json_object / json_schema), metadata, user, store,
-truncation (`auto` drops the oldest turns past `responses.auto_truncate_input_tokens`), parallel_tool_calls.
-Refused with a 400 naming the field: hosted tools (web_search, file_search, ...), item_reference, background,
-conversation, prompt templates. Other unknown top-level fields pass through to the chat body (e.g. SGLang's
-`ignore_eos`), like the chat path passes them upstream. `reasoning.effort` is sent as the route's pools take it
-(reasoning.py) and echoed as the client sent it.
+function_call_output, custom_tool_call(_output); reasoning items are dropped from the prompt), function, custom and
+namespace tools and tool_choice, max_output_tokens, temperature, top_p, text.format (text / json_object /
+json_schema), metadata, store, truncation (`auto` drops the oldest turns past `responses.auto_truncate_input_tokens`),
+parallel_tool_calls. Refused with a 400 naming the field: background, conversation, prompt templates. Other unknown
+top-level fields pass through to the chat body (e.g. SGLang's `ignore_eos`), like the chat path passes them
+upstream. `reasoning.effort` is sent as the route's pools take it (reasoning.py) and echoed as the client sent it.
+
+What agents send beyond that (Codex CLI, the Agents SDK), handled as OpenAI does where a pool can: hosted tools
+(web_search, file_search, code_interpreter, computer use, MCP, image generation, shell/apply_patch built-ins...)
+are left out or refused per the tenant's `hosted_tools`; a namespace's tools become chat functions named
+`<namespace>__<name>` and calls come back with their `namespace`; a custom (free-form) tool becomes a function taking
+one string `input`, its calls come back as `custom_tool_call`s; input items and content parts of types the bridge
+does not translate are left out (OpenAI ignores item types it does not run, e.g. a web_search_call); a
+`function_call_output` without `call_id` answers the latest call still unanswered, else it is left out; `user`,
+`safety_identifier` and Codex's `client_metadata` are not sent upstream unless the tenant's `client_metadata` is
+`forward`. What is left out is recorded in the caller's `Dropped` (api/dropped.py).
 """
 
 from __future__ import annotations
@@ -21,6 +30,9 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
+from gateway.api.dropped import Dropped
 from gateway.api.responses.reasoning import chat_fields, effort_of
 from gateway.errors import InvalidRequest
 from gateway.tokenizer import count_tokens, render_chat
@@ -29,7 +41,11 @@ from gateway.tokenizer import count_tokens, render_chat
 KNOWN = {"model", "input", "instructions", "previous_response_id", "store", "stream", "tools", "tool_choice",
          "parallel_tool_calls", "max_output_tokens", "temperature", "top_p", "text", "reasoning", "metadata",
          "truncation", "user", "include", "service_tier", "stream_options", "safety_identifier", "prompt_cache_key",
-         "max_tool_calls", "top_logprobs"}
+         "max_tool_calls", "top_logprobs", "client_metadata"}
+# Fields that identify the client's user, installation or session: sent upstream only with `client_metadata: forward`
+CLIENT_FIELDS = ("user", "safety_identifier", "client_metadata")
+NS_SEP = "__"  # a namespace's tool `ns`/`name` is the chat function `ns__name` (chat names allow [A-Za-z0-9_-])
+CUSTOM_PARAMS = {"type": "object", "properties": {"input": {"type": "string"}}, "required": ["input"]}
 UNSUPPORTED = {"background": "background responses are not supported by this gateway",
                "conversation": "conversations are not supported; chain turns with previous_response_id",
                "prompt": "prompt templates are not supported; send instructions and input"}
@@ -37,6 +53,15 @@ UNSUPPORTED = {"background": "background responses are not supported by this gat
 
 def new_id(prefix: str) -> str:
     return f"{prefix}_{secrets.token_hex(16)}"
+
+
+@dataclass(frozen=True)
+class ToolName:
+    """What a chat function name stands for: a plain function, a namespace's tool, or a custom tool."""
+
+    name: str
+    namespace: str | None = None
+    custom: bool = False
 
 
 @dataclass(frozen=True)
@@ -49,6 +74,7 @@ class ResponsesRequest:
     store: bool
     input_items: list[dict[str, Any]]  # this request's input, normalized, with ids (for input_items and history)
     echo: dict[str, Any]  # request fields the Response object reports back
+    tool_names: dict[str, ToolName] | None = None  # chat function name -> the tool it stands for (namespace, custom)
 
 
 def _bad(msg: str, param: str) -> InvalidRequest:
@@ -65,8 +91,49 @@ def _number(body: dict[str, Any], name: str, lo: float, hi: float) -> float | No
 
 
 # -- input items ---------------------------------------------------------------------------------------------
-def normalize_input(raw: Any, allow_empty: bool = False) -> list[dict[str, Any]]:
-    """The request's `input` as a list of typed items with ids (a string is one user message)."""
+def _call_item(item: dict[str, Any], where: str, kind: str) -> dict[str, Any]:
+    """A function_call / custom_tool_call input item (a call the model made in an earlier turn)."""
+    payload = "arguments" if kind == "function_call" else "input"
+    for f in ("name", payload):
+        if not isinstance(item.get(f), str):
+            raise _bad(f"{where}.{f} must be a string.", f"{where}.{f}")
+    call_id = item.get("call_id")
+    if not isinstance(call_id, str) or not call_id:
+        call_id = item.get("id") if isinstance(item.get("id"), str) and item.get("id") else new_id("call")
+    out = {"type": kind, "id": item.get("id") or new_id("fc" if kind == "function_call" else "ctc"),
+           "call_id": call_id, "name": item["name"], payload: item[payload], "status": "completed"}
+    if isinstance(item.get("namespace"), str) and item["namespace"]:
+        out["namespace"] = item["namespace"]
+    return out
+
+
+def _output_item(item: dict[str, Any], where: str, kind: str, pending: list[str],
+                 dropped: Dropped) -> dict[str, Any] | None:
+    """A function_call_output / custom_tool_call_output. Without a call_id it answers the latest call still
+    unanswered (how OpenAI reads it); with none left it is left out."""
+    output = item.get("output")
+    if not isinstance(output, (str, list)):
+        raise _bad(f"{where}.output must be a string or an array of content parts.", f"{where}.output")
+    call_id = item.get("call_id")
+    if call_id is not None and not isinstance(call_id, str):
+        raise _bad(f"{where}.call_id must be a string.", f"{where}.call_id")
+    if not call_id:
+        if not pending:
+            dropped.add(where, "unknown_item")
+            return None
+        call_id = pending[-1]
+    if call_id in pending:
+        pending.remove(call_id)
+    return {"type": kind, "id": item.get("id") or new_id("fco"), "call_id": call_id, "output": output,
+            "status": "completed"}
+
+
+def normalize_input(raw: Any, allow_empty: bool = False, dropped: Dropped | None = None,
+                    pending: list[str] | None = None) -> list[dict[str, Any]]:
+    """The request's `input` as a list of typed items with ids (a string is one user message). `pending`: the
+    call ids of the history's calls still unanswered (an output without call_id answers the latest)."""
+    dropped = dropped if dropped is not None else Dropped()
+    pending = list(pending or [])
     if isinstance(raw, str):
         return [{"type": "message", "id": new_id("msg"), "role": "user",
                  "content": [{"type": "input_text", "text": raw}]}]
@@ -79,32 +146,38 @@ def normalize_input(raw: Any, allow_empty: bool = False) -> list[dict[str, Any]]
             raise _bad(f"{where} must be an object.", where)
         kind = item.get("type", "message" if "role" in item else None)
         if kind == "message":
-            out.append(_message_item(item, where))
-        elif kind == "function_call":
-            for f in ("call_id", "name", "arguments"):
-                if not isinstance(item.get(f), str):
-                    raise _bad(f"{where}.{f} must be a string.", f"{where}.{f}")
-            out.append({"type": "function_call", "id": item.get("id") or new_id("fc"), "call_id": item["call_id"],
-                        "name": item["name"], "arguments": item["arguments"], "status": "completed"})
-        elif kind == "function_call_output":
-            if not isinstance(item.get("call_id"), str):
-                raise _bad(f"{where}.call_id must be a string.", f"{where}.call_id")
-            output = item.get("output")
-            if not isinstance(output, (str, list)):
-                raise _bad(f"{where}.output must be a string or an array of content parts.", f"{where}.output")
-            out.append({"type": "function_call_output", "id": item.get("id") or new_id("fco"),
-                        "call_id": item["call_id"], "output": output, "status": "completed"})
+            out.append(_message_item(item, where, dropped))
+        elif kind in ("function_call", "custom_tool_call"):
+            call = _call_item(item, where, kind)
+            pending.append(call["call_id"])
+            out.append(call)
+        elif kind in ("function_call_output", "custom_tool_call_output"):
+            answered = _output_item(item, where, kind, pending, dropped)
+            if answered is not None:
+                out.append(answered)
         elif kind == "reasoning":
             out.append({k: v for k, v in item.items()})  # kept in history, dropped from the prompt
+        elif isinstance(kind, str):
+            dropped.add(f"{where}", "unknown_item")  # e.g. a hosted tool's call item, an item_reference
         else:
-            raise _bad(f"{where}: input items of type {kind!r} are not supported by this gateway "
-                       "(supported: message, function_call, function_call_output, reasoning).", f"{where}.type")
+            raise _bad(f"{where}.type must be a string.", f"{where}.type")
     if not out and not allow_empty:
         raise _bad("'input' must not be empty.", "input")
     return out
 
 
-def _message_item(item: dict[str, Any], where: str) -> dict[str, Any]:
+def pending_calls(items: list[dict[str, Any]]) -> list[str]:
+    """Call ids of the calls in `items` no output answers yet, in order."""
+    pending: list[str] = []
+    for it in items:
+        if it.get("type") in ("function_call", "custom_tool_call"):
+            pending.append(it.get("call_id") or "")
+        elif it.get("type") in ("function_call_output", "custom_tool_call_output") and it.get("call_id") in pending:
+            pending.remove(it["call_id"])
+    return [c for c in pending if c]
+
+
+def _message_item(item: dict[str, Any], where: str, dropped: Dropped | None = None) -> dict[str, Any]:
     role = item.get("role")
     if role not in ("user", "assistant", "system", "developer"):
         raise _bad(f"{where}.role must be one of user, assistant, system, developer.", f"{where}.role")
@@ -121,6 +194,8 @@ def _message_item(item: dict[str, Any], where: str) -> dict[str, Any]:
                 parts.append({"type": "refusal", "refusal": p["refusal"]})
             elif t == "input_image" and isinstance(p.get("image_url"), str):
                 parts.append({"type": "input_image", "image_url": p["image_url"], "detail": p.get("detail", "auto")})
+            elif isinstance(t, str) and dropped is not None:
+                dropped.add(f"{where}.content[{j}]", "unknown_block")  # e.g. input_file, an image by file_id
             else:
                 raise _bad(f"{where}.content[{j}]: content parts of type {t!r} are not supported "
                            "(supported: input_text, output_text, refusal, input_image with image_url).",
@@ -156,15 +231,16 @@ def items_to_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if kind == "message":
             role = "system" if item["role"] == "developer" else item["role"]
             out.append({"role": role, "content": _chat_content(item["content"])})
-        elif kind == "function_call":
-            call = {"id": item["call_id"], "type": "function",
-                    "function": {"name": item["name"], "arguments": item["arguments"]}}
+        elif kind in ("function_call", "custom_tool_call"):
+            name = f"{item['namespace']}{NS_SEP}{item['name']}" if item.get("namespace") else item["name"]
+            args = item["arguments"] if kind == "function_call" else orjson.dumps({"input": item["input"]}).decode()
+            call = {"id": item["call_id"], "type": "function", "function": {"name": name, "arguments": args}}
             last = out[-1] if out else None
             if last is not None and last["role"] == "assistant" and "tool_call_id" not in last:
                 last.setdefault("tool_calls", []).append(call)
             else:
                 out.append({"role": "assistant", "content": None, "tool_calls": [call]})
-        elif kind == "function_call_output":
+        elif kind in ("function_call_output", "custom_tool_call_output"):
             out.append({"role": "tool", "tool_call_id": item["call_id"], "content": _output_text(item["output"])})
         # reasoning items: the engine's template drops past reasoning from the prompt, so does the bridge
     return out
@@ -183,32 +259,73 @@ def truncate(messages: list[dict[str, Any]], tools: list[Any] | None, limit: int
 
 
 # -- tools ---------------------------------------------------------------------------------------------------
-def chat_tools(tools: Any) -> list[dict[str, Any]] | None:
+def _function(t: dict[str, Any], where: str, names: dict[str, ToolName], namespace: str | None) -> dict[str, Any]:
+    if not isinstance(t.get("name"), str) or not t["name"]:
+        raise _bad(f"{where}.name must be a non-empty string.", f"{where}.name")
+    custom = t.get("type") == "custom"
+    flat = f"{namespace}{NS_SEP}{t['name']}" if namespace else t["name"]
+    fn: dict[str, Any] = {"name": flat}
+    if isinstance(t.get("description"), str):
+        fn["description"] = t["description"]
+    if custom:  # free-form input (a grammar or plain text): one string argument
+        fn["parameters"] = CUSTOM_PARAMS
+    else:
+        for k in ("parameters", "strict"):
+            if t.get(k) is not None:
+                fn[k] = t[k]
+    if namespace or custom:
+        names[flat] = ToolName(t["name"], namespace, custom)
+    return {"type": "function", "function": fn}
+
+
+def chat_tools(tools: Any, dropped: Dropped | None = None, hosted_tools: str = "drop",
+               names: dict[str, ToolName] | None = None) -> list[dict[str, Any]] | None:
+    """Function, custom and namespace tools as chat functions (`names` learns what the flattened ones stand for);
+    any other type runs on the provider's side (web_search, file_search, mcp, ...): left out, or refused with
+    `hosted_tools: refuse`."""
+    dropped = dropped if dropped is not None else Dropped()
+    names = names if names is not None else {}
     if tools is None:
         return None
     if not isinstance(tools, list):
         raise _bad("'tools' must be an array.", "tools")
     out = []
     for i, t in enumerate(tools):
-        if not isinstance(t, dict) or t.get("type") != "function":
-            kind = t.get("type") if isinstance(t, dict) else None
-            raise _bad(f"tools[{i}]: tools of type {kind!r} are not supported by this gateway (only 'function').",
-                       f"tools[{i}].type")
-        if not isinstance(t.get("name"), str) or not t["name"]:
-            raise _bad(f"tools[{i}].name must be a non-empty string.", f"tools[{i}].name")
-        fn: dict[str, Any] = {"name": t["name"]}
-        for k in ("description", "parameters", "strict"):
-            if t.get(k) is not None:
-                fn[k] = t[k]
-        out.append({"type": "function", "function": fn})
+        where = f"tools[{i}]"
+        kind = t.get("type") if isinstance(t, dict) else None
+        if not isinstance(t, dict) or not isinstance(kind, str):
+            raise _bad(f"{where}.type must be a string.", f"{where}.type")
+        if kind in ("function", "custom"):
+            out.append(_function(t, where, names, None))
+        elif kind == "namespace":
+            ns, inner = t.get("name"), t.get("tools")
+            if not isinstance(ns, str) or not ns or not isinstance(inner, list):
+                raise _bad(f"{where}: a namespace needs a 'name' and a 'tools' array.", where)
+            for j, sub in enumerate(inner):
+                w = f"{where}.tools[{j}]"
+                if not isinstance(sub, dict) or sub.get("type") not in ("function", "custom"):
+                    raise _bad(f"{w}.type must be 'function' or 'custom'.", f"{w}.type")
+                out.append(_function(sub, w, names, ns))
+        elif hosted_tools == "refuse":
+            raise _bad(f"{where}: tools of type {kind!r} run on the provider's servers and are not supported by "
+                       "this gateway's pools.", f"{where}.type")
+        else:
+            dropped.add(where, "hosted_tool")
     return out or None
+
+
+def tool_name(flat: str, names: dict[str, ToolName] | None) -> ToolName:
+    return (names or {}).get(flat) or ToolName(flat)
 
 
 def chat_tool_choice(choice: Any) -> Any:
     if choice is None or choice in ("auto", "none", "required"):
         return choice
-    if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("name"), str):
-        return {"type": "function", "function": {"name": choice["name"]}}
+    if isinstance(choice, dict) and choice.get("type") in ("function", "custom") and isinstance(choice.get("name"), str):
+        name = choice["name"]
+        if isinstance(choice.get("namespace"), str) and choice["namespace"]:
+            name = f"{choice['namespace']}{NS_SEP}{name}"
+        return {"type": "function", "function": {"name": name}}
     raise _bad("'tool_choice' must be 'auto', 'none', 'required' or {\"type\": \"function\", \"name\": ...}.",
                "tool_choice")
 
@@ -233,9 +350,13 @@ def chat_response_format(text: Any) -> dict[str, Any] | None:
 
 # -- request -------------------------------------------------------------------------------------------------
 def parse_request(body: dict[str, Any], history: list[dict[str, Any]], auto_truncate_tokens: int,
-                  allow_empty_input: bool = False, pool_kinds: frozenset[str] = frozenset()) -> ResponsesRequest:
+                  allow_empty_input: bool = False, pool_kinds: frozenset[str] = frozenset(),
+                  dropped: Dropped | None = None, hosted_tools: str = "drop",
+                  client_metadata: str = "strip") -> ResponsesRequest:
     """`history`: the stored items of the previous_response_id chain (its input items then its output);
-    `pool_kinds`: the kinds of the pools that may serve it (how `reasoning` is sent, see reasoning.py)."""
+    `pool_kinds`: the kinds of the pools that may serve it (how `reasoning` is sent, see reasoning.py);
+    `dropped` collects what is left out; `hosted_tools` and `client_metadata` are the tenant's policy."""
+    dropped = dropped if dropped is not None else Dropped()
     for name, why in UNSUPPORTED.items():
         if body.get(name) is not None and body.get(name) is not False:
             raise _bad(f"'{name}': {why}.", name)
@@ -266,9 +387,10 @@ def parse_request(body: dict[str, Any], history: list[dict[str, Any]], auto_trun
         raise _bad("'metadata' must be an object of at most 16 string values.", "metadata")
     reasoning = body.get("reasoning")
     effort = effort_of(reasoning)
-    input_items = normalize_input(body["input"], allow_empty_input)
-    tools = chat_tools(body.get("tools"))
-    tool_choice = chat_tool_choice(body.get("tool_choice"))
+    input_items = normalize_input(body["input"], allow_empty_input, dropped, pending_calls(history))
+    names: dict[str, ToolName] = {}
+    tools = chat_tools(body.get("tools"), dropped, hosted_tools, names)
+    tool_choice = chat_tool_choice(_choice_of(body.get("tool_choice"), tools, body.get("tools"), dropped))
     if tool_choice not in (None, "auto", "none") and not tools:
         raise _bad("'tool_choice' requires 'tools'.", "tool_choice")
     messages = ([{"role": "system", "content": instructions}] if instructions else []) + \
@@ -276,6 +398,12 @@ def parse_request(body: dict[str, Any], history: list[dict[str, Any]], auto_trun
     if truncation == "auto":
         messages = truncate(messages, tools, auto_truncate_tokens)
     chat: dict[str, Any] = {k: v for k, v in body.items() if k not in KNOWN}  # pass-through (e.g. ignore_eos)
+    for name in CLIENT_FIELDS:
+        if body.get(name) is not None:
+            if client_metadata == "forward":
+                chat[name] = body[name]
+            else:
+                dropped.add(name, "client_metadata")
     chat.update(model=model, messages=messages, stream=stream)
     if stream:
         chat["stream_options"] = {"include_usage": True}  # the bridge needs usage for the final event
@@ -285,8 +413,7 @@ def parse_request(body: dict[str, Any], history: list[dict[str, Any]], auto_trun
         chat["tool_choice"] = tool_choice
     if body.get("parallel_tool_calls") is not None and tools:
         chat["parallel_tool_calls"] = body["parallel_tool_calls"]
-    for src, dst in (("max_output_tokens", "max_tokens"), ("temperature", "temperature"), ("top_p", "top_p"),
-                     ("user", "user")):
+    for src, dst in (("max_output_tokens", "max_tokens"), ("temperature", "temperature"), ("top_p", "top_p")):
         if body.get(src) is not None:
             chat[dst] = body[src]
     fmt = chat_response_format(body.get("text"))
@@ -302,7 +429,21 @@ def parse_request(body: dict[str, Any], history: list[dict[str, Any]], auto_trun
         "text": {"format": text.get("format") or {"type": "text"}}, "tool_choice": body.get("tool_choice") or "auto",
         "tools": body.get("tools") or [], "truncation": truncation, "user": body.get("user"),
     }
-    return ResponsesRequest(chat, model, stream, store, input_items, echo)
+    return ResponsesRequest(chat, model, stream, store, input_items, echo, names or None)
+
+
+def _choice_of(choice: Any, tools: list[dict[str, Any]] | None, raw_tools: Any, dropped: Dropped) -> Any:
+    """`tool_choice`, unless it needs or names a tool that was left out (a hosted one): then it is left out too."""
+    if choice is None or choice in ("auto", "none") or not raw_tools:
+        return choice
+    offered = {t["function"]["name"] for t in tools or []}
+    named = chat_tool_choice(choice) if isinstance(choice, dict) and choice.get("type") in ("function", "custom") \
+        else None
+    if (named is None and isinstance(choice, dict)) or not offered or \
+            (named is not None and named["function"]["name"] not in offered):
+        dropped.add("tool_choice", "tool_choice")
+        return None
+    return choice
 
 
 # -- response ------------------------------------------------------------------------------------------------
@@ -334,13 +475,34 @@ def message_item(text: str, item_id: str | None = None, status: str = "completed
             "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]}
 
 
-def function_call_item(call: dict[str, Any], item_id: str | None = None, status: str = "completed") -> dict[str, Any]:
+def custom_input(arguments: str) -> str:
+    """A custom tool's input from the chat call's arguments (`{"input": ...}`; anything else is passed as it is)."""
+    try:
+        val = orjson.loads(arguments or "{}")
+    except orjson.JSONDecodeError:
+        return arguments
+    return val["input"] if isinstance(val, dict) and isinstance(val.get("input"), str) else arguments
+
+
+def function_call_item(call: dict[str, Any], item_id: str | None = None, status: str = "completed",
+                       names: dict[str, ToolName] | None = None) -> dict[str, Any]:
+    """The Responses item for a chat tool call: a function_call (with its namespace when it has one), or a
+    custom_tool_call for a custom tool."""
     fn = call.get("function") or {}
-    return {"type": "function_call", "id": item_id or new_id("fc"), "call_id": call.get("id") or new_id("call"),
-            "name": fn.get("name") or "", "arguments": fn.get("arguments") or "", "status": status}
+    tool = tool_name(fn.get("name") or "", names)
+    args = fn.get("arguments") or ""
+    if tool.custom:
+        out = {"type": "custom_tool_call", "id": item_id or new_id("ctc"), "call_id": call.get("id") or new_id("call"),
+               "name": tool.name, "input": custom_input(args) if status == "completed" else "", "status": status}
+    else:
+        out = {"type": "function_call", "id": item_id or new_id("fc"), "call_id": call.get("id") or new_id("call"),
+               "name": tool.name, "arguments": args, "status": status}
+    if tool.namespace:
+        out["namespace"] = tool.namespace
+    return out
 
 
-def output_from_chat(choice: dict[str, Any]) -> list[dict[str, Any]]:
+def output_from_chat(choice: dict[str, Any], names: dict[str, ToolName] | None = None) -> list[dict[str, Any]]:
     msg = choice.get("message") or {}
     out = []
     reasoning = msg.get("reasoning_content")
@@ -352,7 +514,7 @@ def output_from_chat(choice: dict[str, Any]) -> list[dict[str, Any]]:
         out.append(message_item(text))
     for call in msg.get("tool_calls") or []:
         if isinstance(call, dict):
-            out.append(function_call_item(call))
+            out.append(function_call_item(call, names=names))
     return out
 
 
@@ -369,7 +531,7 @@ def from_chat(chat: dict[str, Any], resp_id: str, created_at: int, now: int, req
     choices = chat.get("choices") or []
     choice = choices[0] if choices and isinstance(choices[0], dict) else {}
     status, incomplete = status_for(choice.get("finish_reason"))
-    return response_object(resp_id, created_at, req, status=status, output=output_from_chat(choice),
+    return response_object(resp_id, created_at, req, status=status, output=output_from_chat(choice, req.tool_names),
                            usage=usage_from_chat(chat.get("usage")), incomplete=incomplete, completed_at=now)
 
 

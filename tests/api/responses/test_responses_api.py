@@ -126,8 +126,12 @@ def test_stream_function_call_arguments_events(client):
 
 def test_bad_input_gets_openai_error_shape(stack, client):
     with pytest.raises(openai.BadRequestError) as e:
-        client.responses.create(model="glm-5.2", input="x", tools=[{"type": "web_search"}])
+        client.responses.create(model="glm-5.2", input="x", tools=[{"type": 7}])
     assert e.value.body["param"] == "tools[0].type" and e.value.body["type"] == "invalid_request_error"
+    # a hosted tool the pool cannot run is left out (the tenant's default `hosted_tools: drop`) and named
+    r = client.responses.with_raw_response.create(model="glm-5.2", input="x", max_output_tokens=4,
+                                                  tools=[{"type": "web_search"}])
+    assert r.headers["x-gateway-dropped"] == "tools[0]=hosted_tool" and r.parse().status in ("completed", "incomplete")
     r = httpx.post(stack["base"] + "/responses", headers={"authorization": f"Bearer {KEY_A}"}, content=b"{not json")
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
     r = httpx.post(stack["base"] + "/responses", headers={"authorization": "Bearer nope"},

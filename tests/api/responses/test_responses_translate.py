@@ -9,6 +9,7 @@ import orjson
 import pytest
 
 from gateway.api.chat_bridge import SSEPayloads
+from gateway.api.dropped import Dropped
 from gateway.api.responses.store import MemoryResponseStore
 from gateway.api.responses.stream import ResponsesStream
 from gateway.api.responses.translate import from_chat, history_of, items_to_messages, parse_request
@@ -58,8 +59,9 @@ def test_function_tools_choice_and_json_schema_map_to_chat():
     ({"model": "m"}, "input"),
     ({"input": "x"}, "model"),
     ({"model": "m", "input": 3}, "input"),
-    ({"model": "m", "input": "x", "tools": [{"type": "web_search"}]}, "tools[0].type"),
-    ({"model": "m", "input": [{"type": "item_reference", "id": "x"}]}, "input[0].type"),
+    ({"model": "m", "input": "x", "tools": [{"type": None}]}, "tools[0].type"),
+    ({"model": "m", "input": [{"type": "item_reference", "id": "x"}]}, "input"),  # left out: nothing remains
+    ({"model": "m", "input": [{"role": "user", "content": [{"type": 1}]}]}, "input[0].content[0].type"),
     ({"model": "m", "input": "x", "background": True}, "background"),
     ({"model": "m", "input": "x", "max_output_tokens": 0}, "max_output_tokens"),
     ({"model": "m", "input": "x", "temperature": 3}, "temperature"),
@@ -230,3 +232,64 @@ def test_engine_reasoning_becomes_a_reasoning_item_before_the_message():
     assert [o["type"] for o in non_stream["output"]] == ["reasoning", "message"]
     assert items_to_messages(history_of({"response": non_stream, "input_items": req.input_items})) == \
         [{"role": "user", "content": "x"}, {"role": "assistant", "content": "answer"}]
+
+
+def test_what_codex_sends_is_served_and_what_is_left_out_is_reported():
+    """Codex CLI's default request: a namespace of tools, a hosted web_search, items with extra fields, an output
+    without call_id (its goals feature), client_metadata with installation and session ids. The turn is served:
+    namespaced tools are flattened and their calls come back with their namespace, the hosted tool and the unknown
+    item are left out and named, the output answers the latest unanswered call, nothing client-identifying goes
+    upstream by default."""
+    body = {"model": "gpt-5-codex", "stream": True, "store": False, "prompt_cache_key": "sess-1",
+            "client_metadata": {"x-codex-installation-id": "inst"}, "user": "u",
+            "tools": [{"type": "function", "name": "get_goal", "parameters": {"type": "object"}},
+                      {"type": "namespace", "name": "multi_agent_v1", "description": "agents",
+                       "tools": [{"type": "function", "name": "spawn_agent", "parameters": {"type": "object"}}]},
+                      {"type": "custom", "name": "apply_patch", "description": "patch"},
+                      {"type": "web_search", "external_web_access": False}],
+            "tool_choice": "auto",
+            "input": [{"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "rules"}],
+                       "internal_chat_message_metadata_passthrough": {"turn_id": "t"}},
+                      {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "go"},
+                                                                      {"type": "input_file", "file_id": "f"}]},
+                      {"type": "function_call", "call_id": "c1", "name": "spawn_agent", "namespace": "multi_agent_v1",
+                       "arguments": "{}"},
+                      {"type": "function_call_output", "output": "spawned"},
+                      {"type": "web_search_call", "id": "ws", "status": "completed"},
+                      {"type": "custom_tool_call", "call_id": "c2", "name": "apply_patch", "input": "*** Begin"},
+                      {"type": "custom_tool_call_output", "call_id": "c2", "output": "ok"}]}
+    dropped = Dropped()
+    req = parse_request(body, [], LIMIT, dropped=dropped)
+    assert [t["function"]["name"] for t in req.chat["tools"]] == \
+        ["get_goal", "multi_agent_v1__spawn_agent", "apply_patch"]
+    msgs = req.chat["messages"]
+    assert [m["role"] for m in msgs] == ["system", "user", "assistant", "tool", "assistant", "tool"]
+    assert msgs[2]["tool_calls"][0]["function"]["name"] == "multi_agent_v1__spawn_agent"
+    assert msgs[3] == {"role": "tool", "tool_call_id": "c1", "content": "spawned"}
+    assert msgs[4]["tool_calls"][0]["function"] == {"name": "apply_patch",
+                                                     "arguments": "{\"input\":\"*** Begin\"}"}
+    for field in ("client_metadata", "user", "safety_identifier", "prompt_cache_key"):
+        assert field not in req.chat
+    assert dropped.header() == ("input[1].content[1]=unknown_block, input[4]=unknown_item, tools[3]=hosted_tool, "
+                                "user=client_metadata, client_metadata=client_metadata")
+    # the model's calls come back as the client named them
+    choice = {"finish_reason": "tool_calls", "message": {"content": None, "tool_calls": [
+        {"id": "k1", "type": "function", "function": {"name": "multi_agent_v1__spawn_agent", "arguments": "{}"}},
+        {"id": "k2", "type": "function", "function": {"name": "apply_patch",
+                                                      "arguments": "{\"input\": \"diff\"}"}}]}}
+    out = from_chat({"choices": [choice]}, "resp_x", 0, 0, req)["output"]
+    assert out[0]["type"] == "function_call" and out[0]["namespace"] == "multi_agent_v1" and out[0]["name"] == "spawn_agent"
+    assert out[1]["type"] == "custom_tool_call" and out[1]["input"] == "diff" and out[1]["name"] == "apply_patch"
+    with pytest.raises(InvalidRequest) as e:
+        parse_request(body, [], LIMIT, hosted_tools="refuse")
+    assert e.value.param == "tools[3].type"
+    assert parse_request(body, [], LIMIT, client_metadata="forward").chat["client_metadata"] == \
+        {"x-codex-installation-id": "inst"}
+
+
+def test_an_output_without_call_id_and_nothing_to_answer_is_left_out():
+    dropped = Dropped()
+    req = parse_request({"model": "m", "input": [{"role": "user", "content": "x"},
+                                                 {"type": "function_call_output", "output": "late"}]}, [], LIMIT,
+                        dropped=dropped)
+    assert [m["role"] for m in req.chat["messages"]] == ["user"] and dropped.header() == "input[1]=unknown_item"
