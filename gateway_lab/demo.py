@@ -46,7 +46,10 @@ def demo_config(sim_urls: list[str], api_key: str, b200_urls: list[str] | None =
     return {
         "models": [{"name": "glm-5.2", "pools": pool_names}],
         "pools": pools,
-        "tenants": [{"name": "demo", "api_key_hashes": [hash_key(api_key)], "models": ["glm-5.2"]}],
+        # agents ask for their vendor's model names (Claude Code's `claude-*`, Codex's `gpt-*`): served by glm-5.2
+        "tenants": [{"name": "demo", "api_key_hashes": [hash_key(api_key)], "models": ["glm-5.2"],
+                     "model_aliases": [{"match": "claude-*", "model": "glm-5.2"},
+                                       {"match": "gpt-*", "model": "glm-5.2"}]}],
         "health": {"interval_s": 2.0, "timeout_s": 3.0},
     }
 

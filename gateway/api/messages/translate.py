@@ -169,13 +169,34 @@ def _assistant_message(content: Any, where: str, dropped: Dropped) -> dict[str, 
     return msg
 
 
-def chat_messages(body: dict[str, Any], dropped: Dropped | None = None) -> list[dict[str, Any]]:
+BILLING_HEADER = "x-anthropic-billing-header:"
+
+
+def _client_blocks(system: Any, dropped: Dropped) -> Any:
+    """`system` without Claude Code's attribution block (`x-anthropic-billing-header: cc_version=...; cch=...`):
+    metadata about the client, not instructions; Anthropic reads it as a header. Its checksum changes on every
+    request, so left in the prompt it would end the cached prefix a few tokens in."""
+    if not isinstance(system, list):
+        return system
+    kept = []
+    for j, b in enumerate(system):
+        if isinstance(b, dict) and isinstance(b.get("text"), str) and b["text"].startswith(BILLING_HEADER):
+            dropped.add(f"system[{j}]", "client_metadata")
+        else:
+            kept.append(b)
+    return kept
+
+
+def chat_messages(body: dict[str, Any], dropped: Dropped | None = None,
+                  client_metadata: str = "strip") -> list[dict[str, Any]]:
     dropped = dropped if dropped is not None else Dropped()
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise _bad("messages: at least one message is required.", "messages")
     out: list[dict[str, Any]] = []
     system = body.get("system")
+    if client_metadata != "forward":
+        system = _client_blocks(system, dropped)
     if system is not None:
         text = _text_of(system, "system")
         if text:
@@ -293,7 +314,7 @@ def to_chat(body: dict[str, Any], *, count_only: bool = False, dropped: Dropped 
         dropped.add("tool_choice", "tool_choice")  # it names (or needs) a tool that was left out
         raw_choice = None
     choice, parallel = chat_tool_choice(raw_choice, bool(tools))
-    chat: dict[str, Any] = {"model": model, "messages": chat_messages(body, dropped)}
+    chat: dict[str, Any] = {"model": model, "messages": chat_messages(body, dropped, client_metadata)}
     if tools:
         chat["tools"] = tools
         if choice is not None:

@@ -157,6 +157,10 @@ def normalize_input(raw: Any, allow_empty: bool = False, dropped: Dropped | None
                 out.append(answered)
         elif kind == "reasoning":
             out.append({k: v for k, v in item.items()})  # kept in history, dropped from the prompt
+        elif kind == "additional_tools":  # tools declared in the conversation (Codex's default): chat tools
+            if not isinstance(item.get("tools"), list):
+                raise _bad(f"{where}.tools must be an array.", f"{where}.tools")
+            out.append({"type": "additional_tools", "id": item.get("id") or new_id("at"), "tools": item["tools"]})
         elif isinstance(kind, str):
             dropped.add(f"{where}", "unknown_item")  # e.g. a hosted tool's call item, an item_reference
         else:
@@ -389,7 +393,12 @@ def parse_request(body: dict[str, Any], history: list[dict[str, Any]], auto_trun
     effort = effort_of(reasoning)
     input_items = normalize_input(body["input"], allow_empty_input, dropped, pending_calls(history))
     names: dict[str, ToolName] = {}
-    tools = chat_tools(body.get("tools"), dropped, hosted_tools, names)
+    declared = list(body.get("tools") or []) if isinstance(body.get("tools"), list) else body.get("tools")
+    tools = chat_tools(declared, dropped, hosted_tools, names)
+    extra = _additional_tools(history + input_items, dropped, hosted_tools, names)
+    if extra:
+        known = {t["function"]["name"] for t in tools or []}
+        tools = (tools or []) + [t for t in extra if t["function"]["name"] not in known]
     tool_choice = chat_tool_choice(_choice_of(body.get("tool_choice"), tools, body.get("tools"), dropped))
     if tool_choice not in (None, "auto", "none") and not tools:
         raise _bad("'tool_choice' requires 'tools'.", "tool_choice")
@@ -430,6 +439,22 @@ def parse_request(body: dict[str, Any], history: list[dict[str, Any]], auto_trun
         "tools": body.get("tools") or [], "truncation": truncation, "user": body.get("user"),
     }
     return ResponsesRequest(chat, model, stream, store, input_items, echo, names or None)
+
+
+def _additional_tools(items: list[dict[str, Any]], dropped: Dropped, hosted_tools: str,
+                      names: dict[str, ToolName]) -> list[dict[str, Any]]:
+    """The tools `additional_tools` items declare (in order; a later declaration of a name replaces an earlier
+    one). A chat request declares tools once, so they join the request's own."""
+    by_name: dict[str, dict[str, Any]] = {}
+    for k, item in enumerate(items):
+        if item.get("type") != "additional_tools":
+            continue
+        sub = Dropped()
+        for t in chat_tools(item["tools"], sub, hosted_tools, names) or []:
+            by_name[t["function"]["name"]] = t
+        for where, kind in sub.entries:
+            dropped.add(f"additional_tools[{k}].{where}", kind)
+    return list(by_name.values())
 
 
 def _choice_of(choice: Any, tools: list[dict[str, Any]] | None, raw_tools: Any, dropped: Dropped) -> Any:

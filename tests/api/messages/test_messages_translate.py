@@ -55,7 +55,8 @@ def test_what_claude_code_sends_is_served_and_what_is_left_out_is_reported():
     and unknown blocks: the turn is served, the system entry stays in place (the prefix before it unchanged), and
     every part left out is named with its reason."""
     body = {"model": "claude-sonnet", "max_tokens": 32000, "stream": True,
-            "system": [{"type": "text", "text": "base", "cache_control": {"type": "ephemeral"}}],
+            "system": [{"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1.153.cd9; cch=2df54;"},
+                       {"type": "text", "text": "base", "cache_control": {"type": "ephemeral"}}],
             "messages": [{"role": "user", "content": "Read calc.py"},
                          {"role": "system", "content": [{"type": "text", "text": "# Environment"},
                                                         {"type": "image_ref", "x": 1}]},
@@ -75,10 +76,11 @@ def test_what_claude_code_sends_is_served_and_what_is_left_out_is_reported():
     chat = to_chat(body, dropped=dropped)
     assert [m["role"] for m in chat["messages"]] == ["system", "user", "system", "assistant", "tool"]
     assert chat["messages"][2] == {"role": "system", "content": "# Environment"}
+    assert chat["messages"][0] == {"role": "system", "content": "base"}  # the attribution block is client metadata
     assert [t["function"]["name"] for t in chat["tools"]] == ["Read"] and "tool_choice" not in chat
     assert "user" not in chat and "thinking" not in chat
     assert dropped.header() == (
-        "tools[1]=deferred_tool, tools[2]=hosted_tool, tool_choice=tool_choice, "
+        "tools[1]=deferred_tool, tools[2]=hosted_tool, tool_choice=tool_choice, system[0]=client_metadata, "
         "messages[1].content[1]=unknown_block, messages[2].content[0]=unknown_block, "
         "messages[3].content[0].content[1]=unknown_block, messages[3].content[1]=unknown_block, "
         "metadata.user_id=client_metadata")
