@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import subprocess
 import time
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -76,7 +77,7 @@ def test_exec_and_resume_with_default_config_stay_on_one_replica(codex, project,
     replicas = {r["replica"] for r in turn1 + turn2}
     assert len(replicas) == 1, replicas
     cached = [r["cached_tokens"] for r in turn1 + turn2]
-    assert all(b >= a for a, b in zip(cached, cached[1:])) and cached[-1] > cached[0], cached
+    assert all(b >= a for a, b in pairwise(cached)) and cached[-1] > cached[0], cached
     record({"client": codex.label, "check": "exec + resume, default config, tools", "ok": True,
             "requests": len(turn1 + turn2), "cached_tokens": cached, "replicas": len(replicas), "tool_calls": calls,
             "seconds": [round(t1, 1), round(t2, 1)]})
