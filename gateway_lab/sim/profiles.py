@@ -70,7 +70,12 @@ class ReplicaConfig:
     report_incarnation: bool = False  # real SGLang has no incarnation id in /server_info; tests may ask for one
     kv_events_config: str | None = None  # SGLang's --kv-events-config JSON (gateway_lab/sim/kv_events.py)
     kv_events_port_collision: bool = False  # reproduce the pre-0.5.23 plain-DP bug: every rank binds port + 0
-    default_output_tokens: int = 256  # mean output length when EOS is not ignored
+    # Where EOS falls when it is not ignored: lognormal per workload (median tokens, shared sigma), capped by max_tokens.
+    # A chat answer runs to a few hundred tokens; an agent's text turn after its tool results is short. A real model
+    # ends long before a generous cap: P(> 8 x median) is ~0.5% at sigma 0.8 (an exponential put 13% past 2 x mean).
+    eos_median_tokens: int = 180  # chat answers (no tools offered) and completions
+    eos_agent_median_tokens: int = 60  # chat turns that offer tools (an agent answering after its tool results)
+    eos_sigma: float = 0.8
     seed: int = 0
     time_scale: float = 1.0  # k > 1 runs k times faster than real time; reported latencies stay simulated
     timing: TimingModel = field(default_factory=TimingModel)

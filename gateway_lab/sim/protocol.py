@@ -51,6 +51,45 @@ def output_text(base: int, start: int, n: int) -> str:
     return "".join(w[(base + j * 7919) % len(w)] for j in range(start, start + n))
 
 
+def text_base(server_seed: int, prompt_len: int, seed: object) -> int:
+    """The output text's offset into WORDS for one request (str-seeded: the same in every process)."""
+    return random.Random(f"{server_seed}|{prompt_len}|{seed!r}").getrandbits(16)
+
+
+def stop_strings(stop: str | list[str] | None) -> list[str]:
+    if stop is None:
+        return []
+    return [s for s in ([stop] if isinstance(stop, str) else stop) if s]
+
+
+@dataclass(frozen=True)
+class StopAt:
+    """Where a choice's text ends on a stop string (SGLang: finish_reason "stop", matched_stop = the string, the
+    string itself trimmed from the text)."""
+
+    tokens: int  # tokens generated, the stop string's included
+    keep: int | None  # characters of text the client sees (None: all of it; the string came after the last token)
+    matched: str
+
+
+def stop_at(base: int, n: int, stops: list[str], natural_end: bool) -> StopAt | None:
+    """The first stop string the choice's text would contain within its `n` tokens; else, when the choice ends
+    where the model would end (EOS, not the cap), the first stop string, as a model told to end with it writes it
+    there. None: the choice ends as drawn (EOS or the cap)."""
+    if not stops:
+        return None
+    text = output_text(base, 0, n)
+    hits = [(i, s) for s in stops if (i := text.find(s)) >= 0]
+    if hits:
+        start, matched = min(hits)
+        end, tokens, chars = start + len(matched), 0, 0
+        while chars < end:
+            chars += len(WORDS[(base + tokens * 7919) % len(WORDS)])
+            tokens += 1
+        return StopAt(tokens, start, matched)
+    return StopAt(n, None, stops[0]) if natural_end else None
+
+
 # -- validation ----------------------------------------------------------------------------------------------
 # Request bodies are parsed with pydantic models typed as SGLang's own (`entrypoints/openai/protocol.py`, lax mode:
 # "2" and 2.0 pass as an int, 2.5 and 1e308 do not), then checked against the ranges SGLang enforces

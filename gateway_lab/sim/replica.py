@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 import uuid
 from dataclasses import dataclass, field
@@ -133,14 +134,18 @@ class Replica:
         limit = self.cfg.max_queued_requests
         return limit is not None and len(rank.rank.waiting) >= limit
 
-    def output_len(self, prompt_key: int, idx: int, max_tokens: int | None, ignore_eos: bool, seed: Any) -> tuple[int, str]:
-        """Deterministic output length per (server seed, prompt, request seed, choice): ignore_eos -> the cap."""
+    def output_len(self, prompt_key: int, idx: int, max_tokens: int | None, ignore_eos: bool, seed: Any,
+                   agent: bool = False) -> tuple[int, str]:
+        """Deterministic output length per (server seed, prompt, request seed, choice): where EOS falls (lognormal,
+        the workload's median: `agent` for a chat turn that offers tools), capped by max_tokens; ignore_eos -> the
+        cap."""
         cap = max_tokens if max_tokens is not None else self.cfg.context_length
         if ignore_eos:
             return cap, "length"
         # a str seed (not hash(), which is salted per process) keeps the draw the same in every process
         rng = random.Random(f"{self.cfg.seed}|{prompt_key}|{seed!r}|{idx}")
-        want = max(1, int(rng.expovariate(1.0 / self.cfg.default_output_tokens)))
+        median = self.cfg.eos_agent_median_tokens if agent else self.cfg.eos_median_tokens
+        want = max(1, int(median * math.exp(rng.gauss(0.0, self.cfg.eos_sigma))))
         return (cap, "length") if want >= cap else (want, "stop")
 
     def submit(

@@ -30,6 +30,8 @@ from gateway_lab.sim.protocol import (
     ChunkWriter,
     CompletionRequest,
     SimHTTPError,
+    StopAt,
+    chat_tools_offered,
     check_prompt_len,
     error_body,
     new_id,
@@ -38,6 +40,9 @@ from gateway_lab.sim.protocol import (
     parse_completion,
     plan_chat,
     plan_json,
+    stop_at,
+    stop_strings,
+    text_base,
     tool_call,
     usage,
 )
@@ -220,27 +225,32 @@ class SimServer:
                 return _queue_full_stream()
             return _err(503, "The request queue is full.", "503")
 
-        plans, lengths, tokens = self._plan(req, seqs, max_tokens)
-        namespace = f"{body.get('cache_salt') or ''}\x00{body.get('extra_key') or ''}"
         rid = req.rid if isinstance(req.rid, str) else new_id()
+        base = text_base(cfg.seed, sum(len(t) for t in seqs), rid if body.get("seed") is None else body.get("seed"))
+        plans, lengths, tokens, stops = self._plan(req, seqs, max_tokens, base)
+        namespace = f"{body.get('cache_salt') or ''}\x00{body.get('extra_key') or ''}"
         sub = rep.submit(rank, tokens, namespace, lengths, rid, priority=priority)
-        ctx_ = _Ctx(self, sub, body, chat, sum(len(t) for t in seqs), lengths, plans, rid, fault, n)
+        ctx_ = _Ctx(self, sub, body, chat, sum(len(t) for t in seqs), lengths, plans, rid, fault, n, base, stops)
         if fault and fault.kind == "hang":
             return EventStreamResponse(ctx_.hang, ctx_.never, on_close=ctx_.close) if stream else await ctx_.hang_plain(request)
         if stream:
             return EventStreamResponse(ctx_.first_chunk, ctx_.stream_rest, on_close=ctx_.close)
         return await ctx_.collect(request)
 
-    def _plan(self, req: ChatCompletionRequest | CompletionRequest, seqs: list[np.ndarray], max_tokens: int | None
-              ) -> tuple[list[ChoicePlan | None], list[tuple[int, str]], list[np.ndarray]]:
+    def _plan(self, req: ChatCompletionRequest | CompletionRequest, seqs: list[np.ndarray], max_tokens: int | None,
+              base: int) -> tuple[list[ChoicePlan | None], list[tuple[int, str]], list[np.ndarray], list[StopAt | None]]:
         """Per choice (prompt-major, as SGLang indexes them: choice = prompt * n + j): what it says, how many tokens
-        and why it ends, and its prompt. Bounded: all choices together may not generate more than one rank's KV pool
-        holds, so no single request can keep the simulator busy for long."""
+        and why it ends (EOS where the workload's length draw puts it, the cap, or a `stop` string), and its prompt.
+        Bounded: all choices together may not generate more than one rank's KV pool holds, so no single request can
+        keep the simulator busy for long."""
         rep, cfg = self.replica, self.replica.cfg
         plans: list[ChoicePlan | None] = []
         budget = Budget(4 * MAX_VALUES)  # all choices' JSON together: n=128 structured choices stay cheap
         lengths: list[tuple[int, str]] = []
         tokens: list[np.ndarray] = []
+        stops: list[StopAt | None] = []
+        stop_list = stop_strings(req.stop)
+        agent = isinstance(req, ChatCompletionRequest) and bool(chat_tools_offered(req))
         for seq in seqs:
             key = zlib.crc32(seq.tobytes())
             for j in range(req.n):
@@ -250,6 +260,7 @@ class SimServer:
                             else plan_json(req, rng, budget))
                 except SchemaError as e:
                     raise SimHTTPError(400, f"Invalid schema: {e}", "BadRequestError") from None
+                stop = None
                 if plan is not None:
                     cap = max_tokens if max_tokens is not None else cfg.context_length - len(seq)
                     if plan.tokens > cap:
@@ -258,7 +269,10 @@ class SimServer:
                     else:
                         lengths.append((plan.tokens, "stop"))
                 else:
-                    lengths.append(rep.output_len(int(seq[:64].sum()), j, max_tokens, req.ignore_eos, req.seed))
+                    n_out, why = rep.output_len(int(seq[:64].sum()), j, max_tokens, req.ignore_eos, req.seed, agent)
+                    stop = stop_at(base + len(lengths), n_out, stop_list, natural_end=why == "stop")
+                    lengths.append((stop.tokens, "stop") if stop is not None else (n_out, why))
+                stops.append(stop)
                 plans.append(plan)
                 tokens.append(seq)
         for seq, (out_len, _) in zip(tokens, lengths):
@@ -268,7 +282,7 @@ class SimServer:
         if len(lengths) > 1 and total > cfg.max_total_num_tokens:
             raise SimHTTPError(400, f"The {len(lengths)} choices would generate {total} tokens, more than the KV pool "
                                f"({cfg.max_total_num_tokens} tokens) holds.", "BadRequestError")
-        return plans, lengths, tokens
+        return plans, lengths, tokens, stops
 
     # -- info endpoints --------------------------------------------------------------------------------------
     async def models(self, request: Request) -> Response:
@@ -581,7 +595,7 @@ class _Ctx:
 
     def __init__(self, srv: SimServer, sub: Any, body: dict[str, Any], chat: bool, prompt_len: int,
                  lengths: list[tuple[int, str]], plans: list[ChoicePlan | None], rid: str, fault: Fault | None,
-                 n_per_prompt: int = 1) -> None:
+                 n_per_prompt: int = 1, base: int = 0, stops: list[StopAt | None] | None = None) -> None:
         self.srv = srv
         self.rep = srv.replica
         self.sub = sub
@@ -595,8 +609,9 @@ class _Ctx:
         self.fault = fault
         self.model = body.get("model", "default") if isinstance(body.get("model"), str) else "default"
         self.writer = ChunkWriter(rid, self.model, self.rep.cfg.sse_style, chat)
-        seed = rid if body.get("seed") is None else body.get("seed")  # str-seeded: stable across processes
-        self.base = random.Random(f"{self.rep.cfg.seed}|{prompt_len}|{seed!r}").getrandbits(16)
+        self.base = base  # text_base(): str-seeded, stable across processes
+        self.stops = stops or [None] * self.n
+        self.shown = [0] * self.n  # characters of text sent per choice (a stop string is trimmed from it)
         self.generated = [0] * self.n
         self.finish: list[str | None] = [None] * self.n
         self.finish_shown = [False] * self.n
@@ -651,7 +666,19 @@ class _Ctx:
             return "".join(text for _, text in self._take(idx, n_tokens))
         start = self.generated[idx]
         self.generated[idx] += n_tokens
-        return output_text(self.base + idx, start, n_tokens)
+        text = output_text(self.base + idx, start, n_tokens)
+        stop = self.stops[idx]
+        if stop is not None and stop.keep is not None:  # SGLang trims the matched stop string from the text
+            text = text[: max(0, stop.keep - self.shown[idx])]
+        self.shown[idx] += len(text)
+        return text
+
+    def _matched(self, idx: int, reason: str | None) -> int | str | None:
+        """SGLang's matched_stop: the stop string that ended the choice, else the EOS token id, None for length."""
+        if reason != "stop":
+            return None
+        stop = self.stops[idx]
+        return stop.matched if stop is not None else EOS_TOKEN_ID
 
     def _call_deltas(self, idx: int, n_tokens: int) -> list[bytes]:
         """Tool-call deltas as SGLang streams them: a call's first delta carries its id, name and empty arguments;
@@ -703,7 +730,7 @@ class _Ctx:
         choices = []
         for i in range(self.n):
             reason = self.finish[i]
-            matched = EOS_TOKEN_ID if reason == "stop" else None
+            matched = self._matched(i, reason)
             text = "".join(texts[i])
             if self.chat:
                 msg: dict[str, Any] = {"role": "assistant", "content": text, "reasoning_content": None, "tool_calls": None}
@@ -769,7 +796,7 @@ class _Ctx:
                 yield self._content(idx, ev.tokens, ev_finish=None if self.chat else (ev.reason or None))
             elif ev.kind is EventKind.FINISH:
                 self.finish[idx] = "tool_calls" if self._calls(idx) else ev.reason
-                matched = EOS_TOKEN_ID if self.finish[idx] == "stop" else None
+                matched = self._matched(idx, self.finish[idx])
                 if self.chat:
                     yield w.chat_delta(idx, {}, self.finish[idx], matched)
                 elif not self.finish_shown[idx]:  # a 1-token completion: no text chunk carried the reason
@@ -786,7 +813,7 @@ class _Ctx:
         if self.chat:
             chunk = self.writer.chat_delta(idx, {"content": text})
         else:
-            matched = EOS_TOKEN_ID if ev_finish == "stop" else None
+            matched = self._matched(idx, ev_finish)
             self.finish_shown[idx] = ev_finish is not None
             chunk = self.writer.text(idx, text, ev_finish, matched)
         return self._with_usage(chunk)

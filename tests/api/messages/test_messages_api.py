@@ -252,3 +252,15 @@ def test_overloaded_upstreams_are_529_overloaded_error_stream_or_not(stack, clie
                 httpx.post(u + "/_sim/fault", json={"kind": "clear"})
         assert e.value.body["error"]["type"] == "overloaded_error"
         assert e.value.response.headers.get("retry-after")
+
+
+def test_stop_sequences_end_the_answer_with_stop_sequence(client):
+    """The engine stops on the request's stop_sequences (the simulator as SGLang does: matched_stop is the string):
+    the Message says stop_reason stop_sequence and which one, streamed or not."""
+    m = client.messages.create(model="glm-5.2", max_tokens=2000, messages=[{"role": "user", "content": "Answer, then END."}],
+                               stop_sequences=["END", "STOP"])
+    assert m.stop_reason == "stop_sequence" and m.stop_sequence == "END"
+    with client.messages.stream(model="glm-5.2", max_tokens=2000, stop_sequences=["END"],
+                                messages=[{"role": "user", "content": "Answer, then END."}]) as s:
+        final = s.get_final_message()
+    assert final.stop_reason == "stop_sequence" and final.stop_sequence == "END" and "END" not in final.content[0].text

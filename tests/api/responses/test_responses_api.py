@@ -222,6 +222,28 @@ def test_agents_sdk_streamed_run_completes(stack):
     assert "raw_response_event" in kinds and "run_item_stream_event" in kinds
 
 
+def test_agents_sdk_with_max_tokens_completes_every_run(stack):
+    """Nine streamed runs with `ModelSettings(max_tokens=512)`, each a different question: every run calls its tool
+    and completes. A streamed run whose answer is cut by the cap ends `response.incomplete`, which the SDK raises;
+    the simulator's answers end where a model's would (its EOS draw for an agent turn), not at the cap."""
+    from agents import Runner
+
+    async def run(i: int) -> object:
+        seen: list[str] = []
+        result = Runner.run_streamed(_research_agent(stack["base"], seen, 512), f"Question {i}: what is a prefix "
+                                     f"cache, in {i + 2} sentences?", max_turns=4)
+        async for _ in result.stream_events():
+            pass
+        assert seen
+        return result.final_output
+
+    async def all_runs() -> list[object]:
+        return [await run(i) for i in range(9)]
+
+    outputs = asyncio.run(all_runs())
+    assert len(outputs) == 9 and all(isinstance(o, str) and o for o in outputs)
+
+
 def test_stored_responses_are_shared_through_redis(redis_server):
     """Two gateway instances on one Redis: a turn stored by one is retrieved and continued on the other."""
     sims, _ = start_sims(1, enable_cache_report=True)

@@ -8,7 +8,7 @@ CODE = """
 from gateway_lab.sim.profiles import profile
 from gateway_lab.sim.replica import Replica
 rep = Replica(profile("mi355x-glm52-tp4").with_overrides(seed=3), name="r")
-print([rep.output_len(12345 + k, 0, 8, False, s) for k in range(40) for s in (None, "abc", 7)])
+print([rep.output_len(12345 + k, 0, 180, False, s) for k in range(40) for s in (None, "abc", 7)])
 """
 
 
