@@ -25,6 +25,7 @@ from gateway.api.openai.accounting import API
 from gateway.api.openai.body import read_body
 from gateway.api.openai.validation import parse_json
 from gateway.errors import GatewayError
+from gateway.routing.request import MAX_SESSION_CHARS, SESSION
 
 
 def note_refusal(request: Request, model: object, err: GatewayError, served: str | None = None) -> None:
@@ -54,14 +55,25 @@ def with_bearer(request: Request, api_key: str | None) -> Request:
     return Request(scope, request.receive)
 
 
-async def call_chat(proxy: Any, request: Request, body: dict[str, Any], api: str) -> Response:
-    """The chat path's answer to `body`, accounted (metrics, log line) under the API the client spoke."""
-    token = API.set(api)
+async def call_chat(proxy: Any, request: Request, body: dict[str, Any], api: str, session: str | None = None
+                    ) -> Response:
+    """The chat path's answer to `body`, accounted (metrics, log line) under the API the client spoke, placed with
+    the agent session's key when the client named one (routing.request.SESSION)."""
+    token, placed = API.set(api), SESSION.set(session)
     try:
         out: Response = await proxy.handle(request, "chat/completions", body=body)
         return out
     finally:
+        SESSION.reset(placed)
         API.reset(token)
+
+
+def session_of(*candidates: object) -> str | None:
+    """The first usable session id among the client's candidates (bounded; non-strings and empties skipped)."""
+    for c in candidates:
+        if isinstance(c, str) and c.strip():
+            return c.strip()[:MAX_SESSION_CHARS]
+    return None
 
 
 def first_choice(chunk: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]] | None:

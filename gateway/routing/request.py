@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from contextvars import ContextVar
 from dataclasses import dataclass, replace
 
@@ -37,3 +38,17 @@ def with_affinity(req: RoutingRequest) -> RoutingRequest:
     if hint is None or req.affinity_hint is not None:
         return req
     return replace(req, affinity_hint=hint[0], affinity_tokens=max(int(hint[1]), 0))
+
+
+# The agent session a request belongs to, named by the client (Claude Code's x-claude-code-session-id, Codex's
+# prompt_cache_key / session_id): set by the Messages and Responses bridges around the chat path's call, for that
+# request only. It becomes the cold-placement key, so a session's first turns and its subagents, whose prompts differ,
+# land on one replica before any prefix of theirs is cached; a cached prefix (the prefix index) still decides first.
+SESSION: ContextVar[str | None] = ContextVar("gateway_session", default=None)
+MAX_SESSION_CHARS = 256
+
+
+def session_group(tenant: str, session: str) -> int:
+    """The cold-placement key of a tenant's session: the same in every process and instance (not hash())."""
+    digest = hashlib.blake2b(f"{tenant}\x00{session[:MAX_SESSION_CHARS]}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> 1  # non-negative, like the chunk hashes it stands in for

@@ -19,6 +19,7 @@ from gateway.api.chat_bridge import (
     note_refusal,
     passthrough_headers,
     read_json,
+    session_of,
     with_bearer,
 )
 from gateway.api.dropped import HEADER, Dropped
@@ -72,6 +73,20 @@ def _tenant(st: AppState, request: Request) -> Tenant:
     return st.policies.index.identify(f"Bearer {key}" if key else request.headers.get("authorization"))
 
 
+def _session(request: Request, body: dict[str, Any]) -> str | None:
+    """Claude Code's session id: its `x-claude-code-session-id` header, else the `session_id` it puts in
+    `metadata.user_id` (a JSON string). The cold-placement key of the session's requests, subagents included."""
+    meta = body.get("metadata")
+    inner: object = None
+    if isinstance(meta, dict) and isinstance(meta.get("user_id"), str) and meta["user_id"].startswith("{"):
+        try:
+            parsed = orjson.loads(meta["user_id"])
+        except orjson.JSONDecodeError:
+            parsed = None
+        inner = parsed.get("session_id") if isinstance(parsed, dict) else None
+    return session_of(request.headers.get("x-claude-code-session-id"), inner)
+
+
 def _served(tenant: Tenant, model: object) -> str | None:
     if not isinstance(model, str):
         return None
@@ -96,7 +111,8 @@ async def create_message(request: Request) -> Response:
     rid = request.scope.get("state", {}).get("request_id")
     dropped.report(st.metrics, "messages", rid)
     try:
-        out = await call_chat(request.app.state.proxy, with_bearer(request, _api_key(request)), chat, "messages")
+        out = await call_chat(request.app.state.proxy, with_bearer(request, _api_key(request)), chat, "messages",
+                              _session(request, body))
     except GatewayError as e:  # accounted by the chat path
         return _error(e, request)
     if chat["stream"]:

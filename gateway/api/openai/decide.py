@@ -1,5 +1,6 @@
 """Decide: the request as the router sees it (prefix hashes in the tenant's cache namespace, its SLA, objective and
-SLA-miss behaviour), then the router's Decision. A `shed` decision is a 503 before any upstream work."""
+SLA-miss behaviour, its cold-placement key: the agent session's when a bridge named one), then the router's Decision.
+A `shed` decision is a 503 before any upstream work."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from gateway.api.openai.exchange import Exchange
 from gateway.config import Routing
 from gateway.errors import NoCapacity
 from gateway.prefix.hashing import group_key, prefix_hashes
-from gateway.routing.request import RoutingRequest
+from gateway.routing.request import SESSION, RoutingRequest, session_group
 from gateway.state import AppState
 
 
@@ -20,7 +21,8 @@ def routing_request(r: Routing, ex: Exchange, hasher: Callable[..., list[int]] =
     salt = t.cache_namespace(ex.parsed.body.get("cache_salt"))
     hashes = tuple(hasher(ex.endpoint, ex.parsed.body, ex.route.name, salt, r.chunk_tokens)) \
         if r.policy == "prefix_sla_cost" else ()
-    group = group_key(hashes, hash(ex.request_id))
+    session = SESSION.get()  # an agent session (the bridges): its requests share one cold placement
+    group = session_group(t.name, session) if session else group_key(hashes, hash(ex.request_id))
     return RoutingRequest(
         ex.request_id, t.name, ex.parsed.model, ex.endpoint, ex.parsed.stream, ex.parsed.prompt_tokens,
         ex.parsed.max_output_tokens, hashes, (t.ttft_sla_ms or r.ttft_sla_ms) / 1000.0, t.objective or r.objective,

@@ -12,7 +12,14 @@ import orjson
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from gateway.api.chat_bridge import TranslatedStream, json_body, note_refusal, passthrough_headers, read_json
+from gateway.api.chat_bridge import (
+    TranslatedStream,
+    json_body,
+    note_refusal,
+    passthrough_headers,
+    read_json,
+    session_of,
+)
 from gateway.api.dropped import HEADER, Dropped
 from gateway.api.openai.accounting import API
 from gateway.api.responses.affinity import affinity_of, served_by
@@ -22,11 +29,12 @@ from gateway.api.responses.stream import ResponsesStream
 from gateway.api.responses.translate import ResponsesRequest, from_chat, history_of, new_id, parse_request
 from gateway.errors import GatewayError, InvalidRequest, ModelNotFound
 from gateway.policy_schema import Tenant
-from gateway.routing.request import AFFINITY
+from gateway.routing.request import AFFINITY, SESSION
 from gateway.state import AppState
 from gateway.tokenizers import prompt_tokens
 
 router = APIRouter()
+SESSION_HEADERS = ("session_id", "session-id", "conversation_id", "conversation-id")  # Codex and other agents
 _ID = re.compile(r"^resp_[A-Za-z0-9]{1,64}$")
 
 
@@ -122,6 +130,8 @@ async def _create(request: Request, st: AppState, proxy: Any, store: ResponseSto
         history = history_of(stored)
     hint = AFFINITY.set(affinity_of(stored))  # routing's hint: the replica that served the stored turn
     api = API.set("responses")  # the metrics' and log line's api label
+    # the agent session (Codex sends its session id as prompt_cache_key and in headers): one cold placement
+    placed = SESSION.set(session_of(body.get("prompt_cache_key"), *(request.headers.get(h) for h in SESSION_HEADERS)))
     try:
         served = _served(policy, body.get("model"))
         if is_native(st, served):
@@ -136,6 +146,7 @@ async def _create(request: Request, st: AppState, proxy: Any, store: ResponseSto
         resp_id, created = new_id("resp"), int(time.time())
         out: Response = await proxy.handle(request, "chat/completions", body=req.chat)
     finally:
+        SESSION.reset(placed)
         API.reset(api)
         AFFINITY.reset(hint)
     if req.stream:
