@@ -318,7 +318,10 @@ async def reload_policies(request: Request, who: Admin) -> Response:
 @router.get("/policies")
 async def policies(request: Request) -> Response:
     st = _state(request)
-    return JSONResponse({**st.policies.status(), "tenant_names": sorted(st.policies.index.tenants)})
+    tenants = st.policies.index.tenants
+    return JSONResponse({**st.policies.status(), "tenant_names": sorted(tenants),
+                         "model_aliases": {n: [a.model_dump(mode="json") for a in t.model_aliases]
+                                           for n, t in sorted(tenants.items()) if t.model_aliases}})
 
 
 @router.get("/audit")
