@@ -30,3 +30,18 @@ test: setup
 	$(BIN)/python -m pytest -q -x -n 2 --dist loadfile tests
 
 .PHONY: setup demo test
+
+# The agent CLIs (Claude Code, Codex) as shipped, pinned in tests/e2e/agents/pins.json: installed from npm into
+# ~/.cache/inference-gateway/agent-clis (the tier in tests/e2e/agents installs them on first use too).
+agent-clis: setup
+	$(BIN)/python -m tests.e2e.agents.clis
+
+# The compatibility table of the pinned CLIs (written to docs/results/), and the same for each CLI's newest release:
+# a report of drift that never fails the build.
+agent-compat: setup
+	$(BIN)/python -m tests.e2e.agents.compat --out docs/results/agent-clis-$$(date +%F).md
+
+agent-drift: setup
+	$(BIN)/python -m tests.e2e.agents.compat --newest
+
+.PHONY: agent-clis agent-compat agent-drift

@@ -1,6 +1,6 @@
-"""The agent CLIs as shipped: pinned versions (tests/agents/pins.json) installed from npm into a cache that outlives
+"""The agent CLIs as shipped: pinned versions (tests/e2e/agents/pins.json) installed from npm into a cache that outlives
 the checkout (`$XDG_CACHE_HOME/inference-gateway/agent-clis`, else `~/.cache/...`), once per version, under a lock so
-parallel test workers never install the same one twice. `python -m tests.agents.clis` installs every pin (what
+parallel test workers never install the same one twice. `python -m tests.e2e.agents.clis` installs every pin (what
 `make agent-clis` runs); `--newest` resolves and installs each package's newest release instead.
 
 Every environment built here keeps the CLI off the network but for the gateway on loopback: telemetry, error

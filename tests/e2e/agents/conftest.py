@@ -1,7 +1,7 @@
 """The agent CLI tier: a gateway on free loopback ports in front of two simulated replicas, one tenant whose
 aliases answer the CLIs' own model names, and every request the gateway logs collected for the assertions.
 
-Versions: the pins (tests/agents/pins.json), or `GATEWAY_AGENT_VERSIONS` (`claude-code=2.1.332,2.1.153;codex=0.171.0`,
+Versions: the pins (tests/e2e/agents/pins.json), or `GATEWAY_AGENT_VERSIONS` (`claude-code=2.1.332,2.1.153;codex=0.171.0`,
 what the compatibility run and the newest-version check set). Without npm the tier is skipped, saying why."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from gateway.config import hash_key
-from tests.agents.clis import CLAUDE, CODEX, Cli, install, pins
+from tests.e2e.agents.clis import CLAUDE, CODEX, Cli, install, pins
 from tests.gateway_fixtures import KEY_A, config, sglang_pool, start_gateway
 from tests.helpers import start_sims
 
@@ -102,7 +102,7 @@ def project(tmp_path: Path) -> Path:
 
 
 def record(result: dict[str, Any]) -> None:
-    """One line of the compatibility table (tests/agents/compat.py), when that run asked for it."""
+    """One line of the compatibility table (tests/e2e/agents/compat.py), when that run asked for it."""
     out = os.environ.get("GATEWAY_AGENT_COMPAT_OUT")
     if out:
         with open(out, "a") as f:

@@ -1,4 +1,4 @@
-"""Claude Code as shipped (the pinned releases, tests/agents/pins.json), run non-interactively against the gateway
+"""Claude Code as shipped (the pinned releases, tests/e2e/agents/pins.json), run non-interactively against the gateway
 in a throwaway directory with only its read-only tools (Read, Glob, Grep: no shell, no edits): a three-turn
 session that calls tools, its model name left to Claude Code's default (answered by the tenant's `claude-*` alias)
 then set, continued with `--continue` on the replica that holds it with growing cache reads; and a bad key that
@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.agents.clis import Cli, quiet_env
-from tests.agents.conftest import record
+from tests.e2e.agents.clis import Cli, quiet_env
+from tests.e2e.agents.conftest import record
 from tests.gateway_fixtures import KEY_A
 
 TOOLS = ["--tools", "Read,Glob,Grep", "--allowedTools", "Read,Glob,Grep"]
@@ -100,5 +100,5 @@ def test_a_bad_key_ends_at_once_with_the_auth_message(claude, project, stack):
     assert res["is_error"] is True and "authenticate" in res["result"].lower() and "401" in res["result"]
     refused = [r for r in log.since(mark) if r["status"] == "401"]
     assert len(refused) == 1, refused  # no retries
-    record({"client": claude.label, "check": "bad key fails fast", "ok": True, "requests": len(refused),
+    record({"client": claude.label, "check": "bad key: one request, auth message", "ok": True, "requests": len(refused),
             "seconds": round(took, 1)})

@@ -1,4 +1,4 @@
-"""Codex CLI as shipped (the pinned release, tests/agents/pins.json) with its default configuration — the built-in
+"""Codex CLI as shipped (the pinned release, tests/e2e/agents/pins.json) with its default configuration — the built-in
 OpenAI provider on the Responses API, only its base URL pointed at the gateway, its default model (answered by the
 tenant's `gpt-*` alias), goals on — in a throwaway directory, read-only sandbox, shell tool off: `codex exec` and
 `codex exec resume --last` both complete with tool calls, every turn on one replica reading ever more from its
@@ -13,8 +13,8 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
-from tests.agents.clis import Cli, quiet_env
-from tests.agents.conftest import record
+from tests.e2e.agents.clis import Cli, quiet_env
+from tests.e2e.agents.conftest import record
 from tests.gateway_fixtures import KEY_A
 
 RUN_TIMEOUT_S = 240
@@ -24,9 +24,9 @@ def run(cli: Cli, project: Path, url: str, key: str, args: list[str]) -> tuple[s
     env = quiet_env(project.parent / "home")
     env["CODEX_API_KEY"] = key
     # default config but for the endpoint; read-only sandbox, and no tool with an effect outside the turn: no shell
-    # (no command runs), no sleep, no sub-agents; no analytics
+    # (no command runs), no sleep, no sub-agent started (one thread: a spawn is refused); no analytics
     conf = ["-c", f'openai_base_url="{url}/v1"', "-c", 'sandbox_mode="read-only"', "-c", "analytics.enabled=false",
-            "--disable", "shell_tool", "--disable", "sleep_tool", "--disable", "multi_agent",
+            "--disable", "shell_tool", "--disable", "sleep_tool", "--disable", "multi_agent", "-c", "agents.max_threads=1",
             "--skip-git-repo-check", "--json"]
     t0 = time.monotonic()
     out = subprocess.run([str(cli.bin), "exec", *args[:1], *conf, *args[1:]], cwd=project, env=env,
