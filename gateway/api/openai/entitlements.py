@@ -34,7 +34,11 @@ class Entitlements:
             return route
         alias = tenant.alias_for(model)
         if alias is not None:
-            route = self.route_for(tenant, alias.model)  # the served model's route, under its own name
+            try:
+                route = self.route_for(tenant, alias.model)  # the served model's route, under its own name
+            except ModelNotFound:  # its pools are all out of bounds for this tenant: the name asked for, not found
+                raise ModelNotFound(f"The model '{model}' does not exist or you do not have access to it.",
+                                    param="model") from None
             if len(self._routes) > 10_000:
                 self._routes.clear()
             self._routes[key] = route
