@@ -186,7 +186,7 @@ async def count_input_tokens(request: Request) -> Response:
         history = history_of(await _load(store, tenant, prev, "previous_response_id"))
     req = parse_request({"input": [], **body, "stream": False}, history, st.config.responses.auto_truncate_input_tokens,
                         allow_empty_input=True)
-    if req.model not in st.policies.index.identify(request.headers.get("authorization")).models:
+    if _served(st.policies.index.tenants[tenant], req.model) is None:  # a model (or alias) this key may use
         raise ModelNotFound(f"The model '{req.model}' does not exist or you do not have access to it.", param="model")
     tokenizer = st.kv_events.tokenizer if st.kv_events is not None else None
     return _json({"object": "response.input_tokens", "input_tokens": prompt_tokens(tokenizer, req.chat)})
