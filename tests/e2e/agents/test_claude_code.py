@@ -84,7 +84,7 @@ def test_three_turn_session_with_tools_continues_on_one_replica(claude, project,
     cached = [turn1[0]["cached_tokens"], turn2[0]["cached_tokens"], turn3[0]["cached_tokens"]]
     assert cached[0] < cached[1] < cached[2], cached
     assert result_of(evs3)["usage"]["cache_read_input_tokens"] > 0
-    record({"client": claude.label, "check": "3-turn session, tools, --continue", "ok": True,
+    record({"client": claude.label, "check": "3 turns with tools, --continue", "ok": True,
             "requests": len(turn1 + turn2 + turn3), "cached_tokens": cached, "replicas": len(replicas),
             "seconds": [round(t1, 1), round(t2, 1), round(t3, 1)]})
 
