@@ -274,6 +274,9 @@ class Routing(_Strict):
                               "(more cache hits on long-prompt traffic; unstable near capacity without a spill pool)")
     concurrency_lease_s: float = Field(default=30.0, ge=1, le=600, description="fleet-wide max_concurrent: a slot "
                                        "not renewed for this long (its instance died) is freed")
+    budget_lease_s: float = Field(default=60.0, gt=0, le=3600, description="a budget reservation is renewed every "
+                                  "third of this while its request runs; one not renewed this long (its instance died) "
+                                  "lapses")
 
     @model_validator(mode="after")
     def _pool_wait(self) -> Routing:

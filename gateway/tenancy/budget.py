@@ -3,13 +3,16 @@
 At dispatch a request reserves its worst-case cost (prompt + max output at the dearest pool it may use); the
 reservation is refused if spent + reserved + it would pass a cap, so concurrent requests cannot overrun a budget
 together. When usage is known the reservation is released and the real cost (cached tokens priced as cached) is
-added to `spent`. A reservation carries a deadline: one whose instance died before settling expires instead of
-holding the budget for the rest of the period.
+added to `spent`. A reservation is a lease (`routing.budget_lease_s`) that its instance renews while the request runs
+(a stream may last far longer than any request timeout): one whose instance died before settling lapses within the
+lease instead of holding the budget for the rest of the period.
 
 The same ledger keeps per-tenant usage (requests, tokens, cost) per day and month for the admin API.
 
-Settling is idempotent per request id (a marker `<prefix>budget:settled:<rid>` kept `SETTLED_TTL_S`): a settlement
-queued while Redis was away, or one whose reply was lost, can be replayed without ever counting twice.
+Reservations are keyed by the gateway's own request id (minted per request, never the client's x-request-id), and
+settling is idempotent per tenant and id (a marker `<prefix>budget:settled:<tenant>:<rid>` kept `SETTLED_TTL_S`): a
+settlement queued while Redis was away, or one whose reply was lost, can be replayed without ever counting twice,
+and no client can make two requests share a reservation or a settlement.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import redis.asyncio as aioredis
 from gateway.policy_schema import Tenant
 
 USAGE_FIELDS = ("requests", "prompt_tokens", "cached_tokens", "completion_tokens")
+RESERVATION_LEASE_S = 60.0  # default lease: a hold lapses this long after its instance last renewed it
 
 
 def periods(now: float) -> dict[str, str]:
@@ -61,6 +65,8 @@ class BudgetLedger(Protocol):
     async def reserve(self, tenant: Tenant, rid: str, amount: float, ttl_s: float) -> Reservation | Refusal: ...
     async def settle(self, r: Reservation, usage: Usage | None) -> None: ...
     async def usage(self, tenant: str) -> dict[str, dict[str, Any]]: ...
+    async def renew(self, held: list[Reservation], ttl_s: float) -> None:
+        """Extend the holds of reservations still in flight to now + `ttl_s` (a settled one is not re-held)."""
 
 
 def budget_caps(tenant: Tenant) -> dict[str, float]:
@@ -102,6 +108,14 @@ class MemoryBudgetLedger:
         for kind in caps:
             self._period(tenant.name, ps[kind]).holds[rid] = (amount, now + ttl_s)
         return Reservation(tenant.name, rid, amount, ps, shared=False)
+
+    async def renew(self, held: list[Reservation], ttl_s: float) -> None:
+        deadline = self.clock() + ttl_s
+        for r in held:
+            for pid in set(r.periods.values()):
+                p = self._p.get((r.tenant, pid))
+                if p is not None and r.rid in p.holds:
+                    p.holds[r.rid] = (p.holds[r.rid][0], deadline)
 
     async def settle(self, r: Reservation, usage: Usage | None) -> None:
         for pid in set(r.periods.values()):
@@ -226,9 +240,20 @@ class RedisBudgetLedger:
                 self.seen[(tenant.name, ps[kind])] = float(used)
         return Reservation(tenant.name, rid, amount, ps)
 
+    async def renew(self, held: list[Reservation], ttl_s: float) -> None:
+        """One round trip: each hold still present gets the new deadline (ZADD XX never re-creates a settled one)."""
+        if not held:
+            return
+        deadline = int((self.clock() + ttl_s) * 1000)
+        pipe = self.r.pipeline(transaction=False)
+        for r in held:
+            for pid in set(r.periods.values()):
+                pipe.zadd(self._keys(r.tenant, pid)[1], {r.rid: deadline}, xx=True)
+        await pipe.execute()
+
     def _settle_call(self, r: Reservation, usage: Usage | None) -> tuple[list[str], list[str | int]]:
         kinds = list(r.periods)
-        keys = [k for kind in kinds for k in self._keys(r.tenant, r.periods[kind])] + [f"{self.p}settled:{r.rid}"]
+        keys = [k for kind in kinds for k in self._keys(r.tenant, r.periods[kind])] + [f"{self.p}settled:{r.tenant}:{r.rid}"]
         u = usage or Usage(0.0, 0, 0, 0)
         return keys, [len(kinds), r.rid, repr(u.cost) if usage else "", u.prompt_tokens, u.cached_tokens,
                       u.completion_tokens, PERIOD_TTL_S["month"], SETTLED_TTL_S]

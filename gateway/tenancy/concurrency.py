@@ -4,21 +4,24 @@ Per instance (always): a counter checked and taken in one synchronous call — n
 take, so a burst of requests on one event loop cannot all pass the check before any of them counts.
 
 Fleet-wide (`max_concurrent_scope: fleet`, needs Redis): also a slot in `<prefix>conc:<tenant>`, a sorted set of
-request ids scored by lease expiry (ms, Redis's own clock). Taking is one Lua script (drop expired, count, add);
+slot ids scored by lease expiry (ms, Redis's own clock). Taking is one Lua script (drop expired, count, add);
 releasing removes the id. Each instance renews the leases of its own slots every `lease_s / 3`, so the slots of an
 instance that crashed expire within `lease_s` instead of holding the tenant's cap forever. When Redis does not
 answer within its timeout the request is admitted on the local cap alone (logged; Redis is retried a second later).
 
-A slot is released exactly once (`release` is idempotent).
+A slot is released exactly once (`release` is idempotent). Its id is minted here, never taken from the client: a
+client reusing one x-request-id across concurrent requests would otherwise hold one set member for all of them (so
+pass the cap), and release every one of them at its first end.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from redis.exceptions import RedisError
@@ -52,9 +55,10 @@ return 1
 @dataclass(eq=False)
 class Slot:
     tenant: str
-    request_id: str
+    request_id: str  # the request's correlation id (logs only)
     fleet: bool = False  # also holds an entry in the shared set
     released: bool = False
+    id: str = field(default_factory=lambda: os.urandom(16).hex())  # the gateway's own: the shared set's member
 
 
 class ConcurrencyLimiter:
@@ -102,14 +106,14 @@ class ConcurrencyLimiter:
             return True
         try:
             async with asyncio.timeout(self.timeout):
-                got = await self._take(keys=[self._key(slot.tenant)], args=[slot.request_id, cap, self.lease_ms])
+                got = await self._take(keys=[self._key(slot.tenant)], args=[slot.id, cap, self.lease_ms])
         except (RedisError, OSError, TimeoutError) as e:
             self._mark_down(e)
             return True
         if not int(got):
             return False
         slot.fleet = True
-        self._held.setdefault(slot.tenant, set()).add(slot.request_id)
+        self._held.setdefault(slot.tenant, set()).add(slot.id)
         return True
 
     def release(self, slot: Slot) -> None:
@@ -124,7 +128,7 @@ class ConcurrencyLimiter:
         if slot.fleet:
             held = self._held.get(slot.tenant)
             if held is not None:
-                held.discard(slot.request_id)
+                held.discard(slot.id)
                 if not held:
                     del self._held[slot.tenant]
             self._background(self._remove(slot))
@@ -132,7 +136,7 @@ class ConcurrencyLimiter:
     async def _remove(self, slot: Slot) -> None:
         try:
             async with asyncio.timeout(self.timeout):
-                await self.r.zrem(self._key(slot.tenant), slot.request_id)
+                await self.r.zrem(self._key(slot.tenant), slot.id)
         except (RedisError, OSError, TimeoutError) as e:  # the lease expires it
             self._mark_down(e)
 

@@ -11,6 +11,10 @@ Local state is conservative: while Redis is away an instance may use only its **
 when Redis last answered (or the cap, if it never did) times `share()`, by default 1 / the instances alive then;
 a rate limit's per-minute allowance likewise. So a fleet of N instances together stays near the cap, not N times it.
 
+Reservations live as long as their request: each is a lease (`routing.budget_lease_s`) that this instance renews,
+every third of it, until the request is settled — a stream of an hour keeps its hold for the hour, and the holds of
+an instance that died lapse within the lease.
+
 Spend is never lost: a settlement that cannot reach Redis is queued and replayed when Redis answers (a background
 loop, every `retry_after`), idempotently (settling is keyed by request id: a replay never counts twice). Usage
 served by this instance is then Redis's figures plus what is still queued.
@@ -31,6 +35,7 @@ from gateway.config import Routing
 from gateway.policy_schema import Tenant
 from gateway.shared_redis import REDIS_ERRORS, RedisGuard
 from gateway.tenancy.budget import (
+    RESERVATION_LEASE_S,
     USAGE_FIELDS,
     MemoryBudgetLedger,
     RedisBudgetLedger,
@@ -123,21 +128,41 @@ class FallbackBudgetLedger(_Fallback):
     local: MemoryBudgetLedger
 
     def __init__(self, shared: RedisBudgetLedger | None, local: MemoryBudgetLedger, guard: RedisGuard, timeout: float,
-                 share: FleetShare | None = None, retry_after: float = 1.0, replay_batch: int = 200) -> None:
+                 share: FleetShare | None = None, retry_after: float = 1.0, replay_batch: int = 200,
+                 lease_s: float = RESERVATION_LEASE_S) -> None:
         super().__init__(shared, local, guard, timeout, share)
         self.retry_after, self.replay_batch = retry_after, replay_batch
         self.pending: deque[tuple[Reservation, Usage | None]] = deque()  # settlements Redis has not acknowledged
         self._anchor: dict[tuple[str, str], float] = {}  # (tenant, period) -> this instance's cap in this outage
         self._replayer = BackgroundTask(self._replay_loop, "budget-replay")
         self.replayed = 0
+        self.lease_s = lease_s
+        self.live: dict[tuple[str, str], Reservation] = {}  # (tenant, rid) -> a reservation not settled yet
+        self._leases = BackgroundTask(self._lease_loop, "budget-leases")
 
     # -- the ledger ------------------------------------------------------------------------------------------
     async def reserve(self, tenant: Tenant, rid: str, amount: float, ttl_s: float) -> Reservation | Refusal:
+        """`ttl_s`: the hold's first lease; it is renewed for `lease_s` every third of `lease_s` until settled."""
         out = await self._try(lambda impl: impl.reserve(tenant, rid, amount, ttl_s))
         if out is not _LOCAL:
             self._anchor.clear()  # Redis answers: the next outage takes a fresh share
-            return out  # type: ignore[no-any-return]
-        return await self.local.reserve(tenant, rid, amount, ttl_s, caps=self._local_caps(tenant))
+        else:
+            out = await self.local.reserve(tenant, rid, amount, ttl_s, caps=self._local_caps(tenant))
+        if isinstance(out, Reservation):
+            self.live[(out.tenant, out.rid)] = out
+        return out  # type: ignore[no-any-return]
+
+    async def renew(self, held: list[Reservation], ttl_s: float) -> None:
+        shared = [r for r in held if r.shared]
+        if shared:
+            await self._try(lambda impl: impl.renew(shared, ttl_s), retry_slow=False)
+        await self.local.renew([r for r in held if not r.shared], ttl_s)
+
+    async def _lease_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.lease_s / 3)
+            if self.live:
+                await self.renew(list(self.live.values()), self.lease_s)
 
     def _local_caps(self, tenant: Tenant) -> dict[str, float]:
         """This instance's caps while Redis is away: what it already holds locally plus its share of what remained
@@ -153,6 +178,7 @@ class FallbackBudgetLedger(_Fallback):
         return caps
 
     async def settle(self, r: Reservation, usage: Usage | None) -> None:
+        self.live.pop((r.tenant, r.rid), None)  # no longer renewed, whatever happens to the settlement
         if not r.shared:
             await self.local.settle(r, None)  # release the local hold; the spend goes to the shared ledger
             if usage is None:
@@ -186,11 +212,13 @@ class FallbackBudgetLedger(_Fallback):
 
     # -- replay ----------------------------------------------------------------------------------------------
     def start(self) -> None:
+        self._leases.start()
         if self.shared is not None:
             self._replayer.start()
 
     async def stop(self, flush_timeout: float = 5.0) -> None:
-        """Stop the loop and make a last attempt to deliver what is queued; what still cannot be is logged."""
+        """Stop the loops and make a last attempt to deliver what is queued; what still cannot be is logged."""
+        await self._leases.stop()
         await self._replayer.stop()
         try:
             async with asyncio.timeout(flush_timeout):
@@ -239,5 +267,6 @@ def build_limits(client: Any, rc: Routing, on_fallback: Callable[[str, str], Non
     limiter = FallbackRateLimiter(client and RedisRateLimiter(client, rc.redis_prefix), MemoryRateLimiter(),
                                   RedisGuard("rate limits", on_fallback=on_fallback, hung_after=rc.redis_hung_after_s), rc.limits_redis_timeout_s, share)
     budget = FallbackBudgetLedger(client and RedisBudgetLedger(client, rc.redis_prefix), MemoryBudgetLedger(),
-                                  RedisGuard("budgets", on_fallback=on_fallback, hung_after=rc.redis_hung_after_s), rc.limits_redis_timeout_s, share)
+                                  RedisGuard("budgets", on_fallback=on_fallback, hung_after=rc.redis_hung_after_s), rc.limits_redis_timeout_s, share,
+                                  lease_s=rc.budget_lease_s)
     return limiter, budget

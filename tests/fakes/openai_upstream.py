@@ -22,6 +22,8 @@ class FakeOpenAI:
         self.error_body: dict[str, Any] = {"error": {"message": "provider says no", "type": "server_error", "code": None}}
         self.inband_error_after: int | None = None  # stream: send an error event after k chunks
         self.delay = 0.0
+        self.chunk_delay = 0.0  # stream: seconds between content chunks
+        self.words = ["hi", " there", " friend"]  # stream: the content chunks
         self.inflight = self.max_inflight = 0  # requests held by `delay` now / at most at once
         # the usage it reports (tests set garbage here: upstream usage is untrusted input)
         self.usage: Any = {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10,
@@ -62,13 +64,15 @@ class FakeOpenAI:
                 "usage": usage}), media_type="application/json")
 
         async def gen() -> Any:
-            words = ["hi", " there", " friend"]
+            words = list(self.words)
             yield b"data: " + orjson.dumps({**head, "object": "chat.completion.chunk", "choices": [
                 {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}) + b"\n\n"
             for i, w in enumerate(words):
                 if self.inband_error_after is not None and i >= self.inband_error_after:
                     yield b'data: {"error": {"message": "provider overloaded", "type": "server_error", "code": 503}}\n\n'
                     return
+                if self.chunk_delay:
+                    await asyncio.sleep(self.chunk_delay)
                 yield b"data: " + orjson.dumps({**head, "object": "chat.completion.chunk", "choices": [
                     {"index": 0, "delta": {"content": w}, "finish_reason": None}]}) + b"\n\n"
             yield b"data: " + orjson.dumps({**head, "object": "chat.completion.chunk", "choices": [

@@ -256,7 +256,9 @@ class Accounting:
             return
         ex, t = c.ex, c.ex.served_by
         log_request({
-            "request_id": ex.request_id, "tenant": ex.tenant.name, "model": ex.route.name, "endpoint": ex.endpoint,
+            # request_id: the correlation id the client sent or got; gateway_id: the gateway's own (keys its spend)
+            "request_id": ex.request_id, "gateway_id": ex.id, "tenant": ex.tenant.name, "model": ex.route.name,
+            "endpoint": ex.endpoint,
             "requested_model": ex.parsed.model[:64] if ex.parsed.model != ex.route.name else None,
             "api": c.api, "stream": ex.parsed.stream, "status": ex.status, "reason": ex.reason, "pool": c.pool,
             "replica": t.name if t is not None else None, "route": ex.decision.branch if ex.decision else None,

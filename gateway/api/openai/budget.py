@@ -33,7 +33,8 @@ async def reserve(state: AppState, ex: Exchange) -> None:
             head = state.registry.head(pool)
             if head is not None:
                 worst = max(worst, request_cost(head.pricing, ex.parsed.prompt_tokens, 0, expected_output(state, ex.parsed, pool)))
-    got = await state.budget.reserve(ex.tenant, ex.request_id, worst, state.config.timeouts.total + 60)
+    # a lease renewed while the request runs (tenancy/fallback.py): it lives as long as the request, however long
+    got = await state.budget.reserve(ex.tenant, ex.id, worst, state.config.routing.budget_lease_s)
     if isinstance(got, Refusal):
         state.metrics.refusals.labels(ex.tenant.name, "budget").inc()
         err = QuotaExceeded(f"This key's {'daily' if got.period == 'day' else 'monthly'} budget of ${got.limit:.2f} "

@@ -22,9 +22,9 @@ def routing_request(r: Routing, ex: Exchange, hasher: Callable[..., list[int]] =
     hashes = tuple(hasher(ex.endpoint, ex.parsed.body, ex.route.name, salt, r.chunk_tokens)) \
         if r.policy == "prefix_sla_cost" else ()
     session = SESSION.get()  # an agent session (the bridges): its requests share one cold placement
-    group = session_group(t.name, session) if session else group_key(hashes, hash(ex.request_id))
+    group = session_group(t.name, session) if session else group_key(hashes, hash(ex.id))
     return RoutingRequest(
-        ex.request_id, t.name, ex.parsed.model, ex.endpoint, ex.parsed.stream, ex.parsed.prompt_tokens,
+        ex.id, t.name, ex.parsed.model, ex.endpoint, ex.parsed.stream, ex.parsed.prompt_tokens,
         ex.parsed.max_output_tokens, hashes, (t.ttft_sla_ms or r.ttft_sla_ms) / 1000.0, t.objective or r.objective,
         t.on_sla_miss or r.on_sla_miss, group,
     )

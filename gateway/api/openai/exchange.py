@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +20,7 @@ from gateway.tenancy.ratelimit import Bucket
 @dataclass
 class Exchange:
     """Written by the stages in order (admission -> decide -> budget -> relay); read by accounting at the end.
+    `request_id` is the correlation id (the client's x-request-id when sane, else minted), `id` the gateway's own.
     `status` is the HTTP status the client got ("200" for a stream that began, whatever followed); `reason` says
     why it ended (bounded set, a metric label: ok, client_disconnect, stream_error, client_stall, upstream_*...)."""
 
@@ -47,6 +49,10 @@ class Exchange:
     buckets: list[Bucket] = field(default_factory=list)  # rate-limit buckets this request was admitted on
     reservation: Reservation | None = None  # budget held until the usage is known
     finished: bool = False  # accounting ran (it runs exactly once)
+    # The gateway's own id for this request, never the client's: it keys what costs money or holds capacity (the
+    # budget reservation and its settlement, the routing load reservation, the upstream's x-request-id). The
+    # client's x-request-id (`request_id`) is only a correlation field: logged and echoed, never a key.
+    id: str = field(default_factory=lambda: os.urandom(16).hex())
 
     @property
     def served_by(self) -> Any:
