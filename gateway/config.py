@@ -346,6 +346,19 @@ class ResponsesConfig(_Strict):
                                             "turns until the prompt fits this many tokens")
 
 
+class UsageBounds(_Strict):
+    """What an upstream's reported usage may claim before it is clamped (api/openai/usage.py): no upstream can bill
+    a request for more than it could have used."""
+
+    prompt_factor: float = Field(default=4.0, ge=1, le=100, description="prompt tokens may exceed the gateway's own "
+                                 "count (4 characters a token) this many times: a denser tokenizer (CJK text) or "
+                                 "a chat template that renders tools at length")
+    prompt_slack_tokens: int = Field(default=512, ge=0, description="plus this many (template overhead)")
+    media_tokens: int = Field(default=16_384, ge=0, description="plus this many per image, audio or video part")
+    max_output_tokens: int = Field(default=131_072, ge=1, description="completion tokens per sequence of a request "
+                                   "without max_tokens, when the pool's context length is not known")
+
+
 class PolicySource(_Strict):
     """Tenant policies from a directory: `defaults.yaml` + `tenants/*.yaml` (see policies/README.md)."""
 
@@ -369,6 +382,7 @@ class GatewayConfig(_Strict):
     shutdown: Shutdown = Shutdown()
     recording: Recording = Recording()
     responses: ResponsesConfig = ResponsesConfig()
+    usage_bounds: UsageBounds = UsageBounds()
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
     max_json_depth: int = Field(default=64, ge=8, le=200, description="deeper request bodies get a 400 (orjson "
                                 "re-serialises at most 254 levels)")

@@ -58,7 +58,10 @@ def test_redis_crash_and_restart_the_ledger_equals_all_spend_served(fleet, caplo
                  tenants=[tenant("open", budget={"usd_per_day": 100.0}), tenant("capped", budget={"usd_per_day": cap}),
                           tenant("rated", rate_limits={"requests_per_minute": 20})],
                  admin={"token_hashes": [hash_key(ADMIN)]},
-                 routing={"redis_url": srv.url, "redis_prefix": "dur:"})
+                 routing={"redis_url": srv.url, "redis_prefix": "dur:"},
+                 # reservations at the gateway's own prompt count (the simulator counts exactly as the gateway does):
+                 # the shares below are sized in those requests
+                 usage_bounds={"prompt_factor": 1.0, "prompt_slack_tokens": 0})
     a, b = start_gateway(cfg), start_gateway(cfg)
     gws = (a, b)
     caplog.set_level(logging.WARNING)

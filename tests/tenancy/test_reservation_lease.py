@@ -19,7 +19,7 @@ from tests.gateway_fixtures import config, start_gateway
 from tests.helpers import ServerThread, wait_until
 
 KEY = "sk-lease"
-PRICE = 1000.0  # $/Mtok: a 300-token max output reserves ~$0.31; the fake's usage (7 + 3 tokens) costs $0.01
+IN, OUT = 1.0, 1000.0  # $/Mtok: a 300-token max output reserves ~$0.30; the fake's usage (7 + 3 tokens) ~$0.003
 CAP = 0.35  # one such reservation fits, two do not
 
 
@@ -30,7 +30,7 @@ def test_a_stream_longer_than_the_request_timeout_keeps_its_reservation(redis_se
     up = ServerThread([fake.app()]).start()
     prefix = f"lease{time.monotonic_ns()}:"
     cfg = config([{"name": "h", "kind": "openai", "model": "hosted-glm", "base_url": up.urls[0] + "/v1",
-                   "pricing": {"type": "per_token", "input_per_mtok": PRICE, "output_per_mtok": PRICE}}],
+                   "pricing": {"type": "per_token", "input_per_mtok": IN, "output_per_mtok": OUT}}],
                  tenants=[{"name": "long", "api_key_hashes": [hash_key(KEY)], "models": ["glm-5.2"],
                            "budget": {"usd_per_day": CAP}}],
                  timeouts={"connect": 1.0, "first_byte": 2.0, "idle": 5.0, "total": 2.0},
@@ -49,8 +49,7 @@ def test_a_stream_longer_than_the_request_timeout_keeps_its_reservation(redis_se
                     data = await chunks.__anext__()
                     began = time.monotonic()
                     # past the request timeout plus two leases: a fixed deadline or an unrenewed lease is gone by now
-                    while time.monotonic() < began + 2.0 + 2 * 1.0:
-                        await asyncio.sleep(0.1)
+                    await asyncio.sleep(max(0.0, began + 2.0 + 2 * 1.0 - time.monotonic()))
                     now_ms = int(time.time() * 1000)
                     assert r.zcount(holds, now_ms, "+inf") == 1  # still held, its deadline ahead
                     others = [await c.post(gw.urls[0] + "/v1/chat/completions", json={**body, "stream": False})
@@ -66,7 +65,7 @@ def test_a_stream_longer_than_the_request_timeout_keeps_its_reservation(redis_se
         day = f"{prefix}budget:long:{datetime.now(UTC).strftime('%Y-%m-%d')}"
         wait_until(lambda: r.hget(day, "requests") == b"1", what="the stream settled")
         spent = float(r.hget(day, "spent") or 0)
-        assert spent == pytest.approx(10 * PRICE / 1e6) and spent <= CAP
+        assert spent == pytest.approx((7 * IN + 3 * OUT) / 1e6) and spent <= CAP
         assert r.zcard(holds) == 0  # released once settled, not renewed any longer
     finally:
         gw.stop()

@@ -267,6 +267,8 @@ class Accounting:
             "duration_ms": round((c.now - ex.started) * 1000, 1), "prompt_tokens": c.prompt,
             "cached_tokens": c.cached, "completion_tokens": c.completion, "cost_usd": round(c.cost, 8),
             "error": ex.error[:200] if ex.error else None,
+            # what the upstream's usage claimed that had to be corrected (usage.py KINDS): billed as corrected
+            "usage_anomalies": ex.usage_anomalies or None,
         })
 
 

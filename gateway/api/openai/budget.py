@@ -1,8 +1,11 @@
 """Budget: hold the request's worst-case cost against the tenant's budgets before any upstream work.
 
-Worst case = the dearest pool it may be sent to, no cache hit, its maximum output (`max_tokens` x `n`, or the
-pool's `expected_output_tokens`). Accounting settles the reservation with the real cost. Every request gets a
-reservation, so usage per tenant is recorded even without a cap (the worst case is priced only when there is one).
+Worst case = the most the request can be billed: at the dearest pool it may be sent to, no cache hit, its usage
+bound (`usage_bound`: the prompt tokens an upstream may claim for it, and `max_tokens` x its sequences; without
+`max_tokens` the pool's `expected_output_tokens` instead). The upstream's usage is clamped to the same bound
+(relay.py), so a request with `max_tokens` is never billed past its reservation. Accounting settles the reservation
+with the real cost. Every request gets a reservation, so usage per tenant is recorded even without a cap (the worst
+case is priced only when there is one).
 """
 
 from __future__ import annotations
@@ -10,7 +13,8 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from gateway.api.openai.exchange import Exchange
-from gateway.api.openai.validation import ParsedRequest
+from gateway.api.openai.usage import UsageBound, bound_for
+from gateway.api.openai.validation import ParsedRequest, limits_for
 from gateway.errors import QuotaExceeded
 from gateway.prediction.pricing import request_cost
 from gateway.state import AppState
@@ -26,13 +30,23 @@ def expected_output(state: AppState, parsed: ParsedRequest, pool: str) -> int:
     return (head.timing.expected_output_tokens if head else 1000) * choices
 
 
+def usage_bound(state: AppState, ex: Exchange, pool: str | None = None) -> UsageBound:
+    """The most the request can have used (api/openai/usage.py) on `pool` (default: the one that served it)."""
+    u = state.config.usage_bounds
+    pools = [pool] if pool is not None else [ex.dispatched.target.pool] if ex.dispatched is not None else ex.route.pools
+    context = limits_for(state.config, pools, state.registry).context_tokens
+    return bound_for(ex.parsed.body, ex.parsed.prompt_tokens, ex.parsed.max_output_tokens, context, u.prompt_factor,
+                     u.prompt_slack_tokens, u.media_tokens, u.max_output_tokens)
+
+
 async def reserve(state: AppState, ex: Exchange) -> None:
     worst = 0.0
     if budget_caps(ex.tenant):
         for pool in ex.route.pools:
             head = state.registry.head(pool)
             if head is not None:
-                worst = max(worst, request_cost(head.pricing, ex.parsed.prompt_tokens, 0, expected_output(state, ex.parsed, pool)))
+                prompt = usage_bound(state, ex, pool).prompt
+                worst = max(worst, request_cost(head.pricing, prompt, 0, expected_output(state, ex.parsed, pool)))
     # a lease renewed while the request runs (tenancy/fallback.py): it lives as long as the request, however long
     got = await state.budget.reserve(ex.tenant, ex.id, worst, state.config.routing.budget_lease_s)
     if isinstance(got, Refusal):

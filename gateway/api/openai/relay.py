@@ -16,6 +16,7 @@ import orjson
 from starlette.responses import Response
 
 from gateway.api.error_handlers import to_response
+from gateway.api.openai.budget import usage_bound
 from gateway.api.openai.exchange import Exchange
 from gateway.api.openai.usage import clean_usage, usage_counts
 from gateway.backends.openai_compat import StreamBroken, sanitize_upstream_text
@@ -80,7 +81,7 @@ class Relay:
             raise
         self.state.feedback.first_token(d.attempt, None)  # the whole response: not a TTFT observation
         body = d.opened.body if isinstance(d.opened.body, dict) else {}
-        ex.usage, ex.usage_anomalies = clean_usage(body.get("usage"))
+        ex.usage, ex.usage_anomalies = clean_usage(body.get("usage"), usage_bound(self.state, ex))
         if ex.usage is not None:
             body["usage"] = ex.usage
         body["model"] = ex.parsed.model
@@ -143,7 +144,7 @@ class Relay:
         if not isinstance(chunk, dict):
             ex.usage_anomalies = ["malformed"]
             return None
-        ex.usage, ex.usage_anomalies = clean_usage(chunk.get("usage"))
+        ex.usage, ex.usage_anomalies = clean_usage(chunk.get("usage"), usage_bound(self.state, ex))
         if not ex.parsed.include_usage or ex.usage is None:
             return None
         chunk["model"] = ex.parsed.model

@@ -33,6 +33,7 @@ from starlette.responses import Response
 from gateway.api.error_handlers import to_response
 from gateway.api.openai import admission
 from gateway.api.openai.accounting import API, Edge
+from gateway.api.openai.budget import usage_bound
 from gateway.api.openai.exchange import Exchange
 from gateway.api.openai.proxy import OpenAIProxy
 from gateway.api.openai.relay import cost, dispatch_failed
@@ -224,7 +225,7 @@ class NativeResponses:
         raw = d.opened.body if isinstance(d.opened.body, dict) else {}
         self._own_id(raw.get("id"))
         response: dict[str, Any] = orjson.loads(self._swap(orjson.dumps(raw)))
-        ex.usage, ex.usage_anomalies = clean_usage(chat_usage(response.get("usage")))
+        ex.usage, ex.usage_anomalies = clean_usage(chat_usage(response.get("usage")), usage_bound(self.st, ex))
         ex.headers["x-gateway-cost-usd"] = f"{cost(ex):.8f}"
         await self._keep(ex, response)
         return Response(orjson.dumps(response), media_type="application/json", headers=ex.headers)
@@ -290,7 +291,7 @@ class NativeResponses:
             ex.reason, ex.error = "stream_error", "upstream error event"
         else:
             final = orjson.loads(out).get("response") or {}
-            ex.usage, ex.usage_anomalies = clean_usage(chat_usage(final.get("usage")))
+            ex.usage, ex.usage_anomalies = clean_usage(chat_usage(final.get("usage")), usage_bound(self.st, ex))
             if name == b"response.failed":
                 ex.reason, ex.error = "stream_error", "upstream response.failed"
             await self._keep(ex, final)

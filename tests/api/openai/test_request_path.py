@@ -198,6 +198,39 @@ def test_upstream_usage_is_clamped_counted_and_never_fatal(stack):
         fake.usage = {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10, "prompt_tokens_details": {"cached_tokens": 2}}
 
 
+def test_an_upstream_claiming_a_trillion_tokens_is_billed_at_the_request_bound(stack):
+    """A provider reporting 10^12 prompt and completion tokens for a `max_tokens: 5` request (one reported 10^8 and a
+    $0.01 budget was overrun 34,000x) is billed at the request's bound: 5 completion tokens, and the gateway's own
+    prompt count times `usage_bounds.prompt_factor` plus the slack. The client sees the same usage; the correction is
+    counted per kind and named in the request's log line."""
+    from gateway.api.openai.validation import validate
+    from gateway.config import UsageBounds
+
+    u, fake, lines = stack["url"], stack["fake"], stack["lines"]
+    fake.usage = {"prompt_tokens": 10**12, "completion_tokens": 10**12, "total_tokens": 2 * 10**12}
+    before = {k: metric(u, "gateway_upstream_usage_anomalies_total", pool="h", kind=k)
+              for k in ("prompt_over_bound", "completion_over_bound")}
+    try:
+        body = chat(model="glm-hosted", max_tokens=5)
+        r = post(u, body)
+    finally:
+        fake.usage = {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10, "prompt_tokens_details": {"cached_tokens": 2}}
+    assert r.status_code == 200
+    b = UsageBounds()
+    own = validate(dict(body), "chat/completions").prompt_tokens
+    prompt_bound = int(own * b.prompt_factor + b.prompt_slack_tokens)
+    assert (r.json()["usage"]["prompt_tokens"], r.json()["usage"]["completion_tokens"]) == (prompt_bound, 5)
+    billed = (prompt_bound * 1.0 + 5 * 3.0) / 1e6  # the pool's $/Mtok: input 1.0, output 3.0
+    assert float(r.headers["x-gateway-cost-usd"]) == pytest.approx(billed, abs=1e-8)
+    rid = r.headers["x-request-id"]
+    wait_until(lambda: any(ln["request_id"] == rid for ln in lines.records), what="logged")
+    line = next(ln for ln in lines.records if ln["request_id"] == rid)
+    assert line["cost_usd"] == pytest.approx(billed, abs=1e-8) and line["completion_tokens"] == 5
+    assert {"prompt_over_bound", "completion_over_bound"} <= set(line["usage_anomalies"])
+    for k, v in before.items():
+        assert metric(u, "gateway_upstream_usage_anomalies_total", pool="h", kind=k) == v + 1
+
+
 def test_token_metrics_add_up(stack):
     """type = uncached_prompt | cached_prompt | completion are disjoint: summing by type is the upstream's total."""
     u = stack["url"]
