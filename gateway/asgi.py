@@ -6,7 +6,10 @@ which an error can still become a proper HTTP error; (2) a client disconnect is 
 while no chunk is being written (e.g. during a long prefill), and cancels the producer at once; (3) a client that
 stops reading (a `send` blocked longer than `stall_timeout`) gets its connection cut, and the producer stops; (4)
 `on_close` runs exactly once however the response ends, and nothing it raises reaches the server: the response
-was already decided (a failure there is the callback's to log, never the connection's to carry).
+was already decided (a failure there is the callback's to log, never the connection's to carry); (5) a stream
+registered in a `LiveStreams` can be cut (a shutdown past its drain timeout): it then ends with what `on_cut` gives
+— a last event, or an error response if nothing was sent yet — and a proper end of body, never a silent close. The
+server cancelling the response (uvicorn past its graceful timeout) is treated as a cut too.
 """
 
 from __future__ import annotations
@@ -24,6 +27,32 @@ log = logging.getLogger("gateway.asgi")
 
 class AbortConnection(Exception):
     """Raised by a producer to cut the connection (no terminator): uvicorn closes the socket."""
+
+
+class LiveStreams:
+    """The event streams in flight, so that a shutdown can end each of them with a last event (`cut_all`)."""
+
+    def __init__(self) -> None:
+        self._cuts: set[Callable[[], None]] = set()
+
+    def __len__(self) -> int:
+        return len(self._cuts)
+
+    def add(self, cut: Callable[[], None]) -> None:
+        self._cuts.add(cut)
+
+    def discard(self, cut: Callable[[], None]) -> None:
+        self._cuts.discard(cut)
+
+    def cut_all(self) -> int:
+        """Cut every stream in flight; returns how many."""
+        cuts = list(self._cuts)
+        for cut in cuts:
+            cut()
+        return len(cuts)
+
+
+CUT_SEND_S = 2.0  # a cut stream's last event gets this long to reach its client
 
 
 async def wait_for_disconnect(receive: Receive) -> None:
@@ -65,10 +94,14 @@ class EventStreamResponse(Response):
         on_close: Callable[[bool], Awaitable[None] | None] | None = None,
         stall_timeout: float | None = None,
         on_stall: Callable[[], None] | None = None,
+        live: LiveStreams | None = None,
+        on_cut: Callable[[bool], bytes | Response] | None = None,
     ) -> None:
         """`first()` returns the first chunk, or a Response (an error) to send instead of the stream;
         `rest()` yields the remaining chunks. `on_close(disconnected)` runs however it ends. `on_stall()` is told
-        before a stalled connection is cut (then `on_close(True)`: the client is as good as gone)."""
+        before a stalled connection is cut (then `on_close(True)`: the client is as good as gone). `live`: where the
+        stream registers while it runs, so it can be cut; `on_cut(committed)` says how a cut one ends: the last
+        chunk (committed: the status line was sent) or the response to send instead (not committed)."""
         self.status_code = 200
         self.background = None
         # No content-length: the body is chunked and its end is the stream's end. `headers` is read at commit
@@ -80,12 +113,77 @@ class EventStreamResponse(Response):
         self._on_close = on_close
         self._stall = stall_timeout
         self._on_stall = on_stall
+        self._live = live
+        self._on_cut = on_cut
+        self._current: asyncio.Future[Any] | None = None  # what a cut cancels: the first chunk's work, then the pump
+        self._cutting = False
+        self._committed = False
+
+    def _cut(self) -> None:
+        if not self._cutting:
+            self._cutting = True
+            if self._current is not None:
+                self._current.cancel()
+
+    async def _end_cut(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """End a cut stream as `on_cut` says, within CUT_SEND_S (the client may not be reading)."""
+        if self._on_cut is None:
+            return
+        last = self._on_cut(self._committed)
+        try:
+            async with asyncio.timeout(CUT_SEND_S):
+                if not self._committed:
+                    if isinstance(last, Response):
+                        await last(scope, receive, send)
+                    return
+                await send({"type": "http.response.body", "body": last if isinstance(last, bytes) else b"",
+                            "more_body": True})
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except (OSError, TimeoutError):
+            pass  # the client is gone or not reading: the cut is still recorded by `on_cut`
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         disconnected = False
+        if self._live is not None:
+            self._live.add(self._cut)
         try:
-            disconnected, first = await run_until_disconnect(receive, self._first())
+            await self._run(scope, receive, send)
+        except asyncio.CancelledError:
+            # the server cancelled the response (past its graceful shutdown timeout): a cut, told to the client
+            # if it still can be, then the cancellation goes on
+            if not self._cutting:
+                self._cutting = True
+                await self._end_cut(scope, receive, send)
+            raise
+        except _Disconnected:
+            disconnected = True
+        finally:
+            if self._live is not None:
+                self._live.discard(self._cut)
+            if self._on_close is not None:
+                try:
+                    res = self._on_close(disconnected)
+                    if res is not None:
+                        await res
+                except Exception:  # the response is decided; its bookkeeping must not break the connection
+                    log.exception("stream close callback failed")
+
+    async def _run(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """The response; raises _Disconnected when the client left (or stalled) before its end."""
+        disconnected = False
+        try:
+            try:
+                self._current = first_work = asyncio.ensure_future(self._first())
+                disconnected, first = await run_until_disconnect(receive, first_work)
+            except asyncio.CancelledError:
+                if not self._cutting or _cancelled_from_outside():
+                    raise
+                await self._end_cut(scope, receive, send)
+                return
             if disconnected:
+                raise _Disconnected
+            if self._cutting:  # cut while the first chunk was being taken: it is not sent
+                await self._end_cut(scope, receive, send)
                 return
             if isinstance(first, Response):
                 await first(scope, receive, send)
@@ -93,6 +191,7 @@ class EventStreamResponse(Response):
             self.raw_headers += [(k.lower().encode("latin-1"), str(v).encode("latin-1")) for k, v in self._extra_headers.items()]
             self.raw_headers.extend([(b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")])
             await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+            self._committed = True
             await send({"type": "http.response.body", "body": first, "more_body": True})
 
             loop = asyncio.get_running_loop()
@@ -107,7 +206,9 @@ class EventStreamResponse(Response):
                     sending_since = None
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
 
-            task = asyncio.ensure_future(pump())
+            self._current = task = asyncio.ensure_future(pump())
+            if self._cutting:
+                task.cancel()
             # A watchdog, not a timer re-armed per chunk (costly next to the rest of a chunk's work): it wakes once
             # per `stall_timeout` and cuts the stream if one send (uvicorn's waits for the socket to drain) has been
             # blocked that long. Waiting for the upstream is not a stall: that is the idle timeout's business.
@@ -128,23 +229,30 @@ class EventStreamResponse(Response):
             try:
                 disconnected, _ = await run_until_disconnect(receive, task)
             except asyncio.CancelledError:
-                if not stalled:
+                if stalled:
+                    disconnected = True
+                    if self._on_stall is not None:
+                        self._on_stall()
+                    # returning with the body incomplete makes the server close the socket (one log line, where
+                    # raising AbortConnection would log a traceback per stalled client)
+                elif self._cutting and not _cancelled_from_outside():
+                    await self._end_cut(scope, receive, send)
+                else:
                     raise
-                disconnected = True
-                if self._on_stall is not None:
-                    self._on_stall()
-                # returning with the body incomplete makes the server close the socket (one log line, where
-                # raising AbortConnection would log a traceback per stalled client)
             finally:
                 if watchdog is not None:
                     watchdog.cancel()
         except OSError:
             disconnected = True
-        finally:
-            if self._on_close is not None:
-                try:
-                    res = self._on_close(disconnected)
-                    if res is not None:
-                        await res
-                except Exception:  # the response is decided; its bookkeeping must not break the connection
-                    log.exception("stream close callback failed")
+        if disconnected:
+            raise _Disconnected
+
+
+def _cancelled_from_outside() -> bool:
+    """Is the running task itself being cancelled (by the server), rather than a future it awaited (by a cut)?"""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
+class _Disconnected(Exception):
+    """The client left (or stopped reading) before the response's end."""

@@ -20,9 +20,12 @@ async def serve_gateway(app: Any, host: str, port: int, drain_timeout: float, dr
        and stops sending; a second signal skips the wait);
     2. the listener closes (uvicorn stops accepting; idle keep-alive connections are closed);
     3. in-flight requests and streams run to completion, up to `drain_timeout` seconds;
+    4. streams still running then are cut: each ends with an error event, is logged as cut (reason `shutdown`) and
+       billed for what was relayed (`cut_streams`); requests still waiting get CUT_GRACE_S more before uvicorn
+       cancels them;
     then the other servers of the process (`extra`: the admin listener, the demo's simulated replicas) stop."""
-    server = make_server(app, host, port, timeout_graceful_shutdown=drain_timeout, timeout_keep_alive=75,
-                         openai_errors=True)
+    server = make_server(app, host, port, timeout_graceful_shutdown=drain_timeout + CUT_GRACE_S,
+                         timeout_keep_alive=75, openai_errors=True)
     loop = asyncio.get_running_loop()
     pending: list[asyncio.TimerHandle] = []
 
@@ -30,6 +33,7 @@ async def serve_gateway(app: Any, host: str, port: int, drain_timeout: float, dr
         for h in pending:
             h.cancel()
         server.should_exit = True
+        loop.call_later(drain_timeout, cut_streams, app)
 
     def on_signal() -> None:
         st = getattr(app.state, "gateway", None)
@@ -44,6 +48,20 @@ async def serve_gateway(app: Any, host: str, port: int, drain_timeout: float, dr
         pending.append(loop.call_later(drain_delay, stop_now))
 
     await serve_all([server] + (extra or []), on_started=on_started, on_signal=on_signal)
+
+
+CUT_GRACE_S = 5.0  # after the drain timeout: streams cut, their last events and accounting, before the hard stop
+
+
+def cut_streams(app: Any) -> int:
+    """End every stream still in flight with an error event (the drain timeout is over); returns how many."""
+    proxy = getattr(app.state, "proxy", None)
+    if proxy is None or not len(proxy.live):
+        return 0
+    n: int = proxy.live.cut_all()
+    print(f"gateway: drain timeout: {n} streams still running were cut (each ends with an error event)",
+          file=sys.stderr, flush=True)
+    return n
 
 
 def serve(a: argparse.Namespace) -> int:

@@ -1,14 +1,18 @@
 """SIGTERM as a load balancer sees it (issue 17 build 4): readiness fails first while every request is still served,
 the listener closes only after the drain delay, and no in-flight stream is dropped."""
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
+from datetime import UTC, datetime
 
 import httpx
+import pytest
+import redis
 import yaml
 from openai import OpenAI
 
@@ -133,6 +137,69 @@ def test_a_second_signal_skips_the_drain_delay(tmp_path):
         os.kill(proc.pid, signal.SIGTERM)
         assert proc.wait(30) == 0  # well before the 60 s delay
         assert b"draining" in proc.stdout.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(5)
+        sims.stop()
+
+
+def test_streams_past_the_drain_timeout_end_with_an_error_event_and_are_billed_for_what_was_delivered(
+        tmp_path, redis_server):
+    """Streams still running when the drain timeout ends used to be cut silently: a closed connection, a log line
+    saying `200 ok` with 0 tokens, nothing billed. Each must end with an error event the SDK raises, be logged as
+    cut (reason `shutdown`) with the tokens it delivered, and that spend must reach the shared ledger before exit."""
+    sims, _ = start_sims(1, time_scale=1.0)
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    prefix = f"cut{time.monotonic_ns()}:"
+    cfg = config([sglang_pool("p", sims.urls)], shutdown={"readiness_drain_s": 0},
+                 routing={"redis_url": redis_server.url, "redis_prefix": prefix})
+    cfg["tenants"][0]["budget"] = {"usd_per_day": 100.0}  # a budget: its ledger must hold the cut streams' spend
+    cfg_path = tmp_path / "gw.yaml"
+    cfg_path.write_text(yaml.safe_dump(cfg))
+    proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", "--config", str(cfg_path), "--port",
+                             str(port), "--drain-timeout", "2"], env=env_without_proxies(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT)
+    try:
+        wait_http(f"{base}/healthz", proc=proc)
+        c = OpenAI(base_url=f"{base}/v1", api_key=KEY_A, max_retries=0)
+        delivered: dict[int, int] = {}
+        errors: dict[int, BaseException] = {}
+        started = threading.Barrier(4 + 1)
+
+        def consume(i: int) -> None:
+            n = 0
+            try:
+                for _ch in c.chat.completions.create(model="glm-5.2", messages=MSG, max_tokens=20_000, stream=True,
+                                                     extra_body={"ignore_eos": True}):
+                    if n == 0:
+                        started.wait(20)
+                    n += 1
+            except BaseException as e:  # noqa: BLE001 - asserted below
+                errors[i] = e
+            delivered[i] = n
+
+        streams = [threading.Thread(target=consume, args=(i,)) for i in range(4)]
+        for t in streams:
+            t.start()
+        started.wait(20)
+        os.kill(proc.pid, signal.SIGTERM)
+        for t in streams:
+            t.join(60)
+        assert proc.wait(30) == 0
+        out = proc.stdout.read().decode()
+        # the SDK raised the error event (an APIError naming the shutdown), not a connection error
+        assert len(errors) == 4 and all("shutting down" in str(e) for e in errors.values()), errors
+        lines = [json.loads(ln) for ln in out.splitlines() if ln.startswith('{"request_id"')]
+        cut = [ln for ln in lines if ln["reason"] == "shutdown"]
+        assert len(cut) == 4 and all(ln["status"] == "200" for ln in cut)
+        assert all(ln["completion_tokens"] > 0 and ln["cost_usd"] > 0 for ln in cut), cut
+        assert sum(ln["completion_tokens"] for ln in cut) <= sum(delivered.values())  # a lower bound: chunks relayed
+        day = {k.decode(): v.decode() for k, v in redis.Redis.from_url(redis_server.url).hgetall(
+            f"{prefix}budget:tenant-a:{datetime.now(UTC).strftime('%Y-%m-%d')}").items()}
+        assert int(day["requests"]) == 4
+        assert float(day["spent"]) == pytest.approx(sum(ln["cost_usd"] for ln in cut), abs=4e-8)  # logged to 8 places
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -13,7 +13,7 @@ import orjson
 
 from gateway.backends.base import AttemptFailed, Opened, UpstreamCall
 from gateway.backends.h1 import H1ConnectError, H1Dropped, H1Error, H1Pool
-from gateway.backends.sse import sse_payloads
+from gateway.backends.sse import MalformedEvent, sse_payloads
 from gateway.config import RetryPolicy
 from gateway.upstreams import Target
 
@@ -144,6 +144,8 @@ class HttpBackend:
             raise AttemptFailed("no first token before the first-byte timeout", retryable=True, timeout=True) from None
         except (httpx.HTTPError, H1Error) as e:
             raise AttemptFailed(f"stream broken before the first event: {type(e).__name__}", retryable=True) from None
+        except MalformedEvent as e:  # a protocol failure of this upstream: the next replica may do better
+            raise AttemptFailed(f"upstream sent a malformed stream: {e}", retryable=True) from None
         if first.startswith(b'{"error"'):
             err = _inband_error(first)
             raise AttemptFailed(err[0], retryable=err[1] >= 500 or err[1] == 429, status=err[1], overloaded=err[1] in (429, 503))
@@ -163,6 +165,8 @@ class HttpBackend:
                 raise StreamBroken(f"no chunk from upstream for {idle:.0f} s") from None
             except (httpx.HTTPError, H1Error) as e:
                 raise StreamBroken(f"upstream stream broken: {type(e).__name__}") from None
+            except MalformedEvent as e:
+                raise StreamBroken(f"upstream sent a malformed event ({e})") from None
             yield payload
 
 

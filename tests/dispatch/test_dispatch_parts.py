@@ -3,7 +3,7 @@ import asyncio
 import pytest
 
 from gateway.backends.base import AttemptFailed
-from gateway.backends.sse import sse_payloads
+from gateway.backends.sse import MalformedEvent, sse_payloads
 from gateway.circuit_breaker import CircuitBreaker
 from gateway.config import GpuHourPricing, PerTokenPricing
 from gateway.dispatch.retry_policy import final_error
@@ -144,3 +144,21 @@ def test_h1_pool_reuses_connections_and_closes_unfinished_ones():
         server.close()
 
     asyncio.run(go())
+
+
+@pytest.mark.parametrize("chunks", [
+    [b'data: {"a":1}\n\ngarbage line\n\ndata: [DONE]\n\n'],  # a line that is no SSE field
+    [b'data: {"a":1}\n\nevent: ping\n\ndata: [DONE]\n\n'],  # an event without data
+    [b'data: {"a":1}\n\ndata: not json\n\ndata: [DONE]\n\n'],  # a payload the client could not parse
+    [b'data: {"a":1}\n\ndata: [1, 2]\n\n'],
+    [b'data: {"a":1}\n\ndata: {"trunc'],  # the stream ends inside an event
+])
+def test_sse_reader_refuses_malformed_events(chunks):
+    """What the relay cannot pass on as an OpenAI event is an error, never skipped or relayed as a success."""
+    with pytest.raises(MalformedEvent):
+        asyncio.run(_collect(chunks))
+
+
+def test_sse_reader_allows_comments_and_named_events_with_data():
+    chunks = [b': keep-alive\n\nevent: response.created\ndata: {"a":1}\n\nid: 3\ndata: {"b":\ndata: 2}\n\n']
+    assert asyncio.run(_collect(chunks)) == [b'{"a":1}', b'{"b":\n2}']

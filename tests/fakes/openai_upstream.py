@@ -23,6 +23,7 @@ class FakeOpenAI:
         self.inband_error_after: int | None = None  # stream: send an error event after k chunks
         self.delay = 0.0
         self.chunk_delay = 0.0  # stream: seconds between content chunks
+        self.inject: tuple[int, bytes] | None = None  # stream: (k, raw bytes) sent as they are after k content chunks
         self.words = ["hi", " there", " friend"]  # stream: the content chunks
         self.inflight = self.max_inflight = 0  # requests held by `delay` now / at most at once
         # the usage it reports (tests set garbage here: upstream usage is untrusted input)
@@ -68,6 +69,8 @@ class FakeOpenAI:
             yield b"data: " + orjson.dumps({**head, "object": "chat.completion.chunk", "choices": [
                 {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}) + b"\n\n"
             for i, w in enumerate(words):
+                if self.inject is not None and i == self.inject[0]:
+                    yield self.inject[1]
                 if self.inband_error_after is not None and i >= self.inband_error_after:
                     yield b'data: {"error": {"message": "provider overloaded", "type": "server_error", "code": 503}}\n\n'
                     return

@@ -36,7 +36,9 @@ from gateway.tenancy.budget import Usage
 log = logging.getLogger("gateway.accounting")
 
 # The ends that are not a failure of the gateway or the upstream (span status stays unset, feedback not "failed").
-CLEAN_ENDS = ("ok", "client_disconnect", "client_stall")
+CLEAN_ENDS = ("ok", "client_disconnect", "client_stall", "shutdown")
+# Streams ended before the engine's usage arrived, billed for what was relayed (`abandoned_usage`).
+CUT_ENDS = ("client_disconnect", "client_stall", "shutdown")
 
 # The API the client spoke, when it is not the endpoint's own: set by the Responses and Messages routes (and their
 # streams) around the chat path's call, for that request only (api/chat_bridge.py). Labels metrics and the log line.
@@ -50,8 +52,8 @@ def api_label(endpoint: str) -> str:
 
 
 def abandoned_usage(ex: Exchange, predicted_cached: int) -> dict[str, Any]:
-    """A client that leaves mid-stream never gets the engine's usage chunk, yet the engine prefilled its prompt and
-    generated until the cancel. Charge what the gateway knows: its own prompt count, the cache hit it predicted,
+    """A client that leaves mid-stream (or a stream cut by shutdown) never gets the engine's usage chunk, yet the
+    engine prefilled its prompt and generated until the cancel. Charge what the gateway knows: its own prompt count, the cache hit it predicted,
     and one token per content chunk relayed (a lower bound: an engine chunk carries >= 1 token)."""
     prompt = ex.parsed.prompt_tokens
     return {"prompt_tokens": prompt, "completion_tokens": max(ex.chunks - 1, 0),  # minus the role chunk
@@ -62,7 +64,8 @@ def reason_for(stage: str, err: BaseException) -> tuple[str, str]:
     """(status, reason) of a request that ended with `err` raised at `stage`. Reasons are a small fixed set (a
     metric label): invalid_http (the HTTP parser refused it: servers.py), auth, body_too_large, body_timeout,
     invalid_body, malformed_json, invalid_request, model_not_found, pool_not_allowed, concurrency_limit, rate_limit,
-    shed, budget, quarantined, upstream_rejected, upstream_error, no_capacity, upstream_timeout, client_disconnect, internal."""
+    shed, budget, quarantined, upstream_rejected, upstream_error, no_capacity, upstream_timeout, client_disconnect, internal.
+    (Ends of admitted requests add: ok, stream_error, client_stall, shutdown — a stream cut by the shutdown.)"""
     if isinstance(err, (ClientDisconnect, asyncio.CancelledError)):
         return "499", "client_disconnect"
     if not isinstance(err, GatewayError):
@@ -191,7 +194,7 @@ class Accounting:
                         ex.request_id, ",".join(ex.usage_anomalies))
         if ex.usage is not None:
             self.state.feedback.usage(d.attempt, usage_counts(ex.usage)[1])
-        elif ex.reason in ("client_disconnect", "client_stall") and ex.first_token_at is not None:
+        elif ex.reason in CUT_ENDS and ex.first_token_at is not None:
             ex.usage = abandoned_usage(ex, d.attempt.predicted_cached)
         c.prompt, reported, c.completion = usage_counts(ex.usage)
         c.cached = reported or 0

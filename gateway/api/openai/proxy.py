@@ -32,10 +32,10 @@ from gateway.api.openai.accounting import Accounting, Edge, reason_for
 from gateway.api.openai.body import read_body
 from gateway.api.openai.entitlements import Entitlements
 from gateway.api.openai.exchange import Exchange, RecentDecision
-from gateway.api.openai.relay import Relay
+from gateway.api.openai.relay import Relay, cut_by_shutdown
 from gateway.api.openai.telemetry import start_span
 from gateway.api.openai.validation import check_limits, limits_for, parse_json, validate
-from gateway.asgi import EventStreamResponse, run_until_disconnect
+from gateway.asgi import EventStreamResponse, LiveStreams, run_until_disconnect
 from gateway.config import ModelRoute
 from gateway.errors import GatewayError
 from gateway.policy_schema import Tenant
@@ -57,6 +57,7 @@ class OpenAIProxy:
         self.accounting = Accounting(state, self.recent, self._background)
         self._tasks: set[asyncio.Task[None]] = set()
         self._inflight: dict[str, Any] = {}  # tenant -> its gateway_inflight_requests child (labels() costs ~1.5 us)
+        self.live = LiveStreams()  # streams in flight: a shutdown past its drain timeout cuts them (serve.py)
 
     # -- public helpers (the admin API's explain resolves exactly like a request) -------------------------------
     def route_for(self, tenant: Tenant, model: str) -> ModelRoute:
@@ -148,7 +149,8 @@ class OpenAIProxy:
             return EventStreamResponse(lambda: self.relay.stream_first(ex), lambda: self.relay.stream_rest(ex),
                                        ex.headers, on_close=lambda disconnected: self.accounting.finish(ex, disconnected),
                                        stall_timeout=st.config.timeouts.client_stall,
-                                       on_stall=lambda: _stalled(ex))
+                                       on_stall=lambda: _stalled(ex), live=self.live,
+                                       on_cut=lambda committed: cut_by_shutdown(ex, committed))
         return await self.respond(request, ex, self.relay.non_stream(ex))
 
     async def respond(self, request: Request, ex: Exchange, work: Coroutine[Any, Any, Response]) -> Response:

@@ -21,7 +21,7 @@ from gateway.api.openai.exchange import Exchange
 from gateway.api.openai.usage import clean_usage, usage_counts
 from gateway.backends.openai_compat import StreamBroken, sanitize_upstream_text
 from gateway.dispatch.dispatcher import Dispatched
-from gateway.errors import GatewayError
+from gateway.errors import GatewayError, NoCapacity
 from gateway.prediction.pricing import request_cost
 from gateway.state import AppState
 
@@ -30,6 +30,18 @@ DONE = b"data: [DONE]\n\n"
 
 def sse_error(message: str, type_: str = "server_error", code: str = "upstream_error") -> bytes:
     return b"data: " + orjson.dumps({"error": {"message": message, "type": type_, "param": None, "code": code}}) + b"\n\n"
+
+
+def cut_by_shutdown(ex: Exchange, committed: bool) -> bytes | Response:
+    """How a stream still running when the shutdown's drain timeout ends is cut: an error event after what was
+    relayed (billed for that, as a client that left is: accounting), or a 503 to retry when nothing was sent yet."""
+    ex.reason, ex.error = "shutdown", "cut: the gateway shut down before the stream ended (drain timeout)"
+    if committed:
+        return sse_error("The gateway is shutting down and could not finish this stream within its drain timeout; "
+                         "the answer above is incomplete.", "service_unavailable_error", "server_shutting_down")
+    ex.status = "503"
+    return to_response(NoCapacity("The gateway is shutting down; retry the request.", retry_after=1,
+                                  should_retry=True))
 
 
 def dispatch_failed(ex: Exchange, e: GatewayError) -> None:

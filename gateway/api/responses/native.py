@@ -36,7 +36,7 @@ from gateway.api.openai.accounting import API, Edge
 from gateway.api.openai.budget import usage_bound
 from gateway.api.openai.exchange import Exchange
 from gateway.api.openai.proxy import OpenAIProxy
-from gateway.api.openai.relay import cost, dispatch_failed
+from gateway.api.openai.relay import cost, cut_by_shutdown, dispatch_failed
 from gateway.api.openai.usage import clean_usage
 from gateway.api.openai.validation import check_limits, limits_for, validate
 from gateway.api.responses.affinity import served_by
@@ -173,7 +173,8 @@ class NativeResponses:
         if ex.parsed.stream:
             return EventStreamResponse(lambda: self._first(ex), lambda: self._rest(ex), ex.headers,
                                        on_close=lambda disconnected: self._finish(ex, disconnected),
-                                       stall_timeout=st.config.timeouts.client_stall, on_stall=lambda: _stalled(ex))
+                                       stall_timeout=st.config.timeouts.client_stall, on_stall=lambda: _stalled(ex),
+                                       live=self.proxy.live, on_cut=lambda committed: self._cut(ex, committed))
         return await self.proxy.respond(self.request, ex, self._non_stream(ex))
 
     async def _finish(self, ex: Exchange, disconnected: bool) -> None:
@@ -296,6 +297,16 @@ class NativeResponses:
                 ex.reason, ex.error = "stream_error", "upstream response.failed"
             await self._keep(ex, final)
         return b"event: " + name + b"\ndata: " + out + b"\n\n", True
+
+    def _cut(self, ex: Exchange, committed: bool) -> bytes | Response:
+        """A stream cut by the shutdown: the Responses error events (or the chat path's 503 before any byte)."""
+        out = cut_by_shutdown(ex, committed)
+        if not committed:
+            return out
+        events = self._failed(ex, "The gateway is shutting down and could not finish this response within its drain "
+                                  "timeout; it is incomplete.")
+        ex.reason = "shutdown"
+        return events
 
     def _failed(self, ex: Exchange, message: str) -> bytes:
         """A failure after the stream began: `error` then `response.failed`, never a silent close."""

@@ -231,6 +231,28 @@ def test_an_upstream_claiming_a_trillion_tokens_is_billed_at_the_request_bound(s
         assert metric(u, "gateway_upstream_usage_anomalies_total", pool="h", kind=k) == v + 1
 
 
+@pytest.mark.parametrize("raw", [b"garbage line\n\n", b"event: ping\n\n", b"data: not json\n\n"])
+def test_a_malformed_upstream_stream_ends_with_an_error_event(stack, raw):
+    """Garbage from an upstream mid-stream (a line that is no SSE field, an event without data, a payload that is no
+    JSON object) used to be skipped or relayed, and the stream ended as a success. It ends with an error event, no
+    [DONE], and is logged as a stream error."""
+    u, fake, lines = stack["url"], stack["fake"], stack["lines"]
+    fake.inject = (1, raw)
+    try:
+        with httpx.stream("POST", u + "/v1/chat/completions", json=chat(model="glm-hosted", stream=True),
+                          headers={"authorization": f"Bearer {KEY_A}"}, timeout=20) as r:
+            data = b"".join(r.iter_bytes())
+    finally:
+        fake.inject = None
+    assert r.status_code == 200 and b"data: [DONE]" not in data
+    events = [orjson.loads(e[6:]) for e in data.split(b"\n\n") if e.startswith(b"data: ")]
+    assert events[-1]["error"]["type"] == "server_error" and "malformed" in events[-1]["error"]["message"]
+    assert b"garbage" not in data and b"not json" not in data and b"ping" not in data
+    rid = r.headers["x-request-id"]
+    wait_until(lambda: any(ln["request_id"] == rid for ln in lines.records), what="logged")
+    assert next(ln for ln in lines.records if ln["request_id"] == rid)["reason"] == "stream_error"
+
+
 def test_token_metrics_add_up(stack):
     """type = uncached_prompt | cached_prompt | completion are disjoint: summing by type is the upstream's total."""
     u = stack["url"]
