@@ -493,6 +493,43 @@ async def sc_burst_concurrency(stack: Stack, lb: LoadBalancer, client: httpx.Asy
     return t
 
 
+async def sc_burst_redis_dies(stack: Stack, lb: LoadBalancer, client: httpx.AsyncClient, a: argparse.Namespace) -> Tally:
+    """Redis SIGKILLed, then at once 100 concurrent requests split over both instances from a tenant whose
+    max_concurrent 5 is fleet-wide: requests caught mid-call to Redis and those after fall back to the local cap, so
+    the replicas never see more than 5 per instance (10) at once. Redis is then restarted from its AOF."""
+    t = Tally()
+    long = {"max_tokens": 6000, "ignore_eos": True}
+    peak, done = 0, asyncio.Event()
+
+    async def watch() -> None:
+        nonlocal peak
+        while not done.is_set():
+            states = await asyncio.gather(*(client.get(f"{u}/_sim/state", timeout=5) for u in stack.sim_urls),
+                                          return_exceptions=True)
+            peak = max(peak, sum(r.json()["inflight"] for r in states if isinstance(r, httpx.Response)))
+            await asyncio.sleep(0.01)
+
+    watcher = asyncio.create_task(watch())
+    stack.redis.kill(hard=True)
+    try:
+        results = await asyncio.gather(*(send(client, stack.gw_urls[i % 2], TENANTS["capped_fleet"][0], "chat/completions",
+                                              {**chat_body(i, False), **long}, t, timeout=60) for i in range(100)))
+    finally:
+        done.set()
+        await watcher
+        await asyncio.to_thread(stack.redis.start)
+    admitted = sum(1 for code, _, _ in results if code == 200)
+    refused = sum(1 for code, _, _ in results if code == 429)
+    t.notes.append(f"{admitted} admitted over the burst, {refused} refused, at most {peak} in flight at the replicas "
+                   f"(local cap 5 per instance)")
+    if peak > 10:
+        t.fail(f"{peak} in flight at once as Redis died: more than the local cap per instance")
+    if admitted + refused != 100:
+        t.fail(f"{100 - admitted - refused} requests neither admitted nor refused with 429")
+    loss_checks(t)
+    return t
+
+
 def fallback_lines(stack: Stack) -> int:
     """Log lines in which an instance says it fell back to its own limits (it must not while Redis is up)."""
     n = 0
@@ -609,6 +646,7 @@ SCENARIOS = {
     "replica_kill": sc_replica_kill, "replica_hang": sc_replica_hang, "replica_503": sc_replica_503,
     "redis_down": sc_redis_down, "instance_sigterm": sc_sigterm, "poison": sc_poison,
     "content_failures": sc_content_failures, "edges": sc_edges, "burst_concurrency": sc_burst_concurrency,
+    "burst_redis_dies": sc_burst_redis_dies,
     "budget_burst": sc_budget_burst, "fuzz": sc_fuzz,
 }
 

@@ -151,3 +151,29 @@ def test_redis_away_falls_back_to_the_local_cap():
 def test_fleet_scope_needs_redis():
     with pytest.raises(ConfigError, match=r"max_concurrent_scope: 'fleet' needs routing\.redis_url"):
         parse_config(cap_config("http://127.0.0.1:9", "fleet"))
+
+
+@pytest.mark.parametrize("instances", [1, 2])
+def test_a_burst_at_the_moment_redis_dies_admits_at_most_the_local_cap_per_instance(hosted, instances):
+    """Redis SIGKILLed, then at once a burst of 100: requests caught mid-call to Redis, and those after it, fall back
+    to the local cap (5 per instance). An outside run saw 40 of 100 admitted at a fleet cap of 5."""
+    from tests.helpers import RedisServer
+
+    fake, url = hosted
+    srv = RedisServer()
+    cfg = cap_config(url, "fleet", srv.url)
+    gws = [start_gateway(cfg) for _ in range(2)]
+    try:
+        warm = asyncio.run(burst([g.urls[0] for g in gws], n=2))  # both instances have talked to Redis
+        assert all(r.status_code == 200 for r in warm)
+        fake.max_inflight = 0
+        srv.kill(hard=True)
+        responses = asyncio.run(burst([g.urls[0] for g in gws[:instances]]))
+        ok = sum(r.status_code == 200 for r in responses)
+        print(f"{instances} instance(s): admitted {ok} of 100 as Redis died, at most {fake.max_inflight} at once")
+        assert {r.status_code for r in responses} <= {200, 429}
+        assert 1 <= fake.max_inflight <= 5 * instances
+    finally:
+        for g in gws:
+            g.stop()
+        srv.stop()
