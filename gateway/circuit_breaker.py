@@ -2,9 +2,11 @@
 cooldown (one trial request) -> closed on success, open again on failure. The clock is injected.
 
 Blast radius: it opens only on replica-level evidence. A failure carries the fingerprint of the request body that
-met it, or None for evidence about the replica itself (connection refused, overload, a body another replica served);
-N consecutive failures open the breaker only when they come from at least `min_distinct` different sources, so one
-tenant replaying one bad body cannot close a replica to everyone. Failures the dispatcher judges the request's fault
+met it and the tenant that sent it, or None for evidence about the replica itself (connection refused, overload, a
+body another replica served); N consecutive failures open the breaker only when they come from at least
+`min_distinct` different sources — tenants, when known — so one tenant, replaying one bad body or sending many,
+cannot close a replica to everyone. This is what protects a pool of one target (every hosted endpoint), where no
+second replica can tell the body's fault from the target's. Failures the dispatcher judges the request's fault
 never reach the breaker at all. `trip` opens it at once (a replica that stopped answering, `ejection.py`).
 """
 
@@ -33,7 +35,7 @@ class CircuitBreaker:
         self.opened_at = 0.0
         self.reason = ""  # why it last opened (failures | stalled)
         self.last_success_at = float("-inf")
-        self._sources: set[str] = set()  # distinct body fingerprints among the consecutive failures
+        self._sources: set[str] = set()  # distinct tenants (else body fingerprints) among the consecutive failures
         self._replica_level = 0  # failures that are evidence about the replica whatever the body
         self._trial_in_flight = False
 
@@ -64,14 +66,15 @@ class CircuitBreaker:
         self.state = BreakerState.CLOSED
         self.last_success_at = self.clock()
 
-    def failure(self, source: str | None = None) -> None:
-        """One failed attempt; `source`: the body's fingerprint, None when the failure is about the replica itself."""
+    def failure(self, source: str | None = None, tenant: str | None = None) -> None:
+        """One failed attempt; `source`: the body's fingerprint, None when the failure is about the replica itself;
+        `tenant`: who sent that body (its failures count as one source, however many bodies)."""
         self._trial_in_flight = False
         self.failures += 1
         if source is None:
             self._replica_level += 1
         elif len(self._sources) < self.min_distinct:
-            self._sources.add(source)
+            self._sources.add(f"tenant:{tenant}" if tenant is not None else source)
         distinct = self._replica_level + len(self._sources)
         if self.state is BreakerState.HALF_OPEN or (
                 self.failures >= self.failure_threshold and distinct >= min(self.min_distinct, self.failure_threshold)):

@@ -64,7 +64,8 @@ class Dispatched:
 class _Tries:
     """One request's attempts so far: what failed where, for the classification rules."""
 
-    def __init__(self) -> None:
+    def __init__(self, tenant: str | None = None) -> None:
+        self.tenant = tenant  # whose body: its failures are one source of breaker evidence, whatever the body
         self.count = 0
         self.errors: list[AttemptFailed] = []
         self.last: Target | None = None
@@ -100,7 +101,7 @@ class Dispatcher:
                 "This request body timed out or broke the connection on two model server replicas and is refused for "
                 f"another {self.quarantine.remaining_s(bp):.0f} s to protect the service; change the request (e.g. "
                 "smaller n, max_tokens or prompt) rather than retrying it.", should_retry=False)
-        tries = _Tries()
+        tries = _Tries(tenant.name if tenant is not None else None)
         limit = self.cfg.retry.max_attempts
         for target in decision.ranked:
             if tries.count >= limit:
@@ -150,8 +151,8 @@ class Dispatcher:
             for t in tries.suspect_5xx:  # the body worked here: those 5xx were the replicas'
                 t.breaker.failure(None)
             return Dispatched(target, opened, tries.count, attempt)
-        for t in tries.suspect_5xx:
-            t.breaker.failure(bp.key)
+        for t in tries.suspect_5xx:  # no other replica could tell (a pool of one): evidence from this tenant
+            t.breaker.failure(bp.key, tries.tenant)
         if not tries.errors:
             raise self._tag(NoCapacity("No replica can take this request right now.", retry_after=1, should_retry=True), tries)
         if tries.bad_pools:
@@ -187,7 +188,7 @@ class Dispatcher:
             elif e.replica_answered:
                 target.breaker.release()  # it served others while this one waited: about this request, not the replica
             else:
-                target.breaker.failure(bp.key)
+                target.breaker.failure(bp.key, tries.tenant)
             if tries.hangs >= 2:
                 return self._quarantine(bp, tries)
             return None

@@ -170,3 +170,39 @@ def test_timeouts_on_a_replica_that_serves_others_are_not_held_against_it():
     finally:
         gw.stop()
         sims.stop()
+
+
+def test_one_tenants_bad_bodies_cannot_open_a_single_target_pool_for_others():
+    """A hosted endpoint is a pool of one target: no second replica can tell a body's fault from the target's, so
+    three bodies from tenant A that the provider answers with a 500 used to open its breaker — every tenant then got
+    503 on that pool for the cooldown. Evidence is counted per tenant: A gets its 502s, B keeps 100%. Failures from
+    two tenants are evidence about the target, and do open it (the contrast that makes the rule meaningful)."""
+    from tests.fakes.openai_upstream import FakeOpenAI
+    from tests.helpers import ServerThread
+
+    fake = FakeOpenAI()
+    fake.fail_if = lambda body: "poison" in str(body.get("messages"))
+    fake.error_body = {"error": {"message": "internal error", "type": "server_error", "code": None}}
+    up = ServerThread([fake.app()]).start()
+    gw = start_gateway(config([{"name": "h", "kind": "openai", "model": "hosted-glm", "base_url": up.urls[0] + "/v1"}],
+                              tenants=_tenants(), circuit_breaker={"failure_threshold": 3, "cooldown_s": 30.0}))
+    try:
+        a = OpenAI(base_url=gw.urls[0] + "/v1", api_key=KEY_A, max_retries=0)
+        b = OpenAI(base_url=gw.urls[0] + "/v1", api_key=KEY_B, max_retries=0)
+        for i in range(3):
+            with pytest.raises(openai.InternalServerError):
+                a.chat.completions.create(model="glm-5.2", messages=[{"role": "user", "content": f"poison {i}"}],
+                                          max_tokens=2)
+        ok = sum(b.chat.completions.with_raw_response.create(model="glm-5.2", messages=MSG, max_tokens=2)
+                 .http_response.status_code == 200 for _ in range(20))
+        assert ok == 20
+        assert gw.call(lambda: gw.app.state.gateway.registry.targets[0].breaker.state.value) == "closed"
+        # consecutive failures from two tenants are the target's fault: it opens
+        for client, i in ((a, 3), (a, 4), (b, 5)):
+            with pytest.raises(openai.InternalServerError):
+                client.chat.completions.create(model="glm-5.2", messages=[{"role": "user", "content": f"poison {i}"}],
+                                               max_tokens=2)
+        assert gw.call(lambda: gw.app.state.gateway.registry.targets[0].breaker.state.value) == "open"
+    finally:
+        gw.stop()
+        up.stop()

@@ -47,6 +47,19 @@ def test_breaker_half_open_failure_reopens():
     assert b.state.value == "open" and not b.available()
 
 
+@pytest.mark.parametrize("failures, opens", [
+    ([("body1", "a"), ("body2", "a"), ("body3", "a"), ("body4", "a")], False),  # one tenant, many bodies
+    ([("body1", "a"), ("body1", "b"), ("body1", "a")], True),  # two tenants: the target's fault
+    ([("body1", None), ("body2", None), ("body3", None)], True),  # tenant unknown: distinct bodies count
+    ([("body1", "a"), (None, None), ("body2", "a")], True),  # evidence about the replica itself
+])
+def test_breaker_counts_one_tenants_bodies_as_one_source(failures, opens):
+    b = CircuitBreaker(3, 5.0, Clock())
+    for source, tenant in failures:
+        b.failure(source, tenant)
+    assert (b.state.value == "open") is opens
+
+
 def test_success_resets_consecutive_failures():
     b = CircuitBreaker(2, 5.0, Clock())
     b.failure()

@@ -23,6 +23,8 @@ class FakeOpenAI:
         self.inband_error_after: int | None = None  # stream: send an error event after k chunks
         self.delay = 0.0
         self.chunk_delay = 0.0  # stream: seconds between content chunks
+        self.fail_if: Any = None  # body -> bool: those bodies get `error_status` with `error_body`
+        self.error_status = 500
         self.inject: tuple[int, bytes] | None = None  # stream: (k, raw bytes) sent as they are after k content chunks
         self.words = ["hi", " there", " friend"]  # stream: the content chunks
         self.inflight = self.max_inflight = 0  # requests held by `delay` now / at most at once
@@ -57,6 +59,8 @@ class FakeOpenAI:
                 self.inflight -= 1
         if self.status != 200:
             return Response(orjson.dumps(self.error_body), status_code=self.status, media_type="application/json")
+        if self.fail_if is not None and self.fail_if(body):
+            return Response(orjson.dumps(self.error_body), status_code=self.error_status, media_type="application/json")
         usage = self.usage
         head = {"id": "chatcmpl-fake", "created": 1, "model": body.get("model")}
         if not body.get("stream"):
