@@ -346,6 +346,23 @@ class ResponsesConfig(_Strict):
                                             "turns until the prompt fits this many tokens")
 
 
+class HttpLimits(_Strict):
+    """What a client connection may hold before authentication (servers.py): the request head's size and header count,
+    the time to send it, and connections per client address. Defaults follow common proxies."""
+
+    max_header_bytes: int = Field(default=64 * 1024, ge=1024, le=16 * 1024 * 1024, description="request line and "
+                                  "headers together; larger: 431 and the connection closed (Envoy's default is 60 KiB, "
+                                  "AWS ALB's 64 KB)")
+    max_headers: int = Field(default=100, ge=8, le=10_000, description="header fields per request; more: 431 "
+                             "(Envoy's default)")
+    header_read_s: float = Field(default=20.0, gt=0, le=600, description="the whole request head must arrive within "
+                                 "this from the connection's first byte (or its opening): 408 and closed otherwise "
+                                 "(Apache's mod_reqtimeout header=20; nginx's client_header_timeout is 60)")
+    max_connections_per_ip: int | None = Field(default=None, ge=1, description="open connections per client address; "
+                                               "more are answered 429 and closed. Off by default: behind a load "
+                                               "balancer every connection comes from the balancer's few addresses")
+
+
 class UsageBounds(_Strict):
     """What an upstream's reported usage may claim before it is clamped (api/openai/usage.py): no upstream can bill
     a request for more than it could have used."""
@@ -382,6 +399,7 @@ class GatewayConfig(_Strict):
     shutdown: Shutdown = Shutdown()
     recording: Recording = Recording()
     responses: ResponsesConfig = ResponsesConfig()
+    http: HttpLimits = HttpLimits()
     usage_bounds: UsageBounds = UsageBounds()
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
     max_json_depth: int = Field(default=64, ge=8, le=200, description="deeper request bodies get a 400 (orjson "

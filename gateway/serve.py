@@ -8,12 +8,13 @@ import sys
 from typing import Any
 
 from gateway.app import create_admin_app, create_app
-from gateway.config import ConfigError, load_config
+from gateway.config import ConfigError, HttpLimits, load_config
 from gateway.servers import make_server, serve_all, taken_port_error
 
 
 async def serve_gateway(app: Any, host: str, port: int, drain_timeout: float, drain_delay: float = 0.0,
-                         extra: list[Any] | None = None, on_started: Any = None) -> None:
+                         extra: list[Any] | None = None, on_started: Any = None,
+                         http_limits: HttpLimits | None = None) -> None:
     """Serve until SIGTERM/SIGINT, then shut down in the order load balancers expect:
 
     1. `/readyz` answers 503 for `drain_delay` seconds while every request is still served (the balancer notices
@@ -25,7 +26,7 @@ async def serve_gateway(app: Any, host: str, port: int, drain_timeout: float, dr
        cancels them;
     then the other servers of the process (`extra`: the admin listener, the demo's simulated replicas) stop."""
     server = make_server(app, host, port, timeout_graceful_shutdown=drain_timeout + CUT_GRACE_S,
-                         timeout_keep_alive=75, openai_errors=True)
+                         timeout_keep_alive=75, openai_errors=True, http_limits=http_limits)
     loop = asyncio.get_running_loop()
     pending: list[asyncio.TimerHandle] = []
 
@@ -79,12 +80,14 @@ def serve(a: argparse.Namespace) -> int:
         return 2
     extra = []
     if cfg.admin.port is not None:
-        extra.append(make_server(create_admin_app(app), a.host, cfg.admin.port, openai_errors=True))
+        extra.append(make_server(create_admin_app(app), a.host, cfg.admin.port, openai_errors=True,
+                                 http_limits=cfg.http))
 
     def started() -> None:
         admin = f", admin API on http://{a.host}:{cfg.admin.port}/admin" if cfg.admin.port is not None else ""
         print(f"gateway listening on http://{a.host}:{a.port}{admin}", file=sys.stderr, flush=True)
 
     delay = cfg.shutdown.readiness_drain_s if a.drain_delay is None else a.drain_delay
-    asyncio.run(serve_gateway(app, a.host, a.port, a.drain_timeout, delay, extra=extra, on_started=started))
+    asyncio.run(serve_gateway(app, a.host, a.port, a.drain_timeout, delay, extra=extra, on_started=started,
+                              http_limits=cfg.http))
     return 0

@@ -62,7 +62,8 @@ def abandoned_usage(ex: Exchange, predicted_cached: int) -> dict[str, Any]:
 
 def reason_for(stage: str, err: BaseException) -> tuple[str, str]:
     """(status, reason) of a request that ended with `err` raised at `stage`. Reasons are a small fixed set (a
-    metric label): invalid_http (the HTTP parser refused it: servers.py), auth, body_too_large, body_timeout,
+    metric label): invalid_http (the HTTP parser refused it: servers.py), headers_too_large, header_timeout,
+    too_many_connections (the connection limits, servers.py), auth, body_too_large, body_timeout,
     invalid_body, malformed_json, invalid_request, model_not_found, pool_not_allowed, concurrency_limit, rate_limit,
     shed, budget, quarantined, upstream_rejected, upstream_error, no_capacity, upstream_timeout, client_disconnect, internal.
     (Ends of admitted requests add: ok, stream_error, client_stall, shutdown — a stream cut by the shutdown.)"""
@@ -75,7 +76,8 @@ def reason_for(stage: str, err: BaseException) -> tuple[str, str]:
         return status, "body_too_large"
     if isinstance(err, RequestTimeout):
         return status, "body_timeout"
-    by_stage = {"http": "invalid_http", "identify": "auth", "read_body": "invalid_body", "parse": "malformed_json", "validate": "invalid_request",
+    by_stage = {"http": "invalid_http", "headers_too_large": "headers_too_large", "header_timeout": "header_timeout",
+                "connections": "too_many_connections", "identify": "auth", "read_body": "invalid_body", "parse": "malformed_json", "validate": "invalid_request",
                 "concurrency": "concurrency_limit", "rate_limit": "rate_limit", "decide": "shed", "budget": "budget"}
     if stage in by_stage:
         return status, by_stage[stage]
