@@ -10,6 +10,7 @@ from gateway.errors import RequestTimeout, RequestTooLarge
 
 DEFAULT_READ_TIMEOUT_S = 5.0
 TOTAL_FACTOR = 12  # however steadily it trickles, a body gets at most this many read timeouts in all (60 s default)
+CONFIRM_PASSES = 3  # callback passes a passed deadline waits for bytes already taken from the socket
 
 
 async def read_body(request: Request, limit: int, timeout: float = DEFAULT_READ_TIMEOUT_S) -> bytes:
@@ -34,15 +35,28 @@ async def read_body(request: Request, limit: int, timeout: float = DEFAULT_READ_
     hard = start + timeout * TOTAL_FACTOR
     fired = False
     cancelling = task.cancelling()
-    handle: asyncio.TimerHandle
+    handle: asyncio.Handle
 
     # One timer for the whole read, re-armed only when it fires early: asyncio.timeout would cancel and re-create
     # a timer handle per chunk (~0.03 ms CPU a request, most bodies being one chunk).
     def check() -> None:
-        nonlocal handle, fired
+        nonlocal handle
         due = min(last + timeout, hard)
         if loop.time() < due:
             handle = loop.call_at(due, check)
+            return
+        # The deadline passed, but by the clock of a loop that may itself have been blocked (a long synchronous step
+        # elsewhere): bytes that arrived meanwhile are taken from the socket around this iteration and reach this read
+        # one or two callback passes later (asyncio polls the socket before its timers, uvloop after). Decide then, on
+        # what really arrived: no 408 for a body that was there all along.
+        handle = loop.call_soon(confirm, size, CONFIRM_PASSES)
+
+    def confirm(seen: int, passes: int) -> None:
+        nonlocal handle, fired
+        if size != seen:  # bytes arrived after all: keep reading (past the whole-body bound only while they flow)
+            check()
+        elif passes > 1:
+            handle = loop.call_soon(confirm, seen, passes - 1)
         else:
             fired = True
             task.cancel()

@@ -3,6 +3,7 @@ messages: chunked bodies whose gaps stay under the read timeout arrive however l
 408; a client leaving mid-body is a ClientDisconnect; a body the framework already read is used as it is."""
 
 import asyncio
+import threading
 
 import pytest
 from starlette.requests import ClientDisconnect, Request
@@ -69,3 +70,54 @@ def test_a_body_the_framework_already_read_is_used():
         return await read_body(r, 1000, 1.0)
 
     assert asyncio.run(go()) == b'{"a":1}'
+
+
+def test_a_body_that_arrived_while_the_event_loop_was_blocked_is_not_a_408():
+    """An event-loop stall longer than the body-read timeout (a long synchronous step elsewhere) used to turn a request
+    whose body had fully arrived into a 408 ("0 bytes received of 78 declared"), which clients must not retry. The
+    body is sent while the gateway's loop is blocked for three read timeouts: it is read, not refused. A body that
+    really stops arriving is still a 408 (the contrast)."""
+    import socket
+    import time
+
+    from gateway.app import create_app
+    from gateway.config import parse_config
+    from gateway.servers import make_server
+    from tests.fakes.openai_upstream import FakeOpenAI
+    from tests.gateway_fixtures import KEY_A, config
+    from tests.helpers import ServerThread, wait_until
+
+    fake = FakeOpenAI()
+    up = ServerThread([fake.app()]).start()
+    app = create_app(parse_config(config([{"name": "h", "kind": "openai", "model": "m", "base_url": up.urls[0] + "/v1"}],
+                                         timeouts={"body_read": 0.3})))
+    gw = ServerThread([app])
+    gw.servers = [make_server(app, "127.0.0.1", gw.ports[0], timeout_keep_alive=5, openai_errors=True)]
+    gw.start()
+    body = b'{"model": "glm-5.2", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}'
+    head = (f"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {KEY_A}\r\n"
+            f"content-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n").encode()
+    try:
+        for stall, send_body, expect in ((True, True, b"HTTP/1.1 200"), (False, False, b"HTTP/1.1 408")):
+            with socket.create_connection(("127.0.0.1", gw.ports[0]), timeout=15) as s:
+                s.sendall(head)
+                # the request is in its body read (its task runs: the read's first await is its first await)
+                wait_until(lambda: len(gw.servers[0].server_state.tasks) == 1, what="the request started")
+                if stall:
+                    blocked = threading.Event()
+
+                    def block() -> None:
+                        blocked.set()
+                        time.sleep(0.9)  # three body-read timeouts with the loop blocked
+
+                    gw.loop.call_soon_threadsafe(block)
+                    blocked.wait(5)
+                if send_body:
+                    s.sendall(body)  # arrives while the loop is blocked
+                got = b""
+                while b"\r\n\r\n" not in got:
+                    got += s.recv(65536)
+            assert got.startswith(expect), got[:200]
+    finally:
+        gw.stop()
+        up.stop()
