@@ -72,6 +72,7 @@ class TargetState:
     drained: bool = False  # ControlPlane.apply
     healthy: bool = True  # HealthChecker (probes; a refused connection the dispatcher reports via `unreachable`)
     health_failures: int = 0  # HealthChecker
+    credentials_rejected: bool = False  # HealthChecker (its probe answered 401/403: up, but not with the pool's key)
     last_error: str = ""  # Dispatcher (the last failed attempt's message, for /admin/state)
     engine_load: LoadView | None = None  # EnginePoller (the engine's own /v1/loads row)
     # -- SGLang server facts: EnginePoller, through UpstreamRegistry.set_ranks (/server_info and the preflight) --

@@ -124,6 +124,35 @@ def test_wrong_upstream_key_is_a_502_about_the_gateways_credentials(caplog):
         sims.stop()
 
 
+def test_a_hosted_pool_whose_key_is_refused_everywhere_is_a_credentials_error_not_overload(caplog):
+    """A provider that refuses the pool's key refuses its health probe too. The probe used to mark the endpoint
+    unhealthy, and clients got 503 "overloaded" (retried, hiding the cause). The endpoint is up: it stays routable,
+    clients get the credentials error (502, x-should-retry false), and the probe's finding is logged for on-call."""
+    from tests.fakes.openai_upstream import FakeOpenAI
+    from tests.helpers import ServerThread
+
+    fake = FakeOpenAI()
+    fake.status = 401
+    fake.error_body = {"error": {"message": "Incorrect API key provided", "type": "invalid_request_error",
+                                 "code": "invalid_api_key"}}
+    up = ServerThread([fake.app()]).start()
+    gw = start_gateway(config([{"name": "h", "kind": "openai", "model": "m", "base_url": up.urls[0] + "/v1"}]))
+    try:
+        st = gw.app.state.gateway
+        wait_until(lambda: gw.call(lambda: st.registry.targets[0].state.credentials_rejected), what="the probe ran")
+        wait_until(lambda: gw.call(lambda: st.registry.targets[0].state.health_failures) == 0, what="two rounds")
+        assert gw.call(lambda: st.registry.targets[0].healthy)
+        r = httpx.post(gw.urls[0] + "/v1/chat/completions", headers={"authorization": f"Bearer {KEY_A}"},
+                       json={"model": "glm-5.2", "messages": MSG, "max_tokens": 2})
+        assert r.status_code == 502 and r.json()["error"]["code"] == "upstream_credentials_rejected"
+        assert r.headers["x-should-retry"] == "false"
+        probe_lines = [x.getMessage() for x in caplog.records if x.name == "gateway.health" and x.levelname == "ERROR"]
+        assert probe_lines and "pool h" in probe_lines[0]
+    finally:
+        gw.stop()
+        up.stop()
+
+
 def test_504_after_every_attempt_timed_out_names_the_attempts():
     """One replica that never answers: the 504 carries x-gateway-attempts and says a retry will not help."""
     sims, _ = start_sims(1)

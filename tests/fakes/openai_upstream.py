@@ -43,6 +43,8 @@ class FakeOpenAI:
         ])
 
     async def models(self, request: Request) -> Response:
+        if self.status in (401, 403):  # a key the provider refuses is refused everywhere
+            return Response(orjson.dumps(self.error_body), status_code=self.status, media_type="application/json")
         return Response(orjson.dumps({"object": "list", "data": [{"id": "hosted-glm", "object": "model"}]}),
                         media_type="application/json")
 

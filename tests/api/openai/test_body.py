@@ -106,7 +106,7 @@ def test_a_body_that_arrived_while_the_event_loop_was_blocked_is_not_a_408():
                 if stall:
                     blocked = threading.Event()
 
-                    def block() -> None:
+                    def block(blocked: threading.Event = blocked) -> None:
                         blocked.set()
                         time.sleep(0.9)  # three body-read timeouts with the loop blocked
 
