@@ -337,11 +337,18 @@ class ResponsesConfig(_Strict):
 
     ttl_s: float = Field(default=86_400, ge=1, le=30 * 86_400, description="how long a stored response can be "
                          "retrieved or continued with previous_response_id")
-    max_record_bytes: int = Field(default=8 * 1024 * 1024, ge=1024, description="a larger turn (its whole history "
-                                  "included) is answered but not stored")
-    max_per_tenant: int = Field(default=10_000, ge=1, description="stored responses per tenant; oldest dropped first")
+    max_record_bytes: int = Field(default=8 * 1024 * 1024, ge=1024, description="a turn whose stored form (what it "
+                                  "adds to its conversation, or all of it without a parent) is larger is answered "
+                                  "but not stored")
+    max_per_tenant: int = Field(default=10_000, ge=1, description="stored responses per tenant; the least recently "
+                                "written or continued dropped first")
+    max_tenant_bytes: int = Field(default=32 * 1024 * 1024, ge=1024, description="bytes stored per tenant (at most "
+                                  "max_memory_bytes); past it the tenant's own least recently used turns go, so one "
+                                  "tenant alone cannot evict the others'")
     max_memory_bytes: int = Field(default=256 * 1024 * 1024, ge=1024 * 1024,
-                                  description="all stored responses, in-memory store only (no routing.redis_url)")
+                                  description="all stored responses, every tenant together (Redis or memory)")
+    retrieves_per_minute: int = Field(default=1200, ge=1, description="reads of stored responses (retrieve, input "
+                                      "items, previous_response_id) per tenant and instance; more: 429")
     auto_truncate_input_tokens: int = Field(default=200_000, ge=1, description="`truncation: auto` drops the oldest "
                                             "turns until the prompt fits this many tokens")
 

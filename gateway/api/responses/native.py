@@ -126,6 +126,7 @@ class NativeResponses:
         self.stored_items = history + [{"id": new_id("msg"), **i} if "id" not in i else i
                                        for i in input_items(body["input"])]
         self.keep = body.get("store", True) is not False
+        self.parent = body.get("previous_response_id")  # the stored turn this one continues (the store keeps the delta)
         self.chat = chat_form(body, history, self.st.config.responses.auto_truncate_input_tokens)
         self._swaps: list[tuple[bytes, bytes]] = []
         self._last_response: dict[str, Any] = {}
@@ -212,7 +213,7 @@ class NativeResponses:
         rid = response.get("id")
         if self.keep and isinstance(rid, str) and _ID.match(rid):
             await self.store.put(self.tenant_name, rid, orjson.dumps({
-                "response": response, "input_items": self.stored_items,
+                "response": response, "input_items": self.stored_items, "parent": self.parent,
                 "served_by": served_by(ex.headers.get("x-gateway-replica"), response)}))
 
     # -- non-streamed ----------------------------------------------------------------------------------------

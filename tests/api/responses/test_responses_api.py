@@ -259,10 +259,12 @@ def test_stored_responses_are_shared_through_redis(redis_server):
         other = OpenAI(base_url=gws[1].urls[0] + "/v1", api_key=KEY_B, max_retries=0)
         with pytest.raises(openai.NotFoundError):
             other.responses.retrieve(r1.id)
-        a.responses.create(model="glm-5.2", input="third", max_output_tokens=4)  # over max_per_tenant=2: r1 goes
+        # over max_per_tenant=2: the least recently used conversation loses its newest turn (a turn without its
+        # earlier ones could not be continued; the earlier ones still can)
+        a.responses.create(model="glm-5.2", input="third", max_output_tokens=4)
         with pytest.raises(openai.NotFoundError):
-            b.responses.retrieve(r1.id)
-        assert a.responses.retrieve(r2.id).id == r2.id
+            b.responses.retrieve(r2.id)
+        assert a.responses.retrieve(r1.id).id == r1.id
     finally:
         for g in gws:
             g.stop()
