@@ -45,6 +45,7 @@ from gateway.shared_redis import RedisGuard, build_client, default_max_connectio
 from gateway.state import AppState
 from gateway.tenancy.concurrency import ConcurrencyLimiter
 from gateway.tenancy.fallback import build_limits
+from gateway.tenancy.idempotency import MemoryIdempotencyStore, RedisIdempotencyStore
 from gateway.tenancy.policy_loader import PolicyError
 from gateway.tenancy.policy_store import PolicyStore
 from gateway.upstreams import UpstreamRegistry
@@ -136,6 +137,8 @@ def create_app(config: GatewayConfig, *, span_exporter: Any = None, transport: h
         )
         if precise is not None:
             state.prefix_hasher, state.kv_events = precise.hasher, precise.manager
+        state.idempotency = RedisIdempotencyStore(redis_client, rc.redis_prefix, config.idempotency.ttl_s) \
+            if redis_client is not None else MemoryIdempotencyStore(config.idempotency.ttl_s)
         app.state.gateway = state
         app.state.proxy = OpenAIProxy(state)
         app.state.responses_store = build_response_store(config.responses, redis_client, rc.redis_prefix,

@@ -353,6 +353,15 @@ class ResponsesConfig(_Strict):
                                             "turns until the prompt fits this many tokens")
 
 
+class Idempotency(_Strict):
+    """A client's explicit `Idempotency-Key` (api/openai/idempotency.py): the outcome of the first request with a
+    key is returned to its repeats instead of serving (and billing) them again."""
+
+    ttl_s: float = Field(default=86_400, ge=1, le=7 * 86_400, description="how long a key and its outcome are kept")
+    max_replay_bytes: int = Field(default=4 * 1024 * 1024, ge=1024, description="a larger outcome (a long stream) is "
+                                  "not kept: its repeats get 409 instead of a replay")
+
+
 class HttpLimits(_Strict):
     """What a client connection may hold before authentication (servers.py): the request head's size and header count,
     the time to send it, and connections per client address. Defaults follow common proxies."""
@@ -407,6 +416,7 @@ class GatewayConfig(_Strict):
     recording: Recording = Recording()
     responses: ResponsesConfig = ResponsesConfig()
     http: HttpLimits = HttpLimits()
+    idempotency: Idempotency = Idempotency()
     usage_bounds: UsageBounds = UsageBounds()
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
     max_json_depth: int = Field(default=64, ge=8, le=200, description="deeper request bodies get a 400 (orjson "

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from gateway.backends.engine_poller import EnginePoller
     from gateway.kvevents.manager import KvEventsManager
     from gateway.recording.recorder import TraceRecorder
+    from gateway.tenancy.idempotency import IdempotencyStore
 
 
 @dataclass
@@ -61,3 +62,4 @@ class AppState:
     tracer_provider: Any = None
     draining: bool = False
     concurrency: ConcurrencyLimiter = field(default_factory=ConcurrencyLimiter)  # tenants' max_concurrent
+    idempotency: IdempotencyStore | None = None  # clients' Idempotency-Key outcomes (tenancy/idempotency.py)

@@ -24,6 +24,7 @@ from typing import Any
 
 from starlette.requests import ClientDisconnect
 
+from gateway.api.openai import idempotency
 from gateway.api.openai.exchange import Exchange, RecentDecision
 from gateway.api.openai.relay import cost, upstream_reason
 from gateway.api.openai.telemetry import end_span
@@ -36,7 +37,7 @@ from gateway.tenancy.budget import Usage
 log = logging.getLogger("gateway.accounting")
 
 # The ends that are not a failure of the gateway or the upstream (span status stays unset, feedback not "failed").
-CLEAN_ENDS = ("ok", "client_disconnect", "client_stall", "shutdown")
+CLEAN_ENDS = ("ok", "client_disconnect", "client_stall", "shutdown", "idempotent_replay")
 # Streams ended before the engine's usage arrived, billed for what was relayed (`abandoned_usage`).
 CUT_ENDS = ("client_disconnect", "client_stall", "shutdown")
 
@@ -66,7 +67,8 @@ def reason_for(stage: str, err: BaseException) -> tuple[str, str]:
     too_many_connections (the connection limits, servers.py), auth, body_too_large, body_timeout,
     invalid_body, malformed_json, invalid_request, model_not_found, pool_not_allowed, concurrency_limit, rate_limit,
     shed, budget, quarantined, upstream_rejected, upstream_error, no_capacity, upstream_timeout, client_disconnect, internal.
-    (Ends of admitted requests add: ok, stream_error, client_stall, shutdown — a stream cut by the shutdown.)"""
+    (Ends of admitted requests add: ok, stream_error, client_stall, shutdown — a stream cut by the shutdown —,
+    idempotency — a refused Idempotency-Key — and idempotent_replay — a kept outcome sent again.)"""
     if isinstance(err, (ClientDisconnect, asyncio.CancelledError)):
         return "499", "client_disconnect"
     if not isinstance(err, GatewayError):
@@ -169,7 +171,8 @@ class Accounting:
         finally:
             ctx = _Ctx(ex, now)
             for name, step in (("usage", self._usage), ("metrics", self._metrics), ("sla", self._sla),
-                               ("budget", self._settle), ("rate_limits", self._adjust_rate), ("recent", self._recent),
+                               ("budget", self._settle), ("rate_limits", self._adjust_rate),
+                               ("idempotency", self._idempotency), ("recent", self._recent),
                                ("record", self._record), ("span", self._span), ("log", self._log)):
                 self._step(name, step, ctx)
 
@@ -242,6 +245,10 @@ class Accounting:
         for b in c.ex.buckets:
             if b.key.endswith(":tok") and b.cost != used:
                 self._background(self.state.limiter.adjust(b, b.cost - used))
+
+    def _idempotency(self, c: _Ctx) -> None:
+        if c.ex.idem is not None:
+            self._background(idempotency.end(self.state, c.ex))
 
     def _recent(self, c: _Ctx) -> None:
         ex, t = c.ex, c.ex.served_by

@@ -53,6 +53,7 @@ class Exchange:
     # budget reservation and its settlement, the routing load reservation, the upstream's x-request-id). The
     # client's x-request-id (`request_id`) is only a correlation field: logged and echoed, never a key.
     id: str = field(default_factory=lambda: os.urandom(16).hex())
+    idem: Any = None  # the client's Idempotency-Key this request holds (api/openai/idempotency.py), if any
 
     @property
     def served_by(self) -> Any:

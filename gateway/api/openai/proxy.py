@@ -27,7 +27,7 @@ from typing import Any
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
-from gateway.api.openai import admission, budget, decide
+from gateway.api.openai import admission, budget, decide, idempotency
 from gateway.api.openai.accounting import Accounting, Edge, reason_for
 from gateway.api.openai.body import read_body
 from gateway.api.openai.entitlements import Entitlements
@@ -144,6 +144,16 @@ class OpenAIProxy:
 
     async def _serve(self, request: Request, ex: Exchange) -> Response:
         st = self.state
+        try:
+            replay = await idempotency.begin(st, request, ex)  # a repeat of a request already served: its outcome
+        except GatewayError as e:
+            ex.status, ex.reason, ex.error = str(e.status), "idempotency", e.message
+            await self.accounting.finish(ex, disconnected=False)
+            raise
+        if replay is not None:
+            ex.reason = "idempotent_replay"
+            await self.accounting.finish(ex, disconnected=False)
+            return replay
         await self.admit(ex)
         if ex.parsed.stream:
             return EventStreamResponse(lambda: self.relay.stream_first(ex), lambda: self.relay.stream_rest(ex),

@@ -16,6 +16,7 @@ import orjson
 from starlette.responses import Response
 
 from gateway.api.error_handlers import to_response
+from gateway.api.openai import idempotency
 from gateway.api.openai.budget import usage_bound
 from gateway.api.openai.exchange import Exchange
 from gateway.api.openai.usage import clean_usage, usage_counts
@@ -98,7 +99,9 @@ class Relay:
             body["usage"] = ex.usage
         body["model"] = ex.parsed.model
         ex.headers["x-gateway-cost-usd"] = f"{cost(ex):.8f}"
-        return Response(orjson.dumps(body), media_type="application/json", headers=ex.headers)
+        data = orjson.dumps(body)
+        idempotency.answered(ex, data)
+        return Response(data, media_type="application/json", headers=ex.headers)
 
     # -- streaming -------------------------------------------------------------------------------------------
     async def stream_first(self, ex: Exchange) -> Response | bytes:
@@ -109,8 +112,9 @@ class Relay:
             return to_response(e)  # x-request-id is added by RequestIdMiddleware like on every response
         assert ex.first_token_at is not None
         self.state.feedback.first_token(d.attempt, ex.first_token_at - ex.started)
-        out = self._relay(ex, d.opened.first or b"")
-        return out or b": stream open\n\n"
+        out = self._relay(ex, d.opened.first or b"") or b": stream open\n\n"
+        idempotency.streamed(ex, out)
+        return out
 
     async def stream_rest(self, ex: Exchange) -> AsyncIterator[bytes]:
         d = ex.dispatched
@@ -120,6 +124,7 @@ class Relay:
             async for payload in d.opened.rest:
                 if payload == b"[DONE]":
                     saw_done = True
+                    idempotency.streamed(ex, DONE)
                     yield DONE
                     break
                 if payload.startswith(b'{"error"'):
@@ -128,6 +133,7 @@ class Relay:
                     return
                 out = self._relay(ex, payload)
                 if out:
+                    idempotency.streamed(ex, out)
                     yield out
         except StreamBroken as e:
             ex.reason, ex.error = "stream_error", str(e)
