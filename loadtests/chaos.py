@@ -11,8 +11,11 @@ traffic through a readiness-following load balancer, and one fault per scenario.
 Scenarios: replica SIGKILLed under load and brought back; a hung replica; a replica answering 503; Redis killed and
 restarted (AOF) with a budgeted tenant spending through the outage; SIGTERM of one instance with streams in flight;
 poison bodies; content-caused upstream failures from one tenant; malformed HTTP edges; a burst against a tenant's
-concurrency cap; a burst against a $-budget and a rate limit across both instances; a fuzz of chat, completions,
-/v1/models and the admin API; then normal traffic on every replica.
+concurrency cap, and one at the moment Redis is killed; a burst against a $-budget whose cap fits ~200 requests and
+a rate limit across both instances; one x-request-id reused by 300 requests in sequence and at once (and by another
+tenant); a header flood and 1,000 slowloris connections before any key; a fuzz of chat, completions, responses,
+messages, count_tokens, /v1/models and the admin API (drawn bodies, and every field of a valid body of each in turn
+replaced by each kind of JSON value); then normal traffic on every replica.
 """
 
 from __future__ import annotations
@@ -87,6 +90,28 @@ def is_openai_error(raw: bytes) -> bool:
     return isinstance(err, dict) and isinstance(err.get("message"), str) and "type" in err
 
 
+def is_anthropic_error(raw: bytes) -> bool:
+    """Anthropic's error shape: {"type": "error", "error": {"type", "message"}} (/v1/messages, count_tokens)."""
+    try:
+        body = orjson.loads(raw)
+        err = body.get("error")
+    except (orjson.JSONDecodeError, AttributeError):
+        return False
+    return body.get("type") == "error" and isinstance(err, dict) and isinstance(err.get("type"), str) \
+        and isinstance(err.get("message"), str)
+
+
+def error_shape(endpoint: str) -> Any:
+    """The error shape of the API an endpoint belongs to."""
+    return is_anthropic_error if endpoint.startswith("messages") else is_openai_error
+
+
+# How a stream of each API ends: (a complete end, an in-band error) markers.
+STREAM_ENDS = {"responses": ((b"response.completed", b"response.incomplete"), (b"event: error", b"response.failed")),
+               "messages": ((b"event: message_stop",), (b"event: error",))}
+OPENAI_STREAM_END = ((b"data: [DONE]",), (b'data: {"error"',))
+
+
 def chat_body(i: int, stream: bool, max_tokens: int = 24) -> dict[str, Any]:
     group = i % 6
     return {"model": "glm-5.2", "stream": stream, "max_tokens": max_tokens,
@@ -96,19 +121,20 @@ def chat_body(i: int, stream: bool, max_tokens: int = 24) -> dict[str, Any]:
 
 
 async def send(client: httpx.AsyncClient, base: str, key: str, endpoint: str, body: Any, t: Tally,
-               timeout: float = 30.0, raw: bytes | None = None) -> tuple[int, dict[str, str], bytes]:
+               timeout: float = 30.0, raw: bytes | None = None,
+               headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
     """One request; the tally learns its outcome. Returns (status or -1, headers, body or collected stream)."""
     t.sent += 1
     sent_at = time.monotonic()
-    code, headers, data = await _send(client, base, key, endpoint, body, t, timeout, raw)
+    code, headers, data = await _send(client, base, key, endpoint, body, t, timeout, raw, headers or {})
     t.timings.append((sent_at, time.monotonic() - sent_at, code))
     return code, headers, data
 
 
 async def _send(client: httpx.AsyncClient, base: str, key: str, endpoint: str, body: Any, t: Tally,
-                timeout: float, raw: bytes | None) -> tuple[int, dict[str, str], bytes]:
+                timeout: float, raw: bytes | None, extra: dict[str, str]) -> tuple[int, dict[str, str], bytes]:
     stream = isinstance(body, dict) and body.get("stream") is True
-    headers = {"content-type": "application/json", **({"authorization": f"Bearer {key}"} if key else {})}
+    headers = {"content-type": "application/json", **({"authorization": f"Bearer {key}"} if key else {}), **extra}
     content = raw if raw is not None else orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY) \
         if not _has_nonfinite(body) else json.dumps(body).encode()
     try:
@@ -133,11 +159,12 @@ async def _send(client: httpx.AsyncClient, base: str, key: str, endpoint: str, b
         t.statuses[f"lost:{type(e).__name__}"] += 1
         return -1, {}, b""
     code = r.status_code
+    done, failed = STREAM_ENDS.get(endpoint, OPENAI_STREAM_END)
     if code == 200 and stream:
-        if b"data: [DONE]" in data:
+        if any(m in data for m in done):
             t.ok += 1
             t.statuses["200"] += 1
-        elif b'data: {"error"' in data:
+        elif any(m in data for m in failed):
             t.stream_errors += 1
             t.statuses["200-stream-error-event"] += 1
         else:
@@ -147,7 +174,7 @@ async def _send(client: httpx.AsyncClient, base: str, key: str, endpoint: str, b
         t.statuses[str(code)] += 1
         if code == 200:
             t.ok += 1
-        elif not is_openai_error(data):
+        elif not error_shape(endpoint)(data):
             t.bad_shape += 1
     return code, dict(r.headers), data
 
@@ -540,35 +567,51 @@ def fallback_lines(stack: Stack) -> int:
     return n
 
 
+def reservation(body: dict[str, Any]) -> float:
+    """What the gateway reserves for `body` at the chaos pool's prices: its usage bound (api/openai/budget.py), priced
+    uncached — the most one request can be billed."""
+    from gateway.api.openai.usage import bound_for
+    from gateway.api.openai.validation import validate
+    from gateway.config import UsageBounds
+
+    u, p = UsageBounds(), validate(dict(body), "chat/completions")
+    b = bound_for(body, p.prompt_tokens, p.max_output_tokens, None, u.prompt_factor, u.prompt_slack_tokens,
+                  u.media_tokens, u.max_output_tokens)
+    return (b.prompt * 1.0 + b.completion * 3.2) / 1e6
+
+
 async def sc_budget_burst(stack: Stack, lb: LoadBalancer, client: httpx.AsyncClient, a: argparse.Namespace) -> Tally:
-    """200 and then 400 concurrent requests split across both instances against a $0.001/day budget and a 50/min
-    rate limit (a fresh tenant pair for each size). Admitted spend may exceed the cap by at most one in-flight
-    request's worst case per instance; the ledger must equal what was served; no instance may fall back to local
-    limits while Redis is up."""
+    """400 concurrent requests split across both instances against a budget whose cap fits ~200 reservations, then
+    200 and 400 against a 50/min rate limit (a fresh tenant for each size). Admitted spend may exceed the cap by at
+    most one in-flight request's worst case per instance; the ledger must equal what was served; no instance may fall
+    back to local limits while Redis is up."""
     t = Tally()
     logs_before = fallback_lines(stack)
+    cap = float(TENANTS["budget"][1]["budget"]["usd_per_day"])
+    worst = reservation(chat_body(0, False))
+    before = await usage_usd(client, stack.gw_urls[0], "budget")
+    res_b = await asyncio.gather(*(send(client, stack.gw_urls[i % 2], TENANTS["budget"][0], "chat/completions",
+                                        chat_body(i, False), t) for i in range(400)))
+    served = sum(float(h.get("x-gateway-cost-usd", 0)) for code, h, _ in res_b if code == 200)
+    admitted = sum(1 for code, _, _ in res_b if code == 200)
+    await asyncio.sleep(1.0)  # the last settlements run after their responses
+    ledger = await usage_usd(client, stack.gw_urls[1], "budget") - before
+    t.notes.append(f"budget: 400 at once, {admitted} admitted (the cap fits {cap / worst:.0f} reservations of "
+                   f"${worst:.6f}), served ${served:.6f} of ${cap:.2f}, ledger ${ledger:.6f}")
+    if served > cap + 2 * worst + 1e-12:
+        t.fail("admitted spend above the cap plus one worst case per instance")
+    if abs(ledger - served) > 1e-9 + 1e-6 * served:
+        t.fail("ledger differs from the spend served")
+    if admitted < 0.8 * cap / worst:
+        t.fail(f"only {admitted} admitted where the cap fits {cap / worst:.0f}")
     for burst, suffix in ((200, ""), (400, "400")):
-        key_b, key_r = TENANTS["budget" + suffix][0], TENANTS["rate" + suffix][0]
-        before = await usage_usd(client, stack.gw_urls[0], "budget" + suffix)
-        res_b = await asyncio.gather(*(send(client, stack.gw_urls[i % 2], key_b, "chat/completions", chat_body(i, False), t)
-                                       for i in range(burst)))
+        key_r = TENANTS["rate" + suffix][0]
         t0 = time.monotonic()
         res_r = await asyncio.gather(*(send(client, stack.gw_urls[i % 2], key_r, "completions",
                                             {"model": "glm-5.2", "prompt": f"r{i}", "max_tokens": 4}, t) for i in range(burst)))
         rate_elapsed = time.monotonic() - t0  # the bucket refills 50/min meanwhile (tenancy.md: bursts up to the limit)
-        served = sum(float(h.get("x-gateway-cost-usd", 0)) for code, h, _ in res_b if code == 200)
         rate_ok = sum(1 for code, _, _ in res_r if code == 200)
-        prompts = [orjson.loads(d)["usage"]["prompt_tokens"] for code, _, d in res_b if code == 200]
-        # the worst case one request may cost (what the gateway reserves): its whole prompt uncached + max output
-        worst = (max(prompts, default=0) * 1.0 + 24 * 3.2) / 1e6
-        await asyncio.sleep(1.0)
-        ledger = await usage_usd(client, stack.gw_urls[1], "budget" + suffix) - before
-        t.notes.append(f"{burst}: budget {len(prompts)} admitted, served ${served:.6f} (cap $0.001 + 2 x ${worst:.6f}), "
-                       f"ledger ${ledger:.6f}; rate {rate_ok} admitted at 50/min in {rate_elapsed:.1f} s")
-        if served > 0.001 + 2 * worst + 1e-12:
-            t.fail(f"{burst}: admitted spend above the cap plus one worst case per instance")
-        if abs(ledger - served) > 1e-9 + 1e-6 * served:
-            t.fail(f"{burst}: ledger differs from the spend served")
+        t.notes.append(f"rate: {burst} at once, {rate_ok} admitted at 50/min in {rate_elapsed:.1f} s")
         if rate_ok > 50 + rate_elapsed * 50 / 60:
             t.fail(f"{burst}: rate limit exceeded")
     fell_back = fallback_lines(stack) - logs_before
@@ -577,42 +620,231 @@ async def sc_budget_burst(stack: Stack, lb: LoadBalancer, client: httpx.AsyncCli
     return t
 
 
+async def usage_row(client: httpx.AsyncClient, base: str, tenant: str) -> dict[str, Any]:
+    r = await admin(client, base, "GET", f"/admin/usage?tenant={tenant}")
+    return dict(r.json()["tenants"][tenant].get("day") or {})
+
+
+async def sc_reused_id(stack: Stack, lb: LoadBalancer, client: httpx.AsyncClient, a: argparse.Namespace) -> Tally:
+    """Every request sends one x-request-id, alternating instances: `a.reuse` sequential against a budget whose cap
+    stops them, the same number at once against a fleet-wide max_concurrent 5, and one from another tenant. The
+    ledger must count every request served and bill each (spend within the cap plus one in-flight worst case per
+    instance), the replicas must never see more than 5 at once, and the bystander must be billed to itself."""
+    t = Tally()
+    same = {"x-request-id": "chaos-same-id"}
+    n = a.reuse
+    cap = float(TENANTS["reuse"][1]["budget"]["usd_per_day"])
+    worst = reservation(chat_body(0, False))
+    before = await usage_row(client, stack.gw_urls[0], "reuse")
+    served = 0
+    spent = 0.0
+    for i in range(n):
+        code, h, _ = await send(client, stack.gw_urls[i % 2], TENANTS["reuse"][0], "chat/completions",
+                                chat_body(i, False), t, headers=same)
+        if code == 200:
+            served += 1
+            spent += float(h.get("x-gateway-cost-usd", 0))
+        elif code != 429:
+            t.fail(f"sequential #{i}: {code}")
+    await asyncio.sleep(1.0)  # the last settlement runs after its response
+    after = await usage_row(client, stack.gw_urls[1], "reuse")
+    counted = after.get("requests", 0) - before.get("requests", 0)
+    billed = after.get("spent_usd", 0.0) - before.get("spent_usd", 0.0)
+    t.notes.append(f"sequential: {served} of {n} served, ledger {counted:.0f} requests ${billed:.6f} "
+                   f"(cap ${cap:.2f}, served ${spent:.6f})")
+    if counted != served or abs(billed - spent) > 1e-9 + 1e-6 * spent:
+        t.fail("the ledger does not count and bill every request served")
+    if billed > cap + 2 * worst + 1e-12:
+        t.fail("spend above the cap plus one worst case per instance")
+    # at once, against the fleet-wide cap: the replicas' own in-flight count is the check
+    long = {"max_tokens": 6000, "ignore_eos": True}
+    peak, done = 0, asyncio.Event()
+
+    async def watch() -> None:
+        nonlocal peak
+        while not done.is_set():
+            states = await asyncio.gather(*(client.get(f"{u}/_sim/state", timeout=5) for u in stack.sim_urls),
+                                          return_exceptions=True)
+            peak = max(peak, sum(r.json()["inflight"] for r in states if isinstance(r, httpx.Response)))
+            await asyncio.sleep(0.01)
+
+    watcher = asyncio.create_task(watch())
+    before_f = await usage_row(client, stack.gw_urls[0], "reuse_fleet")
+    results = await asyncio.gather(*(send(client, stack.gw_urls[i % 2], TENANTS["reuse_fleet"][0], "chat/completions",
+                                          {**chat_body(i, False), **long}, t, timeout=60, headers=same)
+                                     for i in range(n)))
+    done.set()
+    await watcher
+    admitted = sum(1 for code, _, _ in results if code == 200)
+    await asyncio.sleep(1.0)
+    counted_f = (await usage_row(client, stack.gw_urls[0], "reuse_fleet")).get("requests", 0) - \
+        before_f.get("requests", 0)
+    t.notes.append(f"at once: {admitted} of {n} admitted over the burst, at most {peak} in flight at the replicas "
+                   f"(fleet cap 5), ledger {counted_f:.0f} requests")
+    if peak > 5:
+        t.fail(f"{peak} in flight at once past a fleet-wide cap of 5")
+    if counted_f != admitted:
+        t.fail("the ledger does not count every request served at once")
+    before_b = await usage_row(client, stack.gw_urls[0], "reuse_b")
+    code, h, _ = await send(client, stack.gw_urls[1], TENANTS["reuse_b"][0], "chat/completions", chat_body(0, False), t,
+                            headers=same)
+    await asyncio.sleep(1.0)
+    after_b = await usage_row(client, stack.gw_urls[0], "reuse_b")
+    b_billed = after_b.get("spent_usd", 0.0) - before_b.get("spent_usd", 0.0)
+    t.notes.append(f"another tenant with the same id: {code}, billed ${b_billed:.6f}")
+    if code != 200 or after_b.get("requests", 0) - before_b.get("requests", 0) != 1 or \
+            abs(b_billed - float(h.get("x-gateway-cost-usd", 0))) > 1e-9:
+        t.fail("another tenant reusing the id was not billed to itself")
+    loss_checks(t)
+    return t
+
+
+async def slowloris_one(port: int, every: float, deadline: float) -> str:
+    """One connection that sends a request line, then a header line every `every` s: how it ended."""
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    except OSError:
+        return "connect failed"
+    got = b""
+    try:
+        writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n")
+        i = 0
+        while time.monotonic() < deadline:
+            try:
+                chunk = await asyncio.wait_for(reader.read(65536), every)
+            except TimeoutError:
+                writer.write(b"x-slow-%d: 1\r\n" % i)
+                i += 1
+                await writer.drain()
+                continue
+            if not chunk:
+                break
+            got += chunk
+        else:
+            return "still open"
+    except (ConnectionError, OSError):
+        pass
+    finally:
+        writer.close()
+    return got.split(b" ", 2)[1].decode() if got.startswith(b"HTTP/1.1 ") else "closed without answer"
+
+
+async def sc_header_flood(stack: Stack, lb: LoadBalancer, client: httpx.AsyncClient, a: argparse.Namespace) -> Tally:
+    """Before any key: a 32 MiB header to each instance (431, connection closed, the instance's RSS unchanged), and
+    `a.slowloris` connections trickling header lines (each cut with 408 by the header timeout), while steady traffic
+    must all be served."""
+    from loadtests.chaos_stack import HEADER_READ_S
+    from loadtests.procs import rss_mib
+
+    t = Tally()
+    for i, port in enumerate(stack.gw_ports):
+        g = stack.gateways[i]
+        assert g is not None
+        rss0 = rss_mib(g.pid)
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET /v1/models HTTP/1.1\r\nhost: x\r\nx-big: " + b"a" * (32 * 1024 * 1024) + b"\r\n\r\n")
+        try:
+            await asyncio.wait_for(writer.drain(), 30)
+        except (ConnectionError, OSError, TimeoutError):
+            pass
+        got = b""
+        try:
+            while chunk := await asyncio.wait_for(reader.read(65536), 30):
+                got += chunk
+        except (ConnectionError, OSError, TimeoutError):
+            pass
+        writer.close()
+        t.sent += 1
+        status = got.split(b" ", 2)[1].decode() if got.startswith(b"HTTP/1.1 ") else "none"
+        t.statuses[status] += 1
+        grew = rss_mib(g.pid) - rss0
+        t.notes.append(f"instance {i}: 32 MiB header -> {status}, RSS {rss0:.0f} -> {rss0 + grew:.0f} MiB")
+        if status != "431" or not is_openai_error(got.partition(b"\r\n\r\n")[2]):
+            t.fail(f"instance {i}: a 32 MiB header answered {status}")
+        if grew > 16:
+            t.fail(f"instance {i}: RSS grew {grew:.0f} MiB")
+    steady_t = Tally()
+    load = asyncio.create_task(steady(lb, client, HEADER_READ_S * 2 + 2, a.rate, steady_t))
+    deadline = time.monotonic() + HEADER_READ_S * 3 + 10
+    ends = await asyncio.gather(*(slowloris_one(stack.gw_ports[k % 2], 0.5, deadline) for k in range(a.slowloris)))
+    await load
+    t.sent += len(ends)
+    for how in ends:
+        t.statuses[how] += 1
+    t.notes.append(f"{a.slowloris} slowloris connections: {dict(Counter(ends))}; steady traffic meanwhile "
+                   f"{steady_t.ok}/{steady_t.sent} served")
+    if any(e != "408" for e in ends):
+        t.fail("a slowloris connection was not cut with 408 by the header timeout")
+    if steady_t.ok < steady_t.sent:
+        t.fail(f"{steady_t.sent - steady_t.ok} steady requests failed during the flood")
+    return t
+
+
+FUZZ_MIX = (("chat/completions", 0.25), ("completions", 0.2), ("responses", 0.2), ("messages", 0.15),
+            ("messages/count_tokens", 0.1))  # and the admin API with the rest
+
+
 async def sc_fuzz(stack: Stack, lb: LoadBalancer, client: httpx.AsyncClient, a: argparse.Namespace) -> Tally:
-    from loadtests.chaos_fuzz import ADMIN, CHAT, COMPLETION, draw
+    """Drawn bodies with type confusion on every endpoint: chat, completions, responses, messages, count_tokens and
+    the admin API (with and without its token). No 5xx, no lost request, every error in its API's own shape
+    (OpenAI's, or Anthropic's on /v1/messages), every stream ended by its API's end or error event; afterwards every
+    replica and gateway serves normal traffic."""
+    from loadtests.chaos_fuzz import (
+        ADMIN,
+        CHAT,
+        COMPLETION,
+        COUNT_TOKENS,
+        MESSAGES,
+        RESPONSES,
+        TEMPLATES,
+        confusions,
+        draw,
+    )
 
     t = Tally()
     n = a.fuzz
-    chats, comps, admins = draw(CHAT, int(n * 0.45)), draw(COMPLETION, int(n * 0.45), seed=1), draw(ADMIN, int(n * 0.08))
+    strategies = {"chat/completions": CHAT, "completions": COMPLETION, "responses": RESPONSES, "messages": MESSAGES,
+                  "messages/count_tokens": COUNT_TOKENS}
+    bodies = {ep: draw(strategies[ep], int(n * share), seed=i) for i, (ep, share) in enumerate(FUZZ_MIX)}
+    admins = draw(ADMIN, max(1, n - sum(len(b) for b in bodies.values())))
+    confused = [(ep, b) for ep in strategies for b in confusions(ep)]
+    if a.confusions is not None and a.confusions < len(confused):
+        confused = random.Random(5).sample(confused, a.confusions)
+    for ep, b in confused:
+        bodies[ep].append(b)
     key = TENANTS["fuzz"][0]
     sem = asyncio.Semaphore(16)
-    five = Counter()
+    five: Counter[tuple[str, bytes]] = Counter()
+    per_endpoint: dict[str, Tally] = {ep: Tally() for ep in [*strategies, "admin"]}
 
     async def one(endpoint: str, body: Any) -> None:
         async with sem:
             raw = json.dumps(body, allow_nan=True).encode()
-            code, _, data = await send(client, lb.pick(), key, endpoint, body, t, timeout=30, raw=raw)
+            mine = per_endpoint[endpoint]
+            code, _, data = await send(client, lb.pick(), key, endpoint, body, mine, timeout=30, raw=raw)
             if code >= 500:
-                five[data[:80]] += 1
+                five[(endpoint, data[:100])] += 1
 
     async def admin_one(item: tuple[str, str, Any, bool]) -> None:
         route, name, body, with_token = item
         method, path = route.split(" ")
+        mine = per_endpoint["admin"]
         async with sem:
-            t.sent += 1
+            mine.sent += 1
             headers = {"authorization": f"Bearer {ADMIN_TOKEN}"} if with_token else {}
             try:
                 r = await client.request(method, f"{lb.pick()}{path.format(name)}", headers=headers,
                                          content=json.dumps(body, allow_nan=True).encode(), timeout=10)
             except httpx.HTTPError:
-                t.lost += 1
+                mine.lost += 1
                 return
-            t.statuses[str(r.status_code)] += 1
+            mine.statuses[str(r.status_code)] += 1
             if r.status_code == 200:
-                t.ok += 1
+                mine.ok += 1
             elif not is_openai_error(r.content):
-                t.bad_shape += 1
+                mine.bad_shape += 1
             if r.status_code >= 500:
-                five[r.content[:80]] += 1
+                five[("admin", r.content[:100])] += 1
 
     async def models() -> None:
         for _ in range(max(1, n // 50)):
@@ -621,17 +853,32 @@ async def sc_fuzz(stack: Stack, lb: LoadBalancer, client: httpx.AsyncClient, a: 
             t.statuses[str(r.status_code)] += 1
             t.ok += r.status_code == 200
 
-    jobs = [one("chat/completions", b) for b in chats] + [one("completions", b) for b in comps] + \
-           [admin_one(x) for x in admins] + [models()]
+    async def template(endpoint: str) -> None:  # the valid body every confusion starts from: served
+        code, _, data = await send(client, lb.pick(), key, endpoint, TEMPLATES[endpoint], t, timeout=30)
+        if code != 200:
+            t.fail(f"the valid {endpoint} template answered {code}: {data[:120]!r}")
+
+    jobs = [one(ep, b) for ep, bs in bodies.items() for b in bs] + [admin_one(x) for x in admins] + [models()] + \
+        [template(ep) for ep in strategies]
     random.Random(3).shuffle(jobs)
     with tqdm(total=len(jobs), desc="fuzz", unit="req", leave=False) as bar:
         for fut in asyncio.as_completed([asyncio.ensure_future(j) for j in jobs]):
             await fut
             bar.update(1)
+    for ep, mine in per_endpoint.items():
+        t.sent += mine.sent
+        t.ok += mine.ok
+        t.lost += mine.lost
+        t.truncated += mine.truncated
+        t.bad_shape += mine.bad_shape
+        t.statuses.update(mine.statuses)
+        fives = sum(v for k, v in mine.statuses.items() if k[:1] == "5")
+        t.notes.append(f"{ep}: {mine.sent} sent, {mine.ok} ok, {fives} 5xx, {mine.bad_shape} off-shape, "
+                       f"{mine.lost} lost, {mine.truncated} truncated")
     if sum(five.values()):
-        t.fail(f"{sum(five.values())} 5xx, e.g. {five.most_common(1)[0][0]!r}")
-    if t.bad_shape:
-        t.fail(f"{t.bad_shape} errors not OpenAI-shaped")
+        (ep, body), _ = five.most_common(1)[0]
+        t.fail(f"{sum(five.values())} 5xx, e.g. {ep}: {body!r}")
+    loss_checks(t)
     # the fuzz may have set pool weights or tenant overrides through the admin API: put the fleet back, then check
     for u in stack.gw_urls[:1]:
         await admin(client, u, "DELETE", "/admin/pools/mi355x")
@@ -647,7 +894,7 @@ SCENARIOS = {
     "redis_down": sc_redis_down, "instance_sigterm": sc_sigterm, "poison": sc_poison,
     "content_failures": sc_content_failures, "edges": sc_edges, "burst_concurrency": sc_burst_concurrency,
     "burst_redis_dies": sc_burst_redis_dies,
-    "budget_burst": sc_budget_burst, "fuzz": sc_fuzz,
+    "budget_burst": sc_budget_burst, "reused_id": sc_reused_id, "header_flood": sc_header_flood, "fuzz": sc_fuzz,
 }
 
 
@@ -687,6 +934,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="shorter faults and a 600-request fuzz")
     p.add_argument("--only", default=",".join(SCENARIOS), help="comma-separated scenarios")
     p.add_argument("--fuzz", type=int, default=None, help="fuzz requests (default 5000, quick 600)")
+    p.add_argument("--confusions", type=int, default=None, help="type-confusion bodies sent by the fuzz (default all "
+                   "~3,000: each field of a valid body per endpoint replaced by each kind of JSON value; quick 300)")
     p.add_argument("--rate", type=float, default=8.0, help="steady requests/s")
     p.add_argument("--json", type=Path, default=None)
     a = p.parse_args(argv)
@@ -697,6 +946,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     a.fault_s = 3.0 if a.quick else 8.0
     a.redis_down_s = 5.0 if a.quick else 30.0
     a.fuzz = a.fuzz if a.fuzz is not None else (600 if a.quick else 5000)
+    a.confusions = a.confusions if a.confusions is not None else (300 if a.quick else None)
+    a.reuse = 100 if a.quick else 300
+    a.slowloris = 100 if a.quick else 1000
     return a
 
 

@@ -31,12 +31,18 @@ TENANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "poison": ("sk-chaos-poison", {}),
     "capped": ("sk-chaos-capped", {"max_concurrent": 5}),
     "capped_fleet": ("sk-chaos-capped-fleet", {"max_concurrent": 5, "max_concurrent_scope": "fleet"}),
-    "budget": ("sk-chaos-budget", {"budget": {"usd_per_day": 0.001}}),
+    # a cap that fits ~200 of the chaos chat body's reservations ($0.00276 each: its usage bound, 4 x 543 + 512 prompt
+    # tokens at $1/Mtok and 24 output at $3.2/Mtok), so a burst of 400 is cut by the budget, not by one request
+    "budget": ("sk-chaos-budget", {"budget": {"usd_per_day": 0.55}}),
     "rate": ("sk-chaos-rate", {"rate_limits": {"requests_per_minute": 50}}),
-    "budget400": ("sk-chaos-budget400", {"budget": {"usd_per_day": 0.001}}),
     "rate400": ("sk-chaos-rate400", {"rate_limits": {"requests_per_minute": 50}}),
     "fuzz": ("sk-chaos-fuzz", {}),
+    # every request sends the same x-request-id: a budget whose cap stops the sequence, a fleet-wide cap, a bystander
+    "reuse": ("sk-chaos-reuse", {"budget": {"usd_per_day": 0.1}}),
+    "reuse_fleet": ("sk-chaos-reuse-fleet", {"max_concurrent": 5, "max_concurrent_scope": "fleet"}),
+    "reuse_b": ("sk-chaos-reuse-b", {}),
 }
+HEADER_READ_S = 2.0  # the gateways' http.header_read_s here: slowloris connections are cut this long after opening
 
 
 class Stack:
@@ -88,6 +94,7 @@ class Stack:
             "health": {"interval_s": 1.0, "timeout_s": 2.0},
             "routing": {"redis_url": self.redis.url, "ttft_sla_ms": 2220 / ts, "redis_timeout_s": 0.25},
             "admin": {"token_hashes": [hash_key(ADMIN_TOKEN)]},
+            "http": {"header_read_s": HEADER_READ_S},
             "shutdown": {"readiness_drain_s": 1.5},  # the balancer polls every 0.1 s: 1.5 s is ample here
         }
 

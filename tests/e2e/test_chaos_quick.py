@@ -1,6 +1,7 @@
 """The chaos suite's fast scenarios, end to end, as separate processes (two gateway instances, a private Redis,
 three simulated replicas): poison bodies, content-caused failures, malformed HTTP, a concurrency burst, a budget and
-rate burst, and a bounded fuzz. The full suite (replica SIGKILL/hang/503, Redis down 30 s, SIGTERM) is
+rate burst, one x-request-id reused by 100 requests in sequence and at once, a header flood with 100 slowloris
+connections, and a bounded fuzz of every endpoint (drawn bodies and 300 type confusions). The full suite (replica SIGKILL/hang/503, Redis down 30 s, SIGTERM) is
 `python -m loadtests.chaos`; its table is in loadtests/README.md."""
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ def stack():
     s.stop()
 
 
-@pytest.mark.parametrize("scenario", ["poison", "content_failures", "edges", "burst_concurrency", "budget_burst", "fuzz"])
+@pytest.mark.parametrize("scenario", ["poison", "content_failures", "edges", "burst_concurrency", "budget_burst",
+                                      "reused_id", "header_flood", "fuzz"])
 def test_chaos_scenario(stack, scenario):
     a = chaos.parse_args(["--quick", "--only", scenario, "--fuzz", "400"])
     results = asyncio.run(chaos.run(a, stack))

@@ -122,3 +122,19 @@ def test_keys_are_shared_by_instances_on_redis(redis_server):
         a.stop()
         b.stop()
         up.stop()
+
+
+def test_the_bridged_apis_honour_the_key_too(stack):
+    """/v1/messages and /v1/responses reach the chat path, key and all: a repeat is answered from the kept chat
+    answer (translated again), not served twice."""
+    fake, gw = stack
+    h = {"authorization": f"Bearer {KEY_A}", "idempotency-key": "bridged-1"}
+    msg = {"model": "glm-5.2", "max_tokens": 3, "messages": [{"role": "user", "content": "once"}]}
+    first, again = (httpx.post(gw.urls[0] + "/v1/messages", json=msg, headers=h, timeout=30) for _ in range(2))
+    assert first.status_code == again.status_code == 200
+    assert again.json()["content"] == first.json()["content"] and len(fake.bodies) == 1
+    h["idempotency-key"] = "bridged-2"
+    body = {"model": "glm-5.2", "input": "once", "max_output_tokens": 3, "store": False}
+    r1, r2 = (httpx.post(gw.urls[0] + "/v1/responses", json=body, headers=h, timeout=30) for _ in range(2))
+    assert r1.status_code == r2.status_code == 200  # translated again: the bridge's own ids are new
+    assert r2.json()["output"][0]["content"] == r1.json()["output"][0]["content"] and len(fake.bodies) == 2
