@@ -24,22 +24,22 @@ from tests.gateway_fixtures import config, start_gateway
 from tests.helpers import ServerThread, wait_until
 
 SAME_ID = "client-chosen-id-1"
-PRICE = 1000.0  # $/Mtok for input, cached input and output alike: the fake's 7 + 3 tokens cost $0.01
-COST = 10 * PRICE / 1e6
+IN, OUT = 1.0, 1000.0  # $/Mtok: the fake's usage (7 prompt, 3 completion) costs ~$0.003, a reservation ~$0.0036
+COST = (7 * IN + 3 * OUT) / 1e6
+CAP = 0.5  # fits ~140 reservations at once, ~166 requests' cost in sequence: well under the 300 sent
 KEYS = {t: f"sk-ids-{t}" for t in ("seq", "burst", "conc", "a", "b")}
 BODY = {"model": "glm-5.2", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
 
 
 def ids_config(hosted_url: str, redis_url: str, prefix: str) -> dict[str, Any]:
-    policies = {"seq": {"budget": {"usd_per_day": 1.0}},
-                "burst": {"budget": {"usd_per_day": 1.0}},
+    policies = {"seq": {"budget": {"usd_per_day": CAP}},
+                "burst": {"budget": {"usd_per_day": CAP}},
                 "conc": {"max_concurrent": 5, "max_concurrent_scope": "fleet"},
                 "a": {}, "b": {}}
     tenants = [{"name": t, "api_key_hashes": [hash_key(KEYS[t])], "models": ["glm-5.2"], **extra}
                for t, extra in policies.items()]
     cfg = config([{"name": "h", "kind": "openai", "model": "hosted-glm", "base_url": hosted_url + "/v1",
-                   "pricing": {"type": "per_token", "input_per_mtok": PRICE, "cached_input_per_mtok": PRICE,
-                               "output_per_mtok": PRICE}}], tenants=tenants)
+                   "pricing": {"type": "per_token", "input_per_mtok": IN, "output_per_mtok": OUT}}], tenants=tenants)
     cfg["routing"] = {"redis_url": redis_url, "redis_prefix": prefix}
     return cfg
 
@@ -81,11 +81,17 @@ def served(responses: list[httpx.Response]) -> int:
     return sum(r.status_code == 200 for r in responses)
 
 
-def worst_case(urls: list[str]) -> float:
-    """One request's reservation: the gateway's own prompt count, no cache hit, max_tokens of output."""
+def worst_case() -> float:
+    """One request's reservation: its usage bound (the prompt tokens an upstream may claim for it, max_tokens of
+    output), no cache hit."""
+    from gateway.api.openai.usage import bound_for
     from gateway.api.openai.validation import validate
+    from gateway.config import UsageBounds
 
-    return (validate(dict(BODY), "chat/completions").prompt_tokens + BODY["max_tokens"]) * PRICE / 1e6
+    u, p = UsageBounds(), validate(dict(BODY), "chat/completions")
+    b = bound_for(BODY, p.prompt_tokens, p.max_output_tokens, None, u.prompt_factor, u.prompt_slack_tokens,
+                  u.media_tokens, u.max_output_tokens)
+    return (b.prompt * IN + b.completion * OUT) / 1e6
 
 
 def test_sequential_reuse_of_one_id_is_billed_for_every_request(fleet):
@@ -94,10 +100,10 @@ def test_sequential_reuse_of_one_id_is_billed_for_every_request(fleet):
     n = served(responses)
     wait_until(lambda: ledger(r, prefix, "seq")[0] == n, timeout=10, what="every served request in the ledger")
     requests, spent, _ = ledger(r, prefix, "seq")
-    print(f"sequential: {n} served of 300, ledger {requests} requests ${spent:.4f}, cap $1.00")
-    assert 0 < n < 300  # the cap stopped it: the budget is not bypassed by the reused id
+    print(f"sequential: {n} served of 300, ledger {requests} requests ${spent:.4f}, cap ${CAP:.2f}")
+    assert 100 < n < 300  # the cap stopped it: the budget is not bypassed by the reused id
     assert spent == pytest.approx(n * COST)
-    assert spent <= 1.0 + 1e-9
+    assert spent <= CAP + 1e-9
     refused = [x for x in responses if x.status_code == 429]
     assert all(x.json()["error"]["code"] == "insufficient_quota" for x in refused)
     upstream_ids = [h["x-request-id"] for h in fake.headers]
@@ -111,10 +117,11 @@ def test_concurrent_reuse_of_one_id_keeps_the_budget(fleet):
     n = served(responses)
     wait_until(lambda: ledger(r, prefix, "burst")[0] == n, timeout=10, what="every served request in the ledger")
     requests, spent, reserved = ledger(r, prefix, "burst")
-    print(f"concurrent: {n} served of 300, ledger {requests} requests ${spent:.4f} (reserved ${reserved:.4f}), cap $1.00")
-    assert 0 < n < 300
+    print(f"concurrent: {n} served of 300, ledger {requests} requests ${spent:.4f} (reserved ${reserved:.4f}), "
+          f"cap ${CAP:.2f}")
+    assert 100 < n < 300
     assert spent == pytest.approx(n * COST)
-    assert spent <= 1.0 + 2 * worst_case(urls) + 1e-9  # the cap, plus one in-flight worst case per instance
+    assert spent <= CAP + 2 * worst_case() + 1e-9  # the cap, plus one in-flight worst case per instance
     wait_until(lambda: ledger(r, prefix, "burst")[2] < 1e-9, what="every reservation released")
 
 
