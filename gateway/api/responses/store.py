@@ -227,9 +227,7 @@ class MemoryResponseStore:
             return True
         if stored["deleted"]:
             return False
-        expiry, _ = self._all[(tenant, resp_id)]
         self._keep((tenant, resp_id), tombstone(stored))
-        self._all[(tenant, resp_id)] = (expiry, self._all[(tenant, resp_id)][1])
         return True
 
 
