@@ -581,7 +581,7 @@ def reservation(body: dict[str, Any]) -> float:
 
 
 async def sc_budget_burst(stack: Stack, lb: LoadBalancer, client: httpx.AsyncClient, a: argparse.Namespace) -> Tally:
-    """400 concurrent requests split across both instances against a budget whose cap fits ~200 reservations, then
+    """400 concurrent requests split across both instances against a budget whose cap fits ~200 of them, then
     200 and 400 against a 50/min rate limit (a fresh tenant for each size). Admitted spend may exceed the cap by at
     most one in-flight request's worst case per instance; the ledger must equal what was served; no instance may fall
     back to local limits while Redis is up."""
@@ -596,14 +596,14 @@ async def sc_budget_burst(stack: Stack, lb: LoadBalancer, client: httpx.AsyncCli
     admitted = sum(1 for code, _, _ in res_b if code == 200)
     await asyncio.sleep(1.0)  # the last settlements run after their responses
     ledger = await usage_usd(client, stack.gw_urls[1], "budget") - before
-    t.notes.append(f"budget: 400 at once, {admitted} admitted (the cap fits {cap / worst:.0f} reservations of "
-                   f"${worst:.6f}), served ${served:.6f} of ${cap:.2f}, ledger ${ledger:.6f}")
+    t.notes.append(f"budget: 400 at once, {admitted} admitted, served ${served:.6f} of a ${cap:.3f} cap (one "
+                   f"reservation ${worst:.6f}), ledger ${ledger:.6f}")
     if served > cap + 2 * worst + 1e-12:
         t.fail("admitted spend above the cap plus one worst case per instance")
     if abs(ledger - served) > 1e-9 + 1e-6 * served:
         t.fail("ledger differs from the spend served")
-    if admitted < 0.8 * cap / worst:
-        t.fail(f"only {admitted} admitted where the cap fits {cap / worst:.0f}")
+    if admitted >= 400 or served < cap / 2:  # the cap must be what cut the burst, most of it spent
+        t.fail(f"{admitted} admitted, ${served:.6f} spent: the budget did not cut the burst")
     for burst, suffix in ((200, ""), (400, "400")):
         key_r = TENANTS["rate" + suffix][0]
         t0 = time.monotonic()

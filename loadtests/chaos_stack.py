@@ -31,14 +31,15 @@ TENANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "poison": ("sk-chaos-poison", {}),
     "capped": ("sk-chaos-capped", {"max_concurrent": 5}),
     "capped_fleet": ("sk-chaos-capped-fleet", {"max_concurrent": 5, "max_concurrent_scope": "fleet"}),
-    # a cap that fits ~200 of the chaos chat body's reservations ($0.00276 each: its usage bound, 4 x 543 + 512 prompt
-    # tokens at $1/Mtok and 24 output at $3.2/Mtok), so a burst of 400 is cut by the budget, not by one request
-    "budget": ("sk-chaos-budget", {"budget": {"usd_per_day": 0.55}}),
+    # a cap that fits ~200 of the chaos chat body's requests (~$0.0002 each: 543 prompt tokens, most of them cached,
+    # and 24 out), and ~16 of their reservations at once ($0.00276: the usage bound, 4 x 543 + 512 prompt tokens
+    # uncached at $1/Mtok and 24 out at $3.2/Mtok): a burst of 400 is cut by the budget, not by one request
+    "budget": ("sk-chaos-budget", {"budget": {"usd_per_day": 0.045}}),
     "rate": ("sk-chaos-rate", {"rate_limits": {"requests_per_minute": 50}}),
     "rate400": ("sk-chaos-rate400", {"rate_limits": {"requests_per_minute": 50}}),
     "fuzz": ("sk-chaos-fuzz", {}),
     # every request sends the same x-request-id: a budget whose cap stops the sequence, a fleet-wide cap, a bystander
-    "reuse": ("sk-chaos-reuse", {"budget": {"usd_per_day": 0.1}}),
+    "reuse": ("sk-chaos-reuse", {"budget": {"usd_per_day": 0.04}}),  # ~190 of the 300 sequential requests
     "reuse_fleet": ("sk-chaos-reuse-fleet", {"max_concurrent": 5, "max_concurrent_scope": "fleet"}),
     "reuse_b": ("sk-chaos-reuse-b", {}),
 }
