@@ -602,8 +602,11 @@ async def sc_budget_burst(stack: Stack, lb: LoadBalancer, client: httpx.AsyncCli
         t.fail("admitted spend above the cap plus one worst case per instance")
     if abs(ledger - served) > 1e-9 + 1e-6 * served:
         t.fail("ledger differs from the spend served")
-    if admitted >= 400 or served < cap / 2:  # the cap must be what cut the burst, most of it spent
-        t.fail(f"{admitted} admitted, ${served:.6f} spent: the budget did not cut the burst")
+    refusals = [d for code, _, d in res_b if code != 200]
+    if admitted >= 400 or not all(b'"insufficient_quota"' in d for d in refusals):
+        # how many get in depends on how fast the burst arrives against how fast its requests end (each holds its
+        # worst case while it runs); what must hold is that the budget, and only the budget, cut it
+        t.fail(f"{admitted} admitted: the burst was not cut by the budget alone")
     for burst, suffix in ((200, ""), (400, "400")):
         key_r = TENANTS["rate" + suffix][0]
         t0 = time.monotonic()
