@@ -39,7 +39,7 @@ agent-clis: setup
 # The compatibility table of the pinned CLIs (written to docs/results/), and the same for each CLI's newest release:
 # a report of drift that never fails the build.
 agent-compat: setup
-	$(BIN)/python -m tests.e2e.agents.compat --out docs/results/agent-clis-$$(date +%F).md
+	$(BIN)/python -m tests.e2e.agents.compat --out docs/results/$$(date +%F)-agent-clis.md
 
 agent-drift: setup
 	$(BIN)/python -m tests.e2e.agents.compat --newest

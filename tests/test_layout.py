@@ -1,4 +1,4 @@
-"""tests/ mirrors gateway/ (README, contributing notes): a test directory names the package it tests, so the tests of
+"""tests/ mirrors gateway/ (docs/architecture.md, README's contributing notes): a test directory names the package it tests, so the tests of
 a module are found where the module is; tests/lab/ mirrors the lab package gateway_lab/ the same way. Only
 whole-stack tests (e2e/) and shared fakes (fakes/) stand apart."""
 
@@ -44,9 +44,9 @@ def _section_modules(text: str, package: str) -> set[str]:
         elif group or paren == "(":
             stack.append(stack[-1] + (f"{group}/" if group else ""))
         else:
-            assert len(stack) > 1, f"unbalanced ')' in README's Layout, section {package or 'gateway/'}"
+            assert len(stack) > 1, f"unbalanced ')' in the Layout, section {package or 'gateway/'}"
             stack.pop()
-    assert len(stack) == 1, f"unclosed '(' in README's Layout, section {package or 'gateway/'}"
+    assert len(stack) == 1, f"unclosed '(' in the Layout, section {package or 'gateway/'}"
     return named
 
 
@@ -86,16 +86,18 @@ def test_the_layout_rule_is_exact():
                                       "api/middleware.py", "routing/engine.py", "sim/radix_cache.py"}
 
 
-def test_the_readme_layout_names_every_gateway_module():
-    """README's Layout section is the map a new reader starts from: a module it does not name is one they cannot
+def test_the_architecture_layout_names_every_gateway_module():
+    """The Layout section of docs/architecture.md is the map a new reader starts from: a module it does not name is one they cannot
     find, a name with no module sends them nowhere. Each module is named by its file name (`x.py`) in its package's
     section (sub-packages as `sub/ (x.py, ...)`), so a new module must be placed in the map when it is added."""
-    readme = (ROOT / "README.md").read_text()
-    layout = readme[readme.index("## Layout"):readme.index("## Contributing")]
+    doc = (ROOT / "docs" / "architecture.md").read_text()
+    start = doc.index("## Layout")
+    following = doc.find("\n## ", start + 1)
+    layout = doc[start:following if following > 0 else len(doc)]
     for root in ("gateway", "gateway_lab"):
         package = ROOT / root
         modules = {p.relative_to(package).as_posix() for p in package.rglob("*.py") if p.name != "__init__.py"}
         named = layout_modules(layout, root + "/")
-        assert not sorted(modules - named), f"{root}/ modules missing from README's Layout: {sorted(modules - named)}"
-        assert not sorted(named - modules), f"README's Layout names {root}/ modules that do not exist: " \
+        assert not sorted(modules - named), f"{root}/ modules missing from the Layout in docs/architecture.md: {sorted(modules - named)}"
+        assert not sorted(named - modules), f"The Layout in docs/architecture.md names {root}/ modules that do not exist: " \
             f"{sorted(named - modules)}"

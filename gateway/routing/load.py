@@ -188,7 +188,7 @@ class Reservations:
     the request. Requests that arrive together interleave there: each decides on loads that miss the others, and all
     pick the same replica. The Mooncake conversation trace delivers ~10 requests in the same millisecond every 3 s
     (90% of its requests); over HTTP that herding cost this router a third of its requests within the SLA
-    (loadtests/README.md, "On a 20-minute slice"). A reservation is made in the same synchronous step as the
+    (docs/results/2026-11-27-loadtests.md, "On a 20-minute slice"). A reservation is made in the same synchronous step as the
     decision and dropped once the dispatch's own load is counted; one that is never dropped (refused after the
     decision, a dry run) expires after `ttl_s`.
     """

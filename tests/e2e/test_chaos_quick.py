@@ -2,7 +2,7 @@
 three simulated replicas): poison bodies, content-caused failures, malformed HTTP, a concurrency burst, a budget and
 rate burst, one x-request-id reused by 100 requests in sequence and at once, a header flood with 100 slowloris
 connections, and a bounded fuzz of every endpoint (drawn bodies and 300 type confusions). The full suite (replica SIGKILL/hang/503, Redis down 30 s, SIGTERM) is
-`python -m loadtests.chaos`; its table is in loadtests/README.md."""
+`python -m loadtests.chaos`; its table is in docs/results/2026-11-27-loadtests.md."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """`python -m loadtests.fleet_trace` end to end on a tiny trace, this gateway only (no peers): simulator processes,
 a private Redis, the gateway, the replay client; the table, the JSON and the PNG. The full run against the peers is
-in loadtests/README.md ("Fleet over HTTP on a slice of the conversation trace")."""
+in docs/results/2026-11-27-loadtests.md ("Fleet over HTTP on a slice of the conversation trace")."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ CLI's wall time.
 
     python -m tests.e2e.agents.compat                      # the pinned versions (tests/e2e/agents/pins.json)
     python -m tests.e2e.agents.compat --newest             # each CLI's newest release: reports drift, never fails
-    python -m tests.e2e.agents.compat --out docs/results/agent-clis-YYYY-MM-DD.md
+    python -m tests.e2e.agents.compat --out docs/results/YYYY-MM-DD-agent-clis.md
 
 `make agent-compat` and `make agent-drift` run these. Exit status: the tier's, except with --newest (always 0: a
 new release that breaks is news for the table, not a red build)."""
