@@ -483,28 +483,38 @@ async def sc_edges(stack: Stack, lb: LoadBalancer, client: httpx.AsyncClient, a:
     return t
 
 
+def max_overlap(spans: list[tuple[float, float]]) -> int:
+    """The most intervals open at one instant (an end at the same instant as a start closes first)."""
+    edges = sorted([(a, 1) for a, _ in spans] + [(b, -1) for _, b in spans], key=lambda e: (e[0], e[1]))
+    peak = now = 0
+    for _, step in edges:
+        now += step
+        peak = max(peak, now)
+    return peak
+
+
+async def replica_peak(client: httpx.AsyncClient, sim_urls: list[str], since: float) -> int:
+    """The exact concurrency the replicas saw together for requests that started after `since`: each simulator keeps
+    its requests' (start, end) on the host's monotonic clock, so nothing depends on a poll catching them in flight."""
+    spans: list[tuple[float, float]] = []
+    for u in sim_urls:
+        state = (await client.get(f"{u}/_sim/state", params={"spans": 1}, timeout=30)).json()
+        spans += [(a, b) for a, b in state["spans"] if a >= since]
+    return max_overlap(spans)
+
+
 async def sc_burst_concurrency(stack: Stack, lb: LoadBalancer, client: httpx.AsyncClient, a: argparse.Namespace) -> Tally:
     """100 concurrent requests from a tenant with max_concurrent 5: on one instance (scope instance), then split over
     both instances for a tenant whose cap is fleet-wide (scope fleet, through Redis). A request that finished frees
-    its slot for a later one, so the check is the concurrency the replicas saw (polled), not the number admitted."""
+    its slot for a later one, so the check is the concurrency the replicas saw (their own request spans), not the
+    number admitted."""
     t = Tally()
     for tenant, bases, what in (("capped", stack.gw_urls[:1], "per instance"), ("capped_fleet", stack.gw_urls, "fleet-wide")):
-        long = {"max_tokens": 6000, "ignore_eos": True}  # ~1.7 s each here: the poll below cannot miss them
-        peak, done = 0, asyncio.Event()
-
-        async def watch(done: asyncio.Event = done) -> None:  # the engines' own in-flight count (nothing else runs)
-            nonlocal peak
-            while not done.is_set():
-                states = await asyncio.gather(*(client.get(f"{u}/_sim/state", timeout=5) for u in stack.sim_urls),
-                                              return_exceptions=True)
-                peak = max(peak, sum(r.json()["inflight"] for r in states if isinstance(r, httpx.Response)))
-                await asyncio.sleep(0.01)
-
-        watcher = asyncio.create_task(watch())
+        long = {"max_tokens": 6000, "ignore_eos": True}
+        t0 = time.monotonic()
         results = await asyncio.gather(*(send(client, bases[i % len(bases)], TENANTS[tenant][0], "chat/completions",
                                               {**chat_body(i, False), **long}, t, timeout=60) for i in range(100)))
-        done.set()
-        await watcher
+        peak = await replica_peak(client, stack.sim_urls, t0)
         admitted = sum(1 for code, _, _ in results if code == 200)
         refused = [h for code, h, _ in results if code == 429]
         t.notes.append(f"{what}: {admitted} admitted over the burst, {len(refused)} refused, at most {peak} in flight "
@@ -526,25 +536,14 @@ async def sc_burst_redis_dies(stack: Stack, lb: LoadBalancer, client: httpx.Asyn
     the replicas never see more than 5 per instance (10) at once. Redis is then restarted from its AOF."""
     t = Tally()
     long = {"max_tokens": 6000, "ignore_eos": True}
-    peak, done = 0, asyncio.Event()
-
-    async def watch() -> None:
-        nonlocal peak
-        while not done.is_set():
-            states = await asyncio.gather(*(client.get(f"{u}/_sim/state", timeout=5) for u in stack.sim_urls),
-                                          return_exceptions=True)
-            peak = max(peak, sum(r.json()["inflight"] for r in states if isinstance(r, httpx.Response)))
-            await asyncio.sleep(0.01)
-
-    watcher = asyncio.create_task(watch())
+    t0 = time.monotonic()
     stack.redis.kill(hard=True)
     try:
         results = await asyncio.gather(*(send(client, stack.gw_urls[i % 2], TENANTS["capped_fleet"][0], "chat/completions",
                                               {**chat_body(i, False), **long}, t, timeout=60) for i in range(100)))
     finally:
-        done.set()
-        await watcher
         await asyncio.to_thread(stack.redis.start)
+    peak = await replica_peak(client, stack.sim_urls, t0)
     admitted = sum(1 for code, _, _ in results if code == 200)
     refused = sum(1 for code, _, _ in results if code == 429)
     t.notes.append(f"{admitted} admitted over the burst, {refused} refused, at most {peak} in flight at the replicas "
@@ -661,23 +660,12 @@ async def sc_reused_id(stack: Stack, lb: LoadBalancer, client: httpx.AsyncClient
         t.fail("spend above the cap plus one worst case per instance")
     # at once, against the fleet-wide cap: the replicas' own in-flight count is the check
     long = {"max_tokens": 6000, "ignore_eos": True}
-    peak, done = 0, asyncio.Event()
-
-    async def watch() -> None:
-        nonlocal peak
-        while not done.is_set():
-            states = await asyncio.gather(*(client.get(f"{u}/_sim/state", timeout=5) for u in stack.sim_urls),
-                                          return_exceptions=True)
-            peak = max(peak, sum(r.json()["inflight"] for r in states if isinstance(r, httpx.Response)))
-            await asyncio.sleep(0.01)
-
-    watcher = asyncio.create_task(watch())
+    t0 = time.monotonic()
     before_f = await usage_row(client, stack.gw_urls[0], "reuse_fleet")
     results = await asyncio.gather(*(send(client, stack.gw_urls[i % 2], TENANTS["reuse_fleet"][0], "chat/completions",
                                           {**chat_body(i, False), **long}, t, timeout=60, headers=same)
                                      for i in range(n)))
-    done.set()
-    await watcher
+    peak = await replica_peak(client, stack.sim_urls, t0)
     admitted = sum(1 for code, _, _ in results if code == 200)
     await asyncio.sleep(1.0)
     counted_f = (await usage_row(client, stack.gw_urls[0], "reuse_fleet")).get("requests", 0) - \

@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import math
 import random
+import time
 import uuid
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,6 +53,10 @@ class Replica:
         self.metrics = ReplicaMetrics(self)
         self._rr = 0
         self._inflight: set[Submission] = set()
+        # (start, end) on the host's monotonic clock of the last client requests, so a test can compute the exact
+        # concurrency a fleet saw (CLOCK_MONOTONIC is shared by every process on the host) instead of polling for it
+        self.spans: deque[tuple[float, float]] = deque(maxlen=4096)
+        self._started: dict[int, float] = {}
         self.clock: SimClock | None = None
         self.ranks: list[RealtimeRank] = []
         self.kv_events: KvEventPublisher | None = None
@@ -82,6 +88,7 @@ class Replica:
                 sub.queue.put_nowait((i, Event(EventKind.ABORT, self.now(), reason="reset", code=-1)))
         await self.stop()
         self._inflight.clear()
+        self._started.clear()
         self.incarnation = uuid.uuid4().hex[:12]
         self.metrics = ReplicaMetrics(self)
         self.status = "starting"
@@ -177,6 +184,7 @@ class Replica:
             rank.rank.submit(req)
         if not internal:
             self._inflight.add(sub)
+            self._started[id(sub)] = time.monotonic()
         rank.kick()
         return sub
 
@@ -187,7 +195,9 @@ class Replica:
             if not req.finished:
                 sub.rank.rank.abort(req, now)
         sub.rank.kick()
-        self._inflight.discard(sub)
+        if sub in self._inflight:
+            self._inflight.discard(sub)
+            self.spans.append((self._started.pop(id(sub), time.monotonic()), time.monotonic()))
 
     def abort_all(self) -> None:
         for r in self.ranks:

@@ -587,7 +587,8 @@ class SimServer:
                 "paused": rk.paused,
             })
         return _json({"name": rep.name, "incarnation": rep.incarnation, "status": rep.status, "sim_time": rep.now(),
-                      "time_scale": rep.cfg.time_scale, "inflight": len(rep._inflight), "ranks": ranks})
+                      "time_scale": rep.cfg.time_scale, "inflight": len(rep._inflight), "ranks": ranks,
+                      "spans": list(rep.spans) if request.query_params.get("spans") else None})
 
 
 class _Ctx:

