@@ -28,6 +28,7 @@ from gateway.control.plane import ControlPlane
 from gateway.control.store import MemoryControlStore, RedisControlStore
 from gateway.dispatch.dispatcher import Dispatcher
 from gateway.dispatch.feedback import Feedback
+from gateway.dispatch.pd import PdBackend
 from gateway.dispatch.quarantine import Quarantine
 from gateway.kvevents.setup import build as build_precise
 from gateway.observability.logging import setup_logging
@@ -73,7 +74,7 @@ def create_app(config: GatewayConfig, *, span_exporter: Any = None, transport: h
         metrics = GatewayMetrics()
         policies.on_reload = lambda result: metrics.policy_reloads.labels(result).inc()
         sglang_backend = SGLangBackend(http, config.retry, t.idle, t.connect)
-        backends: dict[str, Backend] = {"sglang": sglang_backend,
+        backends: dict[str, Backend] = {"sglang": PdBackend(sglang_backend, config, secrets.pool_keys, metrics.registry),
                                          "openai": HttpBackend(http, config.retry, t.idle),
                                          "litellm": LiteLLMBackend()}
         tracer, provider = build_tracer(config.observability.tracing_exporter, config.observability.service_name, span_exporter)

@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
+from gateway.pd_config import Disaggregation
 from gateway.policy_schema import Tenant
 from gateway.typed import Strict as _Strict
 from gateway.typed import sha256_hex_list
@@ -105,6 +106,8 @@ class SGLangPool(_PoolBase):
     send_priority: Literal["auto", "always", "never"] = Field(
         default="auto", description="auto: send an explicit priority (priority_values) to servers whose /server_info "
         "says enable_priority_scheduling; never to others, so --abort-on-priority-when-disabled cannot refuse them")
+    disaggregation: Disaggregation | None = Field(default=None, description="a PD deployment: `replicas` are the "
+                                                  "decode servers, these the prefill servers (docs/pd.md)")
     priority_values: dict[Literal["high", "normal", "low"], int] = Field(
         default_factory=lambda: {"high": 10, "normal": 0, "low": -10},  # type: ignore[arg-type]
         description="the SGLang priority sent per tenant class; `normal` is explicit so the server's default "
@@ -428,6 +431,8 @@ class GatewayConfig(_Strict):
         _unique(pool_names, "pools")
         _unique([m.name for m in self.models], "models")
         replica_names = [r.name for p in self.pools if isinstance(p, SGLangPool) for r in p.replicas]
+        replica_names += [r.name for p in self.pools if isinstance(p, SGLangPool) and p.disaggregation
+                          for r in p.disaggregation.prefill]
         _unique(replica_names + [p.name for p in self.pools if not isinstance(p, SGLangPool)], "replicas")
         for i, m in enumerate(self.models):
             for j, p in enumerate(m.pools):

@@ -113,6 +113,27 @@ def start_sims(n: int = 2, prof: str = "mi355x-glm52-tp4", sglang_version: str =
     return st, reps
 
 
+def start_pd_sims(prefill: int = 1, decode: int = 1, prof: str = "mi355x-glm52-tp4", **overrides: Any
+                  ) -> tuple[ServerThread, list[Replica], list[Replica], list[int]]:
+    """A PD deployment in one event loop (the simulator's KV fabric is per process): `prefill` prefill servers
+    with their bootstrap servers, then `decode` decode servers. Returns the thread (urls: prefill servers, decode
+    servers, then the bootstrap servers), both replica lists and the bootstrap ports."""
+    from gateway_lab.sim.pd import create_bootstrap_app
+
+    overrides.setdefault("time_scale", 20.0)
+    overrides.setdefault("enable_cache_report", True)
+    overrides.setdefault("report_incarnation", True)
+    cfg = for_version(profile(prof), "0.5.23").with_overrides(**overrides)
+    boots = [free_port() for _ in range(prefill)]
+    pre = [Replica(cfg.with_overrides(seed=i, disaggregation_mode="prefill", disaggregation_bootstrap_port=boots[i]),
+                   name=f"prefill-{i}") for i in range(prefill)]
+    dec = [Replica(cfg.with_overrides(seed=100 + i, disaggregation_mode="decode"), name=f"decode-{i}")
+           for i in range(decode)]
+    apps = [create_sim_app(r) for r in pre + dec] + [create_bootstrap_app(r) for r in pre]
+    st = ServerThread(apps, [free_port() for _ in range(prefill + decode)] + boots).start()
+    return st, pre, dec, boots
+
+
 class RedisServer:
     """A private redis-server on a free port (never the machine's shared one), ended by PID. `appendonly`: with an
     AOF (fsync every second, as deployed) in its directory, so a restart on the same directory keeps the data."""

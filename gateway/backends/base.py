@@ -14,7 +14,8 @@ class AttemptFailed(Exception):
     otherwise the request itself is at fault (upstream 4xx) and the error goes back to the client."""
 
     def __init__(self, message: str, *, retryable: bool, status: int | None = None, timeout: bool = False,
-                 connect: bool = False, overloaded: bool = False, param: str | None = None, stalled: bool = False) -> None:
+                 connect: bool = False, overloaded: bool = False, param: str | None = None, stalled: bool = False,
+                 leg: str | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.retryable = retryable
@@ -24,6 +25,7 @@ class AttemptFailed(Exception):
         self.overloaded = overloaded
         self.param = param
         self.stalled = stalled  # cut short because the replica was ejected as hung (`dispatch/ejection.py`)
+        self.leg = leg  # "prefill": the other leg of a PD pair failed (`dispatch/pd.py`), not this replica
         self.replica_answered = False  # set by the dispatcher: the replica answered other requests meanwhile
 
 

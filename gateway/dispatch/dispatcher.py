@@ -33,6 +33,7 @@ from gateway.circuit_breaker import BreakerState
 from gateway.config import GatewayConfig
 from gateway.dispatch.ejection import StallDetector, Waiting
 from gateway.dispatch.feedback import Attempt, Feedback
+from gateway.dispatch.pd import ROUTING_REQUEST
 from gateway.dispatch.quarantine import BodyPrint, Quarantine
 from gateway.dispatch.retry_policy import (
     Cause,
@@ -101,6 +102,7 @@ class Dispatcher:
                 "This request body timed out or broke the connection on two model server replicas and is refused for "
                 f"another {self.quarantine.remaining_s(bp):.0f} s to protect the service; change the request (e.g. "
                 "smaller n, max_tokens or prompt) rather than retrying it.", should_retry=False)
+        ROUTING_REQUEST.set(req)  # what a PD pool's pair decision reads (dispatch/pd.py)
         tries = _Tries(tenant.name if tenant is not None else None)
         limit = self.cfg.retry.max_attempts
         for target in decision.ranked:
@@ -161,6 +163,11 @@ class Dispatcher:
 
     def _failed(self, target: Target, e: AttemptFailed, bp: BodyPrint, tries: _Tries) -> GatewayError | None:
         """Account one failed attempt; the error to raise now, or None to try the next candidate."""
+        if e.leg == "prefill":  # a PD pair's prefill leg failed: its own breaker has it; try the next pair
+            target.breaker.release()
+            target.state.last_error = e.message
+            self.metrics.upstream_errors.labels(target.pool, target.name, "prefill_leg").inc()
+            return None
         cause = classify(e)
         kind = ("stalled" if e.stalled else "timeout" if e.timeout else "connect" if e.connect
                 else "credentials" if cause is Cause.CREDENTIALS else f"http_{e.status}" if e.status else "protocol")

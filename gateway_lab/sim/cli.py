@@ -71,6 +71,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         '"replay_endpoint":"tcp://*:5558"}\' (ports + DP rank; with --replicas N, replica i adds 100*i)')
     p.add_argument("--kv-events-port-collision", action="store_true",
                    help="0.5.9/0.5.13 under plain DP: every rank binds port + 0, so only rank 0 publishes (the pre-fix bug)")
+    p.add_argument("--disaggregation-mode", choices=["null", "prefill", "decode"], default="null",
+                   help="SGLang's PD role of every server (the KV transfer is simulated within this process)")
+    p.add_argument("--disaggregation-bootstrap-port", type=int, default=8998,
+                   help="a prefill server's bootstrap port (with --replicas N, replica i uses PORT + i)")
+    p.add_argument("--disaggregation-transfer-backend", choices=["mooncake", "mori", "nixl", "fake"], default=None)
+    p.add_argument("--disaggregation-decode-local-prefill", action="store_true",
+                   help="(not SGLang) a decode server also serves requests without bootstrap fields, prefilling them")
+    p.add_argument("--pd", default=None, metavar="P:D",
+                   help="a PD deployment in one process: P prefill servers (ports PORT..), then D decode servers")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override any server argument or timing parameter, e.g. --set alpha=64 --set t_api=0")
 
@@ -92,7 +101,8 @@ def config_from_args(a: argparse.Namespace) -> ReplicaConfig:
         "seed": a.seed,
         "schedule_policy": a.schedule_policy,
     }
-    flags = ("enable_cache_report", "enable_dp_attention", "enable_priority_scheduling",
+    over["disaggregation_transfer_backend"] = a.disaggregation_transfer_backend
+    flags = ("disaggregation_decode_local_prefill", "enable_cache_report", "enable_dp_attention", "enable_priority_scheduling",
              "schedule_low_priority_values_first", "disable_priority_preemption", "abort_on_priority_when_disabled",
              "report_incarnation")
     over.update({f: True for f in flags if getattr(a, f)})
@@ -138,22 +148,44 @@ def _parse_value(raw: str) -> object:
         return raw
 
 
+def roles(a: argparse.Namespace) -> list[str]:
+    """The disaggregation mode of each server: `--pd P:D`, else `--disaggregation-mode` for all `--replicas`."""
+    if a.pd is None:
+        return [a.disaggregation_mode] * a.replicas
+    p, sep, d = a.pd.partition(":")
+    if not sep or not p.isdigit() or not d.isdigit() or int(p) < 1 or int(d) < 1:
+        raise SystemExit(f"--pd expects P:D with P, D >= 1 (prefill and decode servers), got {a.pd!r}")
+    return ["prefill"] * int(p) + ["decode"] * int(d)
+
+
 def run(a: argparse.Namespace) -> int:
+    from gateway_lab.sim.pd import create_bootstrap_app
+
     cfg = config_from_args(a)
-    ports = free_ports(a.host, a.replicas) if a.port == 0 else [a.port + i for i in range(a.replicas)]
-    taken = taken_port_error("gateway sim", a.host, ports, "--port (replicas use PORT..PORT+N-1; 0 picks free ports)")
+    modes = roles(a)
+    n = len(modes)
+    ports = free_ports(a.host, n) if a.port == 0 else [a.port + i for i in range(n)]
+    boot = [a.disaggregation_bootstrap_port + i for i, m in enumerate(modes) if m == "prefill"]
+    taken = taken_port_error("gateway sim", a.host, ports + boot,
+                             "--port (replicas use PORT..PORT+N-1; 0 picks free ports) or --disaggregation-bootstrap-port")
     if taken:
         print(taken, file=sys.stderr)
         return 2
     servers = []
-    for i in range(a.replicas):
-        rep = Replica(cfg.with_overrides(seed=cfg.seed + i, kv_events_config=kv_events_for(cfg.kv_events_config, i)),
-                      name=f"{cfg.profile}-{i}")
+    for i, mode in enumerate(modes):
+        over: dict[str, Any] = {"seed": cfg.seed + i, "kv_events_config": kv_events_for(cfg.kv_events_config, i),
+                                "disaggregation_mode": mode}
+        if mode == "prefill":
+            over["disaggregation_bootstrap_port"] = a.disaggregation_bootstrap_port + i
+        rep = Replica(cfg.with_overrides(**over), name=f"{cfg.profile}-{mode + '-' if mode != 'null' else ''}{i}")
         servers.append(make_server(create_sim_app(rep), a.host, ports[i], timeout_keep_alive=5,
                                    timeout_graceful_shutdown=SHUTDOWN_GRACE_S))
+        if mode == "prefill":
+            servers.append(make_server(create_bootstrap_app(rep), a.host, over["disaggregation_bootstrap_port"],
+                                       timeout_keep_alive=5))
 
     def started() -> None:
-        urls = " ".join(f"http://{a.host}:{p}" for p in ports)
+        urls = " ".join(f"http://{a.host}:{p}" + (f" ({m})" if m != "null" else "") for p, m in zip(ports, modes))
         print(f"simulated SGLang replicas ({cfg.profile}, time scale {cfg.time_scale}): {urls}", file=sys.stderr, flush=True)
 
     stop_on_signal(servers, SHUTDOWN_GRACE_S)

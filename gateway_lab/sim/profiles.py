@@ -76,6 +76,21 @@ class ReplicaConfig:
     eos_median_tokens: int = 180  # chat answers (no tools offered) and completions
     eos_agent_median_tokens: int = 60  # chat turns that offer tools (an agent answering after its tool results)
     eos_sigma: float = 0.8
+    # Prefill/decode disaggregation (SGLang's --disaggregation-* flags; gateway_lab/sim/pd.py, docs/simulator.md)
+    disaggregation_mode: str = "null"  # "null" (unified) | "prefill" | "decode"
+    disaggregation_bootstrap_port: int = 8998  # SGLang's default; a prefill server's bootstrap server listens here
+    disaggregation_transfer_backend: str = "mooncake"  # SGLang's default; mori is AMD's RDMA engine, nixl NVIDIA's
+    disaggregation_ib_device: str | None = None
+    # the KV link [inf]: GLM-5.2 fp8 MLA+DSA-indexer KV is ~55 KB per token, sent from one prefill TP rank over one
+    # 400 Gb/s RDMA NIC (MI355X + Pollara) at ~40 GB/s effective, plus a fixed per-transfer handshake
+    kv_link_gbytes_per_s: float = 40.0
+    kv_link_latency_s: float = 0.001
+    kv_bytes_per_token: int = 55_000
+    disaggregation_bootstrap_timeout: float = 300.0  # SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT (s)
+    disaggregation_waiting_timeout: float = 300.0  # SGLANG_DISAGGREGATION_WAITING_TIMEOUT (s)
+    # [inf] not in SGLang: a decode server that also prefills requests sent without bootstrap fields (unified
+    # serving on a decode worker, what SGLA-aware PD routing falls back to); off = SGLang's refusal
+    disaggregation_decode_local_prefill: bool = False
     seed: int = 0
     time_scale: float = 1.0  # k > 1 runs k times faster than real time; reported latencies stay simulated
     timing: TimingModel = field(default_factory=TimingModel)
@@ -98,6 +113,19 @@ class ReplicaConfig:
         if self.disable_radix_cache:
             raise ValueError("Experimental shortest-prefill-first requires prefix caching")
 
+    def check_disaggregation(self) -> None:
+        if self.disaggregation_mode not in DISAGGREGATION_MODES:
+            raise ValueError(f"disaggregation_mode {self.disaggregation_mode!r}: choose one of {sorted(DISAGGREGATION_MODES)}")
+        if self.disaggregation_transfer_backend not in TRANSFER_BACKENDS:
+            raise ValueError(f"disaggregation_transfer_backend {self.disaggregation_transfer_backend!r}: choose one of "
+                             f"{sorted(TRANSFER_BACKENDS)}")
+        if self.kv_link_gbytes_per_s <= 0 or self.kv_bytes_per_token <= 0 or self.kv_link_latency_s < 0:
+            raise ValueError("kv_link_gbytes_per_s and kv_bytes_per_token must be > 0, kv_link_latency_s >= 0")
+
+    def kv_transfer_time(self, tokens: int) -> float:
+        """Seconds to move `tokens` of KV from a prefill server to a decode server over the link model."""
+        return self.kv_link_latency_s + tokens * self.kv_bytes_per_token / (self.kv_link_gbytes_per_s * 1e9)
+
     def with_overrides(self, **kw: Any) -> ReplicaConfig:
         timing_kw = {k: kw.pop(k) for k in list(kw) if k in TimingModel.__dataclass_fields__}
         cfg = replace(self, **kw)
@@ -111,6 +139,9 @@ class ReplicaConfig:
 # shorter waiting prefills share its forward; SGLang refuses it together with --enable-priority-scheduling).
 FCFS, SHORTEST_PREFILL_FIRST = "fcfs", "shortest-prefill-first"
 SCHEDULE_POLICIES = frozenset({FCFS, SHORTEST_PREFILL_FIRST})
+
+DISAGGREGATION_MODES = frozenset({"null", "prefill", "decode"})
+TRANSFER_BACKENDS = frozenset({"mooncake", "mori", "nixl", "fake"})
 
 # `--sglang-version` choices -> the release string /server_info and /v1/loads report
 SGLANG_VERSIONS = {"0.5.9": "0.5.9", "0.5.13": "0.5.13.post1", "0.5.23": "0.5.23"}

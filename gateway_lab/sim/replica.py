@@ -8,14 +8,16 @@ import random
 import time
 import uuid
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from gateway_lab.sim.engine import Event, EventKind, Rank, SimRequest
+from gateway_lab.sim.engine import Event, EventKind, SimRequest
 from gateway_lab.sim.kv_events import KvEventPublisher, KvEventsConfig
 from gateway_lab.sim.metrics import ReplicaMetrics
+from gateway_lab.sim.pd import FABRIC, make_rank, pd_queues
 from gateway_lab.sim.profiles import ReplicaConfig
 from gateway_lab.sim.realtime import RealtimeRank, SimClock
 
@@ -64,7 +66,11 @@ class Replica:
     # -- lifecycle -------------------------------------------------------------------------------------------
     async def start(self) -> None:
         self.clock = SimClock(self.cfg.time_scale)
-        self.ranks = [RealtimeRank(Rank(self.cfg, i, self.cfg.seed), self.clock) for i in range(self.cfg.dp_size)]
+        self.ranks = [RealtimeRank(make_rank(self.cfg, i, self.cfg.seed), self.clock) for i in range(self.cfg.dp_size)]
+        if self.cfg.disaggregation_mode != "null":  # PD: rooms meet in the process's KV fabric (sim/pd.py)
+            FABRIC.time_scale = self.cfg.time_scale
+            if self.cfg.disaggregation_mode == "prefill":
+                FABRIC.register(self.bootstrap_address, self)
         kv = KvEventsConfig.parse(self.cfg.kv_events_config)
         if kv is not None:  # a fresh publisher per start: its sequence restarts at 0, as a restarted SGLang's does
             self.kv_events = KvEventPublisher(kv, [r.rank.cache for r in self.ranks], maps=self.cfg.at_least("0.5.23"),
@@ -74,7 +80,13 @@ class Replica:
         for r in self.ranks:
             r.start()
 
+    @property
+    def bootstrap_address(self) -> str:
+        """The key of this prefill server's bootstrap server in the fabric (one process: the port is unique)."""
+        return str(self.cfg.disaggregation_bootstrap_port)
+
     async def stop(self) -> None:
+        FABRIC.unregister(self.bootstrap_address, self)
         for r in self.ranks:
             await r.stop()
         if self.kv_events is not None:
@@ -164,6 +176,7 @@ class Replica:
         rid: str,
         internal: bool = False,
         priority: int = 0,
+        before_submit: Callable[[SimRequest], None] | None = None,
     ) -> Submission:
         """Queue the request(s) on `rank`. `internal` (health probes) are not client requests: not in _inflight.
         `tokens` is the prompt of every choice, or a list with one prompt per choice (a completions batch)."""
@@ -181,6 +194,8 @@ class Replica:
 
             req = SimRequest(f"{rid}-{i}", keys, len(seq), out_len, reason, now, sink, priority=priority)
             sub.requests.append(req)
+            if before_submit is not None:  # PD: the room is registered before the rank sees the request
+                before_submit(req)
             rank.rank.submit(req)
         if not internal:
             self._inflight.add(sub)
@@ -206,7 +221,7 @@ class Replica:
 
     # -- snapshots -------------------------------------------------------------------------------------------
     def loads(self) -> list[dict[str, Any]]:
-        out = []
+        out: list[dict[str, Any]] = []
         cap = self.cfg.max_total_num_tokens
         for r in self.ranks:
             rk = r.rank
@@ -228,6 +243,8 @@ class Replica:
                     "utilization": round(min(1.0, len(rk.running) / self.cfg.max_running_requests), 4),
                 }
             )
+            if self.cfg.disaggregation_mode != "null":  # SGLang's disagg section: the PD queues of this rank
+                out[-1]["disagg"] = pd_queues(rk)
         return out
 
 

@@ -23,6 +23,7 @@ from gateway.tokenizer import VOCAB_SIZE, count_tokens, render_chat, token_array
 from gateway_lab.sim.engine import Event, EventKind
 from gateway_lab.sim.kv_events import KvEventsConfig
 from gateway_lab.sim.kv_events import descriptor as kv_descriptor
+from gateway_lab.sim.pd import FABRIC, Bootstrap, bootstrap_fields, pd_room_hook, rank_for_room
 from gateway_lab.sim.protocol import (
     MAX_BODY_BYTES,
     ChatCompletionRequest,
@@ -127,6 +128,20 @@ class SimServer:
             raise SimHTTPError(400, f"data_parallel_rank must be in [0, {ranks}), got {dp}.", "BadRequestError")
         return dp
 
+    def _bootstrap(self, body: dict[str, Any], n: int, prompts: int) -> Bootstrap | None:
+        """A PD server's bootstrap fields (sim/pd.py), or None on a unified server."""
+        cfg = self.replica.cfg
+        if cfg.disaggregation_mode == "null":
+            return None
+        try:
+            pd = bootstrap_fields(body, cfg)
+        except ValueError as e:
+            raise SimHTTPError(400, str(e), "BadRequestError") from None
+        if pd is not None and (n != 1 or prompts != 1):
+            raise SimHTTPError(400, "The simulator's PD mode serves one sequence per request (n = 1, one prompt).",
+                               "BadRequestError")
+        return pd
+
     def _priority(self, body: dict[str, Any]) -> int:
         """SGLang's rules: with priority scheduling, a request without `priority` gets --default-priority-value
         (0.5.13+) or else the lowest value; without it, a priority is ignored or (abort flag) refused with 503."""
@@ -218,7 +233,11 @@ class SimServer:
             raise SimHTTPError(400, str(e), "BadRequestError") from None
         if fault and fault.kind == "status":
             return _err(fault.status, f"Injected fault: status {fault.status}.", str(fault.status))
-        rank = rep.pick_rank(self._pinned_rank(request, body))
+        pd = self._bootstrap(body, n, len(seqs))
+        pinned = self._pinned_rank(request, body)
+        if pd is not None and pinned is None:
+            pinned = rank_for_room(pd.room, rep.num_ranks)  # SGLang's follow_bootstrap_room: both sides agree
+        rank = rep.pick_rank(pinned)
         priority = self._priority(body)
         if rep.queue_full(rank):
             if stream and cfg.sse_style != "0.5.9":
@@ -228,8 +247,13 @@ class SimServer:
         rid = req.rid if isinstance(req.rid, str) else new_id()
         base = text_base(cfg.seed, sum(len(t) for t in seqs), rid if body.get("seed") is None else body.get("seed"))
         plans, lengths, tokens, stops = self._plan(req, seqs, max_tokens, base)
+        hook = None
+        if pd is not None:
+            if cfg.disaggregation_mode == "prefill":  # the prefill server's answer is the first token
+                plans, lengths, stops = [None], [(1, "length")], [None]
+            hook = pd_room_hook(rep, rank, pd)
         namespace = f"{body.get('cache_salt') or ''}\x00{body.get('extra_key') or ''}"
-        sub = rep.submit(rank, tokens, namespace, lengths, rid, priority=priority)
+        sub = rep.submit(rank, tokens, namespace, lengths, rid, priority=priority, before_submit=hook)
         ctx_ = _Ctx(self, sub, body, chat, sum(len(t) for t in seqs), lengths, plans, rid, fault, n, base, stops)
         if fault and fault.kind == "hang":
             return EventStreamResponse(ctx_.hang, ctx_.never, on_close=ctx_.close) if stream else await ctx_.hang_plain(request)
@@ -346,7 +370,7 @@ class SimServer:
         info = {
             **args,
             "load_balance_method": "round_robin",
-            "disaggregation_mode": "null",
+            "disaggregation_mode": cfg.disaggregation_mode,
             "kv_events_config": cfg.kv_events_config,
             "status": rep.status,
             "max_req_input_len": min(cfg.context_length, cfg.max_total_num_tokens) - 6,
@@ -522,6 +546,9 @@ class SimServer:
             if kind == "restart":
                 asyncio.get_running_loop().create_task(self.replica.restart(float(body.get("startup_seconds", 0.0))))
                 return _json({"restarting": True})
+            if kind == "transfer_stall":  # the next `count` KV transfers of this process never complete
+                FABRIC.stall_next += int(body.get("count", 1))
+                return _json({"transfer_stall": FABRIC.stall_next})
             if kind not in ("reset_after_chunks", "reset_before_headers", "hang", "hang_after_first", "status"):
                 raise ValueError(f"unknown fault kind {kind!r}")
             f = Fault(kind, n=int(body.get("n", 0)), status=int(body.get("status", 503)), count=int(body.get("count", 1)))
