@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
+from gateway.flow.settings import FlowControl
 from gateway.pd_config import Disaggregation
 from gateway.policy_schema import Tenant
 from gateway.typed import Strict as _Strict
@@ -421,6 +422,7 @@ class GatewayConfig(_Strict):
     http: HttpLimits = HttpLimits()
     idempotency: Idempotency = Idempotency()
     usage_bounds: UsageBounds = UsageBounds()
+    flow: FlowControl = FlowControl()
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
     max_json_depth: int = Field(default=64, ge=8, le=200, description="deeper request bodies get a 400 (orjson "
                                 "re-serialises at most 254 levels)")
@@ -466,6 +468,11 @@ def check_tenants(cfg: GatewayConfig, tenants: list[Tenant], where: list[str]) -
             for j, p in enumerate(getattr(t, field) or []):
                 if p not in pool_names:
                     raise ValueError(f"{loc}{field}[{j}]: unknown pool {p!r}")
+        bands = [b.name for b in cfg.flow.bands]
+        for field, names in (("flow.band", [t.flow.band] if t.flow.band else []), ("flow.client_bands", t.flow.client_bands)):
+            for n in names:
+                if n not in bands:
+                    raise ValueError(f"{loc}{field}: unknown band {n!r} (flow.bands: {bands})")
         if t.max_concurrent_scope == "fleet" and not cfg.routing.redis_url:
             raise ValueError(f"{loc}max_concurrent_scope: 'fleet' needs routing.redis_url (shared state)")
         for h in t.api_key_hashes:

@@ -12,6 +12,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from gateway.flow.settings import FlowPolicy
 from gateway.typed import Strict, sha256_hex_list
 
 # SGLang's `priority` request field (honoured with --enable-priority-scheduling; larger runs first). The gateway sets
@@ -90,6 +91,8 @@ class _PolicyFields(Strict):
     hosted_tools: Literal["drop", "refuse"] = Field(
         default="drop", description="tools only the provider's servers run (web_search, file_search, code_interpreter, "
         "computer use, MCP...): drop them with an `x-gateway-dropped` header (the turn is served), or refuse the request")
+    flow: FlowPolicy = Field(default_factory=FlowPolicy, description="band, weight and queue under flow control "
+                             "(docs/flow-control.md)")
     client_metadata: Literal["strip", "forward"] = Field(
         default="strip", description="client-identifying fields (Codex's client_metadata, Anthropic metadata.user_id, "
         "OpenAI user / safety_identifier) removed before upstream, or forwarded as sent")

@@ -1,0 +1,1 @@
+"""Flow control: fair, priority- and deadline-aware admission under overload (docs/flow-control.md)."""

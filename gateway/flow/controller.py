@@ -1,0 +1,286 @@
+"""The flow controller's core: bands, fair sharing, deadlines, bounded queues. Synchronous and pure (the caller
+passes the clock), so the gateway (`flow/admission.py`, async, Redis-shared tags) and the virtual-clock fleet
+(`gateway_lab/sim/fleet.py`) run this one object.
+
+Order of service, when the fleet has room for one more request (`gate.py` decides that):
+1. Band: the highest band with anything queued; a lower band waits while a higher one has work.
+2. Tenant, within the band: start-time fair queueing at the tenant level. Each (band, tenant) flow has a finish tag
+   F; the band has a virtual time V. The flow served next is the one with the least start tag max(F, V); serving a
+   request of cost c (prefill-weighted tokens) at weight w sets F = start + c / w and V = max(V, start). Over any
+   busy period, tenants of one band get service in proportion to their weights, whatever their arrival rates; a
+   flow that was idle restarts at V, so idleness banks no credit. Ties: the earlier deadline, then the name.
+3. Request, within the tenant: the earliest deadline (arrival + the tenant's TTFT SLA) first.
+
+Refusals (each a `Refusal` with a status, a reason and a Retry-After):
+- `queue_full` (429): the tenant's own queue is at its bound; the tenant is over its share, nobody else is.
+- `evicted` (503): the instance's queues are full and a higher band's request arrived: the newest request of the
+  lowest sheddable band below it makes room.
+- `overloaded` (503): the queues are full and nothing sheddable is below the arrival.
+- `queue_timeout` (503): waited its tenant's queue timeout without the fleet having room for it.
+
+The fair tags (`FairTags`) are the only state another instance needs: `flow/shared.py` keeps them in Redis so the
+share is fleet-wide; each instance's queue stays its own (a request waits where its connection is).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.flow.settings import FlowControl
+
+RETRY_AFTER_MIN_S = 1.0
+RETRY_AFTER_MAX_S = 60.0  # the OpenAI SDK ignores a longer Retry-After
+
+
+@dataclass(eq=False, slots=True)
+class Ticket:
+    """One request's place in the queue. `cost`: prefill-weighted tokens; `deadline`: when its SLA runs out."""
+
+    key: str
+    tenant: str
+    band: int
+    weight: float
+    cost: float
+    arrived: float
+    deadline: float
+    expires: float
+    sheddable: bool = False
+    payload: Any = None
+    seq: int = 0
+    state: str = "new"  # new -> queued -> granted | refused | cancelled
+    granted_at: float | None = None
+    start_tag: float = 0.0
+
+    @property
+    def flow(self) -> tuple[int, str]:
+        return self.band, self.tenant
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    ticket: Ticket
+    status: int  # 429 the tenant's own queue; 503 the fleet's
+    reason: str  # queue_full | evicted | overloaded | queue_timeout | preempted_lost (never: preemption re-queues)
+    retry_after_s: float
+    message: str
+
+
+class FairTags:
+    """Per band a virtual time V, per (band, tenant) a finish tag F. `merge` takes values another instance wrote
+    (Redis): tags only grow, so the larger value is the later one."""
+
+    def __init__(self) -> None:
+        self.finish: dict[tuple[int, str], float] = {}
+        self.vtime: dict[int, float] = {}
+
+    def start(self, band: int, tenant: str) -> float:
+        return max(self.finish.get((band, tenant), 0.0), self.vtime.get(band, 0.0))
+
+    def charge(self, band: int, tenant: str, amount: float) -> float:
+        s = self.start(band, tenant)
+        self.finish[(band, tenant)] = s + amount
+        if s > self.vtime.get(band, 0.0):
+            self.vtime[band] = s
+        return s
+
+    def merge(self, band: int, tenant: str, finish: float, vtime: float) -> None:
+        if finish > self.finish.get((band, tenant), 0.0):
+            self.finish[(band, tenant)] = finish
+        if vtime > self.vtime.get(band, 0.0):
+            self.vtime[band] = vtime
+
+
+@dataclass
+class _Served:
+    """A flow's recent grants, for Retry-After: how fast its queue drains."""
+
+    rate: float = 0.0  # grants per second, smoothed
+    last: float | None = None
+
+
+@dataclass
+class FlowController:
+    cfg: FlowControl
+    tags: FairTags = field(default_factory=FairTags)
+
+    def __post_init__(self) -> None:
+        self._queues: list[dict[str, list[tuple[float, int, Ticket]]]] = [{} for _ in self.cfg.bands]
+        self._expiry: list[tuple[float, int, Ticket]] = []  # lazy: entries of tickets no longer queued are skipped
+        self._per_tenant: dict[str, int] = {}
+        self._queued = 0
+        self._seq = 0
+        self._seen: dict[tuple[int, str], float] = {}
+        self._served: dict[str, _Served] = {}
+        self.sheddable = [b.sheddable for b in self.cfg.bands]
+
+    # -- what is queued ----------------------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return self._queued
+
+    def queued(self) -> Iterator[Ticket]:
+        for band in self._queues:
+            for heap in band.values():
+                for _, _, t in heap:
+                    yield t
+
+    def depth(self, tenant: str) -> int:
+        return self._per_tenant.get(tenant, 0)
+
+    def contended(self, now: float) -> bool:
+        """More than one flow seen within the contention window, or anything queued: only then is a request held.
+        A single flow's order is first come, first served in the gateway's queue or the engine's alike, and the
+        engine's is better informed (no feedback delay), so a lone tenant is never held."""
+        if self._queued:
+            return True
+        cutoff = now - self.cfg.contention_window_s
+        stale = [f for f, at in self._seen.items() if at < cutoff]
+        for f in stale:
+            del self._seen[f]
+        return len(self._seen) > 1
+
+    # -- arrivals ----------------------------------------------------------------------------------------------
+    def ticket(self, key: str, tenant: str, band: int, weight: float, prompt_tokens: int, output_tokens: int,
+               now: float, sla_s: float, timeout_s: float | None = None, payload: Any = None) -> Ticket:
+        cost = prompt_tokens * self.cfg.prefill_weight + output_tokens * self.cfg.output_weight
+        self._seen[(band, tenant)] = now
+        return Ticket(key, tenant, band, weight, max(cost, 1.0), now, now + sla_s,
+                      now + (timeout_s if timeout_s is not None else self.cfg.queue_timeout_s),
+                      self.sheddable[band], payload)
+
+    def offer(self, t: Ticket, now: float, tenant_cap: int | None = None) -> list[Refusal]:
+        """Queue `t`, or refuse it. Returns the refusals this arrival caused: `t`'s own, or an evicted request's."""
+        self._seen[t.flow] = now
+        cap = tenant_cap if tenant_cap is not None else self.cfg.max_queued_per_tenant
+        if self._per_tenant.get(t.tenant, 0) >= cap:
+            t.state = "refused"
+            return [Refusal(t, 429, "queue_full", self._retry_after(t.tenant, now),
+                            f"This key's queue is full ({cap} requests waiting); it is sending more than its share "
+                            "of the fleet. Retry after the time in Retry-After.")]
+        out: list[Refusal] = []
+        if self._queued >= self.cfg.max_queued:
+            victim = self._eviction_victim(t.band)
+            if victim is None:
+                t.state = "refused"
+                return [Refusal(t, 503, "overloaded", self._retry_after(t.tenant, now),
+                                "The gateway's queues are full; retry shortly.")]
+            self._remove(victim)
+            victim.state = "refused"
+            out.append(Refusal(victim, 503, "evicted", self._retry_after(victim.tenant, now),
+                               "Evicted from the queue to make room for higher-priority traffic; retry shortly."))
+        self._push(t)
+        return out
+
+    def _push(self, t: Ticket) -> None:
+        self._seq += 1
+        t.seq, t.state = self._seq, "queued"
+        entry = (t.deadline, t.seq, t)
+        heapq.heappush(self._queues[t.band].setdefault(t.tenant, []), entry)
+        heapq.heappush(self._expiry, (t.expires, t.seq, t))
+        self._per_tenant[t.tenant] = self._per_tenant.get(t.tenant, 0) + 1
+        self._queued += 1
+
+    def requeue(self, t: Ticket, now: float) -> None:
+        """A granted request taken back before its first byte (preempted): queued again with its deadline and
+        place, its charge kept (it will be served)."""
+        self._seen[t.flow] = now
+        self._push(t)
+
+    def _eviction_victim(self, band: int) -> Ticket | None:
+        for b in range(len(self._queues) - 1, band, -1):  # lowest band first, strictly below the arrival's
+            if not self.sheddable[b] or not self._queues[b]:
+                continue
+            return max((e[2] for heap in self._queues[b].values() for e in heap), key=lambda t: t.seq)
+        return None
+
+    # -- service -----------------------------------------------------------------------------------------------
+    def head(self) -> Ticket | None:
+        """The next request to serve (not removed): the highest non-empty band, its flow with the least start tag,
+        that flow's earliest deadline."""
+        for b, flows in enumerate(self._queues):
+            if not flows:
+                continue
+            tags = self.tags
+            tenant = min(flows, key=lambda n: (tags.start(b, n), flows[n][0][0], n))
+            return flows[tenant][0][2]
+        return None
+
+    def heads(self, limit: int) -> list[Ticket]:
+        """Up to `limit` flows' next requests in service order, for late binding: when the first cannot be placed
+        within its SLA now, a later one (a prefix hit on a replica with room) may be."""
+        out: list[Ticket] = []
+        for b, flows in enumerate(self._queues):
+            tags = self.tags
+            for n in sorted(flows, key=lambda n: (tags.start(b, n), flows[n][0][0], n)):
+                out.append(flows[n][0][2])
+                if len(out) >= limit:
+                    return out
+        return out
+
+    def grant(self, t: Ticket, now: float) -> None:
+        """Serve `t` (queued): remove it and charge its flow."""
+        self._remove(t)
+        self.charge(t, now)
+
+    def charge(self, t: Ticket, now: float) -> None:
+        """Charge `t`'s flow for its service (also for a request that never queued: what it used counts)."""
+        t.start_tag = self.tags.charge(t.band, t.tenant, t.cost / t.weight)
+        t.state, t.granted_at = "granted", now
+        s = self._served.setdefault(t.tenant, _Served())
+        if s.last is not None and now > s.last:
+            s.rate = 0.8 * s.rate + 0.2 / (now - s.last)
+        s.last = now
+
+    def cancel(self, t: Ticket) -> bool:
+        """The client left while queued: removed without a charge."""
+        if t.state != "queued":
+            return False
+        self._remove(t)
+        t.state = "cancelled"
+        return True
+
+    def expire(self, now: float) -> list[Refusal]:
+        out = []
+        while self._expiry and self._expiry[0][0] <= now:
+            _, _, t = heapq.heappop(self._expiry)
+            if t.state != "queued":
+                continue
+            self._remove(t)
+            t.state = "refused"
+            out.append(Refusal(t, 503, "queue_timeout", self._retry_after(t.tenant, now),
+                               f"Waited {now - t.arrived:.1f} s in the queue without the fleet having room within "
+                               "this key's TTFT target; retry shortly."))
+        return out
+
+    def _remove(self, t: Ticket) -> None:
+        heap = self._queues[t.band][t.tenant]
+        if heap[0][2] is t:
+            heapq.heappop(heap)
+        else:
+            heap.remove((t.deadline, t.seq, t))
+            heapq.heapify(heap)
+        if not heap:
+            del self._queues[t.band][t.tenant]
+        self._per_tenant[t.tenant] -= 1
+        if not self._per_tenant[t.tenant]:
+            del self._per_tenant[t.tenant]
+        self._queued -= 1
+
+    def _retry_after(self, tenant: str, now: float) -> float:
+        """How long this tenant's queue takes to drain at its recent service rate (bounded)."""
+        s = self._served.get(tenant)
+        queued = self._per_tenant.get(tenant, 0) + 1
+        if s is None or s.rate <= 0 or math.isinf(s.rate):
+            return self.cfg.queue_timeout_s if queued > 1 else RETRY_AFTER_MIN_S
+        return min(RETRY_AFTER_MAX_S, max(RETRY_AFTER_MIN_S, queued / s.rate))
+
+    def waits(self, now: float) -> dict[tuple[int, str], tuple[int, float]]:
+        """Per flow: (queued, oldest wait in seconds)."""
+        out: dict[tuple[int, str], tuple[int, float]] = {}
+        for b, flows in enumerate(self._queues):
+            for n, heap in flows.items():
+                out[(b, n)] = (len(heap), now - min(e[2].arrived for e in heap))
+        return out

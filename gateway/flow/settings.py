@@ -1,0 +1,69 @@
+"""Flow control's typed settings: the process section (`flow:` in the gateway config) and the tenant's part of its
+policy (`flow:` in a tenant file). Both are validated at load; a tenant naming a band the config does not declare
+fails the load, naming the field (`config.check_tenants`)."""
+
+from __future__ import annotations
+
+from pydantic import Field, model_validator
+
+from gateway.typed import Strict
+
+
+class Band(Strict):
+    name: str = Field(min_length=1, pattern=r"^[a-z][a-z0-9_-]*$")
+    sheddable: bool = Field(default=False, description="queued requests of this band are evicted (503) to make room "
+                            "for a higher band's, and it is the first to be refused when the queues are full")
+
+
+DEFAULT_BANDS = (Band(name="critical"), Band(name="standard"), Band(name="sheddable", sheddable=True))
+
+
+class FlowControl(Strict):
+    """Fair, priority- and deadline-aware admission under overload (docs/flow-control.md). Off by default: with it
+    off the request path is exactly as without the section."""
+
+    enabled: bool = False
+    bands: list[Band] = Field(default_factory=lambda: list(DEFAULT_BANDS), min_length=1,
+                              description="priority bands, highest first: a lower band is served only when every "
+                              "higher band's queue is empty")
+    default_band: str = Field(default="standard", description="the band of a tenant whose policy names none")
+    max_queued_per_tenant: int = Field(default=256, ge=1, description="a tenant's queue on this instance; past it: 429")
+    max_queued: int = Field(default=4096, ge=1, description="every queue on this instance together; past it a higher "
+                            "band's arrival evicts the newest sheddable request, else the arrival is refused (503)")
+    queue_timeout_s: float = Field(default=10.0, gt=0, le=600, description="longest wait in the queue; then 503")
+    prefill_weight: float = Field(default=1.0, gt=0, description="fair-share cost of one prompt token")
+    output_weight: float = Field(default=4.6, ge=0, description="fair-share cost of one expected output token (an "
+                                 "MI355X decodes ~3.6k tok/s against ~16.7k prefill tok/s per replica)")
+    sla_headroom: float = Field(default=0.1, ge=0, lt=1, description="dispatch when the routing engine predicts a "
+                                "TTFT within (1 - headroom) x the time left to the request's deadline")
+    contention_window_s: float = Field(default=10.0, gt=0, description="flows (tenant, band) seen within this window "
+                                       "contend; a single flow is never held (its order is first come either way)")
+    tick_s: float = Field(default=0.02, gt=0, le=1, description="how often a non-empty queue re-checks the fleet")
+    preempt: bool = Field(default=False, description="a queued request of a higher band may cancel a lower band's "
+                          "request that has not sent its first byte; that request is queued again, not lost")
+
+    @model_validator(mode="after")
+    def _bands(self) -> FlowControl:
+        names = [b.name for b in self.bands]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"bands: duplicate names {dup}")
+        if self.default_band not in names:
+            raise ValueError(f"default_band: {self.default_band!r} is not one of bands {names}")
+        return self
+
+    def band_index(self, name: str | None) -> int:
+        names = [b.name for b in self.bands]
+        return names.index(name) if name in names else names.index(self.default_band)
+
+
+class FlowPolicy(Strict):
+    """A tenant's place in flow control: its band, its weight within the band, its queue."""
+
+    band: str | None = Field(default=None, description="one of the config's flow.bands; unset: flow.default_band")
+    weight: float = Field(default=1.0, gt=0, le=10_000, description="share of its band's capacity, relative to the "
+                          "other tenants of the band (in prefill-weighted tokens)")
+    client_bands: list[str] = Field(default_factory=list, description="bands a client may ask for with the "
+                                    "x-gateway-band header; any other value is ignored (the policy's band applies)")
+    max_queued: int | None = Field(default=None, ge=1, description="default flow.max_queued_per_tenant")
+    queue_timeout_s: float | None = Field(default=None, gt=0, le=600, description="default flow.queue_timeout_s")
