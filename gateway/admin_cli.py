@@ -11,6 +11,8 @@ from typing import Any
 
 import httpx
 
+from gateway import admin_changes_cli
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--url", default=os.environ.get("GATEWAY_ADMIN_URL", "http://127.0.0.1:8080"),
@@ -27,6 +29,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     sp.add_argument("--weight", type=float)
     sp.add_argument("--price", nargs=3, type=float, metavar=("IN", "CACHED_IN", "OUT"), help="$/Mtok")
     sp.add_argument("--clear", action="store_true")
+    sp.add_argument("--preview", action="store_true", help="say what recent decisions --weight would move; change nothing")
     sp = sub.add_parser("override", help="temporary tenant override (SLA, pin to a pool, ...)")
     sp.add_argument("tenant")
     sp.add_argument("--ttl", type=float, default=3600.0, help="seconds until it lapses (default 1 h)")
@@ -35,6 +38,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     sp.add_argument("--objective", choices=["cost", "latency"])
     sp.add_argument("--on-sla-miss", choices=["spill", "shed"])
     sp.add_argument("--clear", action="store_true")
+    sp.add_argument("--preview", action="store_true", help="say what recent decisions --pin would move; change nothing")
     sp = sub.add_parser("decisions", help="recent routing decisions on that instance")
     sp.add_argument("--limit", type=int, default=20)
     sp.add_argument("--tenant")
@@ -51,9 +55,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     sp.add_argument("--tenant")
     sp = sub.add_parser("recording", help="that instance's traffic recording for gateway replay: status, start, stop")
     sp.add_argument("action", nargs="?", choices=["status", "start", "stop"], default="status")
+    admin_changes_cli.add_parsers(sub)
 
 
 def _request(a: argparse.Namespace) -> tuple[str, str, dict[str, Any] | None, dict[str, Any]]:
+    live = admin_changes_cli.request(a)
+    if live is not None:
+        return live
     c = a.admin_cmd
     if c == "state":
         return "GET", "/admin/state", None, {}

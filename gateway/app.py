@@ -9,8 +9,8 @@ from typing import Any
 import httpx
 from fastapi import FastAPI
 
+from gateway.api import admin as admin_api
 from gateway.api import error_handlers, ops
-from gateway.api.admin import routes as admin_routes
 from gateway.api.fastpath import FastPath
 from gateway.api.messages import routes as messages_routes
 from gateway.api.middleware import RequestIdMiddleware
@@ -108,9 +108,9 @@ def create_app(config: GatewayConfig, *, span_exporter: Any = None, transport: h
         limiter, budget = build_limits(redis_client, rc, fell_back)  # settlements Redis missed are queued and replayed
         metrics.settlements_pending.set_function(lambda: len(budget.pending))
 
-        async def reload_event(_: dict[str, Any]) -> None:
+        async def reload_event(ev: dict[str, Any]) -> None:
             try:
-                policies.reload()
+                policies.reload(str(ev.get("who") or "reload event"))  # audited once, under who asked
             except PolicyError:
                 pass  # logged and kept in policies.last_error; the running policy stays
 
@@ -119,7 +119,7 @@ def create_app(config: GatewayConfig, *, span_exporter: Any = None, transport: h
                 await index.drop_replica(str(key))
 
         control = ControlPlane(control_store, registry, config.admin.control_resync_s,
-                               actions={"reload": reload_event, "flush": flush_event})
+                               actions={"reload": reload_event, "flush": flush_event}, policies=policies)
         engine = build_engine(rc)  # one routing engine: the decision and the feedback rules (routing/engine.py)
         corrector = engine.corrector
         router = PipelineRouter(registry, index, loads, engine, on_lookup=metrics.routing_lookup.observe)
@@ -183,7 +183,7 @@ def create_app(config: GatewayConfig, *, span_exporter: Any = None, transport: h
     app.include_router(responses_routes.router)
     app.include_router(messages_routes.router)
     app.include_router(ops.router)
-    app.include_router(admin_routes.router)
+    app.include_router(admin_api.router)
     error_handlers.install(app)
     return RequestIdMiddleware(FastPath(app))
 
@@ -192,7 +192,7 @@ def create_admin_app(main: Any) -> Any:
     """The admin API alone, for `admin.port` (e.g. reachable only inside the cluster); it serves the main app's
     state, so both ports see and change the same instance."""
     admin = FastAPI(title="inference-gateway-admin", docs_url=None, redoc_url=None, openapi_url=None)
-    admin.include_router(admin_routes.router)
+    admin.include_router(admin_api.router)
     error_handlers.install(admin)
     admin.state.main = main
     return RequestIdMiddleware(admin)

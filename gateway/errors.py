@@ -95,6 +95,23 @@ class ModelNotFound(GatewayError):
     code = "model_not_found"
 
 
+class NotFound(GatewayError):
+    """An admin API name (replica, pool, tenant, audit entry) that does not exist."""
+
+    status = 404
+    type = "invalid_request_error"
+    code = "not_found"
+
+
+class Conflict(GatewayError):
+    """An admin change computed from a state that has moved since (another instance wrote first), or one that
+    cannot be made in the current state."""
+
+    status = 409
+    type = "invalid_request_error"
+    code = "conflict"
+
+
 class RequestTimeout(GatewayError):
     status = 408
     type = "invalid_request_error"

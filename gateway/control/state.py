@@ -1,10 +1,11 @@
 """On-call changes that every gateway instance obeys: drained replicas, pool weight/price overrides, temporary
-tenant overrides. A plain value (pure); `store.py` persists it, `plane.py` applies it."""
+tenant overrides, and live tenant policy changes (limits, budgets, SLA, priority, aliases, pools) layered over the
+policy files. A plain value (pure); `store.py` persists it, `plane.py` applies it."""
 
 from __future__ import annotations
 
 import time
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -30,10 +31,21 @@ class TenantOverride(Strict):
         return (time.time() if now is None else now) < self.expires_at
 
 
+class LivePolicy(Strict):
+    """A tenant's live policy change: the fields set over its policy file (same shape and merge rules as a tenant
+    file over defaults.yaml: nested sections merge by key, lists replace, null clears a limit). `version` counts
+    every write to it, so a change is a compare-and-set on the version it was computed from; a cleared change keeps
+    its version (an empty `fields`) so a stale writer can never win after a clear."""
+
+    fields: dict[str, Any] = Field(default_factory=dict)
+    version: int = Field(default=0, ge=0)
+
+
 class ControlState(Strict):
     drained: frozenset[str] = frozenset()
     pools: dict[str, PoolOverride] = Field(default_factory=dict)
     tenants: dict[str, TenantOverride] = Field(default_factory=dict)
+    policies: dict[str, LivePolicy] = Field(default_factory=dict)  # tenant -> live policy change
 
     def live_tenants(self, now: float | None = None) -> dict[str, TenantOverride]:
         return {k: v for k, v in self.tenants.items() if v.active(now)}

@@ -2,7 +2,10 @@
 channel) or memory (one instance). Same interface, one implementation per class.
 
 Redis keys (prefix `gw:` by default): `ctl:drained` (set of replica names), `ctl:pools` (hash pool -> JSON),
-`ctl:tenants` (hash tenant -> JSON), `audit` (list of JSON entries, newest first, capped), channel `ctl:events`.
+`ctl:tenants` (hash tenant -> JSON), `ctl:policy` (hash tenant -> live policy change JSON, written only by
+compare-and-set on its version), `audit` (list of JSON entries, newest first, capped), `audit:seq` (the entries'
+ids), `audit:claim:*` (which instance audits a change every instance sees, such as a policy file edit), channel
+`ctl:events`.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from typing import Any, Protocol
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from gateway.control.state import ControlState, PoolOverride, TenantOverride
+from gateway.control.state import ControlState, LivePolicy, PoolOverride, TenantOverride
 
 log = logging.getLogger("gateway.control")
 AUDIT_MAX = 10_000
@@ -29,10 +32,17 @@ class ControlStore(Protocol):
     async def set_drained(self, replica: str, drained: bool) -> None: ...
     async def set_pool(self, pool: str, override: PoolOverride | None) -> None: ...
     async def set_tenant(self, tenant: str, override: TenantOverride | None) -> None: ...
+    async def cas_policy(self, tenant: str, expected_version: int, fields: dict[str, Any]) -> LivePolicy | None:
+        """Write a tenant's live policy change iff its stored version is still `expected_version` (0: none yet);
+        the stored value, or None when another writer got there first."""
     async def publish(self, event: dict[str, Any]) -> None: ...
     def events(self) -> AsyncIterator[dict[str, Any]]: ...
-    async def audit(self, entry: dict[str, Any]) -> None: ...
+    async def audit(self, entry: dict[str, Any]) -> dict[str, Any]:
+        """Append an entry; returns it with its `id` (unique, increasing, shared by every instance)."""
     async def audit_log(self, limit: int) -> list[dict[str, Any]]: ...
+    async def claim(self, key: str, ttl_s: float) -> bool:
+        """True for the first caller of `key` within `ttl_s` across every instance (one audit entry for a change
+        all of them notice)."""
 
 
 class StoreUnavailable(Exception):
@@ -44,11 +54,15 @@ class MemoryControlStore:
         self._drained: set[str] = set()
         self._pools: dict[str, PoolOverride] = {}
         self._tenants: dict[str, TenantOverride] = {}
+        self._policies: dict[str, LivePolicy] = {}
         self._audit: deque[dict[str, Any]] = deque(maxlen=AUDIT_MAX)
+        self._seq = 0
+        self._claims: dict[str, float] = {}
         self._queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
 
     async def load(self) -> ControlState:
-        return ControlState(drained=frozenset(self._drained), pools=dict(self._pools), tenants=dict(self._tenants))
+        return ControlState(drained=frozenset(self._drained), pools=dict(self._pools), tenants=dict(self._tenants),
+                            policies=dict(self._policies))
 
     async def set_drained(self, replica: str, drained: bool) -> None:
         (self._drained.add if drained else self._drained.discard)(replica)
@@ -59,6 +73,14 @@ class MemoryControlStore:
     async def set_tenant(self, tenant: str, override: TenantOverride | None) -> None:
         _put(self._tenants, tenant, override)
 
+    async def cas_policy(self, tenant: str, expected_version: int, fields: dict[str, Any]) -> LivePolicy | None:
+        cur = self._policies.get(tenant)
+        if (cur.version if cur else 0) != expected_version:  # no await between the check and the write
+            return None
+        new = LivePolicy(fields=fields, version=expected_version + 1)
+        self._policies[tenant] = new
+        return new
+
     async def publish(self, event: dict[str, Any]) -> None:
         self._queue.put_nowait(event)
 
@@ -66,11 +88,21 @@ class MemoryControlStore:
         while True:
             yield await self._queue.get()
 
-    async def audit(self, entry: dict[str, Any]) -> None:
+    async def audit(self, entry: dict[str, Any]) -> dict[str, Any]:
+        self._seq += 1
+        entry = {"id": self._seq, **entry}
         self._audit.appendleft(entry)
+        return entry
 
     async def audit_log(self, limit: int) -> list[dict[str, Any]]:
         return list(self._audit)[:limit]
+
+    async def claim(self, key: str, ttl_s: float) -> bool:
+        now = time.monotonic()
+        if self._claims.get(key, 0.0) > now:
+            return False
+        self._claims[key] = now + ttl_s
+        return True
 
 
 def _put(d: dict[str, Any], k: str, v: Any) -> None:
@@ -78,6 +110,18 @@ def _put(d: dict[str, Any], k: str, v: Any) -> None:
         d.pop(k, None)
     else:
         d[k] = v
+
+
+# compare-and-set of one hash field holding JSON with a "version": KEYS[1] hash, ARGV[1] field, ARGV[2] the expected
+# version, ARGV[3] the new JSON (already carrying version expected + 1). Returns 1 if written, 0 if the version moved.
+_CAS = """
+local cur = redis.call('HGET', KEYS[1], ARGV[1])
+local v = 0
+if cur then v = tonumber(cjson.decode(cur)['version']) or 0 end
+if v ~= tonumber(ARGV[2]) then return 0 end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
+return 1
+"""
 
 
 class RedisControlStore:
@@ -100,14 +144,16 @@ class RedisControlStore:
             pipe.smembers(f"{self.p}ctl:drained")
             pipe.hgetall(f"{self.p}ctl:pools")
             pipe.hgetall(f"{self.p}ctl:tenants")
+            pipe.hgetall(f"{self.p}ctl:policy")
             return tuple(await pipe.execute())
 
-        drained, pools, tenants = await self._do(read())
+        drained, pools, tenants, policies = await self._do(read())
         now = time.time()
         live = {k.decode(): TenantOverride.model_validate_json(v) for k, v in tenants.items()}
         return ControlState(drained=frozenset(x.decode() for x in drained),
                             pools={k.decode(): PoolOverride.model_validate_json(v) for k, v in pools.items()},
-                            tenants={k: v for k, v in live.items() if v.active(now)})
+                            tenants={k: v for k, v in live.items() if v.active(now)},
+                            policies={k.decode(): LivePolicy.model_validate_json(v) for k, v in policies.items()})
 
     async def set_drained(self, replica: str, drained: bool) -> None:
         key = f"{self.p}ctl:drained"
@@ -118,6 +164,12 @@ class RedisControlStore:
 
     async def set_tenant(self, tenant: str, override: TenantOverride | None) -> None:
         await self._hput(f"{self.p}ctl:tenants", tenant, override)
+
+    async def cas_policy(self, tenant: str, expected_version: int, fields: dict[str, Any]) -> LivePolicy | None:
+        new = LivePolicy(fields=fields, version=expected_version + 1)
+        ok = await self._do(self.r.eval(_CAS, 1, f"{self.p}ctl:policy", tenant, str(expected_version),
+                                        new.model_dump_json()))
+        return new if int(ok) == 1 else None
 
     async def _hput(self, key: str, field: str, v: PoolOverride | TenantOverride | None) -> None:
         await self._do(self.r.hdel(key, field) if v is None else self.r.hset(key, field, v.model_dump_json()))
@@ -149,15 +201,21 @@ class RedisControlStore:
                 except (RedisError, OSError):
                     pass
 
-    async def audit(self, entry: dict[str, Any]) -> None:
-        async def write() -> None:
+    async def audit(self, entry: dict[str, Any]) -> dict[str, Any]:
+        async def write() -> dict[str, Any]:
+            out = {"id": int(await self.r.incr(f"{self.p}audit:seq")), **entry}
             pipe = self.r.pipeline(transaction=True)
-            pipe.lpush(f"{self.p}audit", json.dumps(entry))
+            pipe.lpush(f"{self.p}audit", json.dumps(out))
             pipe.ltrim(f"{self.p}audit", 0, AUDIT_MAX - 1)
             await pipe.execute()
+            return out
 
-        await self._do(write())
+        return await self._do(write())  # type: ignore[no-any-return]
 
     async def audit_log(self, limit: int) -> list[dict[str, Any]]:
         rows = await self._do(self.r.lrange(f"{self.p}audit", 0, max(0, limit - 1)))
         return [json.loads(x) for x in rows]
+
+    async def claim(self, key: str, ttl_s: float) -> bool:
+        ok = await self._do(self.r.set(f"{self.p}audit:claim:{key}", "1", nx=True, px=max(1, int(ttl_s * 1000))))
+        return bool(ok)

@@ -22,6 +22,8 @@ from gateway.upstreams import Target, UpstreamRegistry
 
 
 class Router(Protocol):
+    engine: RoutingEngine  # the decision core, for dry runs over past decisions (admin previews)
+
     async def decide(self, req: RoutingRequest, route: ModelRoute, dry_run: bool = False) -> Decision: ...
 
 

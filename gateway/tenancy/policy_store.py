@@ -1,5 +1,10 @@
 """The running tenant policies: swapped whole and atomically on reload (file change, admin API or a peer's reload
-event); a directory that fails to load never replaces them — the error is kept for the admin API and logged."""
+event); a directory that fails to load never replaces them — the error is kept for the admin API and logged.
+
+Live changes (`tenancy/live_policy.py`, stored and shared by the control plane) are laid over the files' tenants
+in `index`, the one view the request path reads; `current` stays what the files say. A live change that no longer
+fits a reloaded file (say the file dropped a pool the change names) is set aside for that tenant, reported in
+`live_errors`, and the file's tenant serves."""
 
 from __future__ import annotations
 
@@ -8,10 +13,13 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from gateway.background import BackgroundTask
 from gateway.config import GatewayConfig
+from gateway.policy_schema import Tenant
 from gateway.tenancy.identify import TenantIndex
+from gateway.tenancy.live_policy import LivePolicyError, apply
 from gateway.tenancy.policy_loader import PolicyError, PolicySet, parse_policies, snapshot
 
 log = logging.getLogger("gateway.policies")
@@ -23,20 +31,24 @@ class PolicyStore:
         self.cfg = cfg
         self.source = cfg.policies
         self.on_reload = on_reload  # metrics hook: "ok" | "error"
+        # called after every reload that changed the files, with (before, after, actor): the control plane audits it
+        self.on_change: Callable[[PolicySet, PolicySet, str], None] | None = None
+        self.live: dict[str, dict[str, Any]] = {}  # tenant -> live fields, as last applied
+        self.live_errors: dict[str, str] = {}
         if self.source is None:
             self.current = PolicySet(tuple(cfg.tenants), "inline", "gateway config")
         else:
             files, fp = self._snapshot()
             self.current = parse_policies(files, fp, cfg, self.source.dir)
-        self.index = TenantIndex(self.current.tenants)
+        self.index = self._effective(self.current.tenants)
         self.loaded_at = time.time()
         self.last_error: str | None = None
         self._failed_fingerprint: str | None = None
         self._watcher = BackgroundTask(self._watch, "policy-watch")
 
-    def reload(self) -> PolicySet:
+    def reload(self, actor: str = "policy-file") -> PolicySet:
         """Re-read the directory; on success swap atomically and return the new set, else raise PolicyError and
-        keep serving the old one."""
+        keep serving the old one. `actor`: who asked (the file watcher, an admin, a peer's event), for the audit log."""
         if self.source is None:
             raise PolicyError("tenants are inline in the gateway config; there is no policy directory to reload")
         files, fp = self._snapshot()
@@ -48,12 +60,40 @@ class PolicyStore:
             if self.on_reload:
                 self.on_reload("error")
             raise
-        self.current, self.index = new, TenantIndex(new.tenants)  # one assignment each, no await between
+        old = self.current
+        self.current, self.index = new, self._effective(new.tenants)  # one assignment each, no await between
         self.loaded_at, self.last_error, self._failed_fingerprint = time.time(), None, None
         log.info("policies reloaded: %d tenants, fingerprint %s", len(new.tenants), new.fingerprint[:12])
         if self.on_reload:
             self.on_reload("ok")
+        if self.on_change and old.fingerprint != new.fingerprint:
+            self.on_change(old, new, actor)
         return new
+
+    # -- live changes --------------------------------------------------------------------------------------------
+    def base(self, name: str) -> Tenant | None:
+        """The tenant as the policy files define it (no live change)."""
+        return next((t for t in self.current.tenants if t.name == name), None)
+
+    def set_live(self, live: dict[str, dict[str, Any]]) -> None:
+        """Lay the control plane's live changes over the files' tenants (a no-op when they are unchanged)."""
+        live = {k: v for k, v in live.items() if v}
+        if live != self.live:
+            self.live = live
+            self.index = self._effective(self.current.tenants)
+
+    def _effective(self, tenants: tuple[Tenant, ...]) -> TenantIndex:
+        errors, out = {}, []
+        for t in tenants:
+            fields = self.live.get(t.name)
+            try:
+                out.append(apply(self.cfg, t, fields) if fields else t)
+            except LivePolicyError as e:
+                errors[t.name] = str(e)
+                log.error("live policy change for tenant %s set aside: %s (the policy file's values serve)", t.name, e)
+                out.append(t)
+        self.live_errors = errors
+        return TenantIndex(out)
 
     def _snapshot(self) -> tuple[dict[str, bytes], str]:
         assert self.source is not None

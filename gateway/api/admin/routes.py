@@ -34,13 +34,15 @@ from gateway.api.openai.body import read_body
 from gateway.api.openai.proxy import Exchange
 from gateway.api.openai.validation import parse_json, validate
 from gateway.config import PerTokenPricing, error_location
+from gateway.control import history
 from gateway.control.state import PoolOverride, TenantOverride
 from gateway.control.store import StoreUnavailable
 from gateway.errors import (
     AuthenticationFailed,
-    GatewayError,
+    Conflict,
     InvalidRequest,
     NoCapacity,
+    NotFound,
 )
 from gateway.prediction.ttft import LoadView, predict_ttft, regime
 from gateway.routing.engine import merged_load
@@ -49,18 +51,6 @@ from gateway.tenancy.policy_loader import PolicyError
 from gateway.typed import Strict
 
 M = TypeVar("M", bound=BaseModel)
-
-
-class NotFound(GatewayError):
-    status = 404
-    type = "invalid_request_error"
-    code = "not_found"
-
-
-class Conflict(GatewayError):
-    status = 409
-    type = "invalid_request_error"
-    code = "conflict"
 
 
 def _state(request: Request) -> AppState:
@@ -111,9 +101,9 @@ async def _body(request: Request, model: type[M]) -> M:
         raise InvalidRequest(f"{error_location(err)}: {err['msg']}", param=error_location(err)) from None
 
 
-async def _apply(coro: Any) -> None:
+async def _apply(coro: Any) -> Any:
     try:
-        await coro
+        return await coro
     except StoreUnavailable as e:
         raise NoCapacity(f"{e}; the change was not applied anywhere.", retry_after=1) from None
 
@@ -178,8 +168,8 @@ async def replica_action(name: str, action: str, request: Request, who: Admin) -
     st = _state(request)
     t = _replica(st, name)
     if action in ("drain", "undrain"):
-        await _apply(st.control.drain(who, name, action == "drain"))
-        return JSONResponse({"replica": name, "drained": t.drained})
+        entry = await _apply(st.control.drain(who, name, action == "drain"))
+        return JSONResponse({"replica": name, "drained": t.drained, "audit_id": entry["id"]})
     if action == "flush-prefix":
         keys = [x.index_key for x in st.registry.servers().get(name, [])] or [t.index_key]  # a server: every rank
         await _apply(st.control.change(who, "flush_prefix", {"replica": name, "keys": keys}, None,
@@ -218,15 +208,15 @@ async def set_pool(name: str, request: Request, who: Admin) -> Response:
     if o.pricing is not None and not isinstance(base, PerTokenPricing):
         raise InvalidRequest("Only a per-token pool's price can be set here (self-hosted pools are priced by GPU-hour).",
                              param="pricing")
-    await _apply(st.control.set_pool(who, name, o))
-    return JSONResponse({"pool": name, "override": o.model_dump(mode="json")})
+    entry = await _apply(st.control.set_pool(who, name, o))
+    return JSONResponse({"pool": name, "override": o.model_dump(mode="json"), "audit_id": entry["id"]})
 
 
 @router.delete("/pools/{name}")
 async def clear_pool(name: str, request: Request, who: Admin) -> Response:
     st = _state(request)
-    await _apply(st.control.set_pool(who, _pool(st, name), None))
-    return JSONResponse({"pool": name, "override": None})
+    entry = await _apply(st.control.set_pool(who, _pool(st, name), None))
+    return JSONResponse({"pool": name, "override": None, "audit_id": entry["id"]})
 
 
 # -- tenants ------------------------------------------------------------------------------------------------------
@@ -247,8 +237,8 @@ async def override_tenant(name: str, request: Request, who: Admin) -> Response:
     if body.pin_pool is not None and body.pin_pool not in st.registry.by_pool:
         raise InvalidRequest(f"Unknown pool {body.pin_pool!r}.", param="pin_pool")
     o = TenantOverride(expires_at=time.time() + body.ttl_s, **body.model_dump(exclude={"ttl_s"}))
-    await _apply(st.control.override_tenant(who, name, o))
-    return JSONResponse({"tenant": name, "override": o.model_dump(mode="json")})
+    entry = await _apply(st.control.override_tenant(who, name, o))
+    return JSONResponse({"tenant": name, "override": o.model_dump(mode="json"), "audit_id": entry["id"]})
 
 
 @router.delete("/tenants/{name}/override")
@@ -256,8 +246,8 @@ async def clear_override(name: str, request: Request, who: Admin) -> Response:
     st = _state(request)
     if name not in st.policies.index.tenants and name not in st.control.state.tenants:
         raise NotFound(f"Unknown tenant {name!r}.", param="name")  # and nothing written to the audit log
-    await _apply(st.control.override_tenant(who, name, None))
-    return JSONResponse({"tenant": name, "override": None})
+    entry = await _apply(st.control.override_tenant(who, name, None))
+    return JSONResponse({"tenant": name, "override": None, "audit_id": entry["id"]})
 
 
 # -- decisions, explain -------------------------------------------------------------------------------------------
@@ -305,13 +295,14 @@ async def explain(request: Request) -> Response:
 # -- policies, audit, usage ---------------------------------------------------------------------------------------
 @router.post("/policies/reload")
 async def reload_policies(request: Request, who: Admin) -> Response:
-    """Reload here first (so the caller sees the verdict), then ask every other instance to reload."""
+    """Reload here first (so the caller sees the verdict), then ask every other instance to reload. The reload is
+    audited (who, what changed per tenant) by the control plane, once for the fleet."""
     st = _state(request)
     try:
-        new = st.policies.reload()
+        st.policies.reload(who)
     except PolicyError as e:
         raise InvalidRequest(f"Policy reload rejected; the running policy stays in force: {e}", param="policies") from None
-    await _apply(st.control.change(who, "reload_policies", {"fingerprint": new.fingerprint}, None, {"kind": "reload"}))
+    await _apply(st.control.store.publish({"kind": "reload", "who": who}))
     return JSONResponse({"reloaded": True, **st.policies.status()})
 
 
@@ -331,7 +322,7 @@ async def audit(request: Request, limit: int = Query(100, ge=1, le=10_000)) -> R
         entries = await st.control.store.audit_log(max(1, min(limit, 10_000)))
     except StoreUnavailable as e:
         raise NoCapacity(str(e), retry_after=1) from None
-    return JSONResponse({"entries": entries})
+    return JSONResponse({"entries": history.annotate(entries)})
 
 
 @router.get("/usage")

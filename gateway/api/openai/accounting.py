@@ -252,8 +252,11 @@ class Accounting:
 
     def _recent(self, c: _Ctx) -> None:
         ex, t = c.ex, c.ex.served_by
+        ttft = ex.first_token_at - ex.started if ex.parsed.stream and ex.first_token_at is not None else None
         self.recent.append(RecentDecision(time.time(), ex.request_id, ex.tenant.name, ex.parsed.model, ex.status,
-                                          t.name if t is not None else None, ex.attempts, ex.decision))
+                                          t.name if t is not None else None, ex.attempts, ex.decision, ex.rreq,
+                                          ttft, c.prompt if ex.usage is not None else None,
+                                          c.cached if ex.usage is not None else None))
 
     def _record(self, c: _Ctx) -> None:
         """One anonymized trace line when `recording.path` is set (gateway/recording/recorder.py)."""

@@ -75,8 +75,13 @@ class RecentDecision:
     served_by: str | None
     attempts: int
     decision: Decision | None
+    request: RoutingRequest | None = None  # what was routed (chunk hashes, no text): admin previews re-decide it
+    ttft_s: float | None = None  # observed time to the first token (streams only: a whole response is not a TTFT)
+    prompt_tokens: int | None = None  # upstream usage, for the console's hit rate per replica
+    cached_tokens: int | None = None
 
     def explain(self) -> dict[str, Any]:
         return {"at": self.at, "request_id": self.request_id, "tenant": self.tenant, "model": self.model,
-                "status": self.status, "served_by": self.served_by, "attempts": self.attempts,
+                "status": self.status, "served_by": self.served_by, "attempts": self.attempts, "ttft_s": self.ttft_s,
+                "prompt_tokens": self.prompt_tokens, "cached_tokens": self.cached_tokens,
                 "decision": self.decision.explain() if self.decision else None}
