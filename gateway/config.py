@@ -157,6 +157,10 @@ Pool = Annotated[SGLangPool | OpenAIPool | LiteLLMPool, Field(discriminator="kin
 class ModelRoute(_Strict):
     name: str = Field(min_length=1, description="client-facing model name")
     pools: list[str] = Field(min_length=1, description="pools serving it, in fallback order")
+    vision: bool = Field(default=True, description="whether the model takes image input. false (a text-only model "
+                         "such as GLM-5.2): an image on the OpenAI APIs is refused with 400 before any replica sees "
+                         "it, as OpenAI and the engines refuse one for a text-only model; on the Anthropic Messages "
+                         "API, whose models all take images, it is left out and named in x-gateway-dropped")
 
 
 class Timeouts(_Strict):

@@ -21,7 +21,10 @@ log = logging.getLogger("gateway.bridge")
 #   unknown_item     an input item of a type the bridge does not know, or one it cannot place (an orphan output)
 #   client_metadata  client-identifying fields, per the tenant's `client_metadata: strip`
 #   tool_choice      a tool_choice naming a dropped tool
-DROP_KINDS = ("hosted_tool", "deferred_tool", "unknown_block", "unknown_item", "client_metadata", "tool_choice")
+#   image            an image block sent to a model configured `vision: false` (Anthropic's models all take images,
+#                    so a Messages client is served without it; the OpenAI APIs refuse it, as OpenAI does)
+DROP_KINDS = ("hosted_tool", "deferred_tool", "unknown_block", "unknown_item", "client_metadata", "tool_choice",
+              "image")
 HEADER = "x-gateway-dropped"
 _HEADER_ENTRIES = 16  # the header names this many parts at most, then "+N more"
 

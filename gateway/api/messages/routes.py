@@ -94,6 +94,17 @@ def _served(tenant: Tenant, model: object) -> str | None:
     return alias.model if alias is not None else (model if model in tenant.models else None)
 
 
+def _takes_images(request: Request, tenant: Tenant, model: object) -> bool:
+    """Whether the model this key reaches by `model` takes images (its route's `vision`); a name it cannot reach
+    answers true here and is refused by the chat path with its own 404."""
+    if not isinstance(model, str):
+        return True
+    try:
+        return bool(request.app.state.proxy.route_for(tenant, model).vision)
+    except GatewayError:
+        return True
+
+
 @router.post("/v1/messages")
 async def create_message(request: Request) -> Response:
     st: AppState = request.app.state.gateway
@@ -103,7 +114,8 @@ async def create_message(request: Request) -> Response:
     try:
         tenant = _tenant(st, request)
         body = await read_json(request, st.config.max_body_bytes)
-        chat = to_chat(body, dropped=dropped, hosted_tools=tenant.hosted_tools, client_metadata=tenant.client_metadata)
+        chat = to_chat(body, dropped=dropped, hosted_tools=tenant.hosted_tools, client_metadata=tenant.client_metadata,
+                       images=_takes_images(request, tenant, body.get("model")))
         stops = chat.get("stop")
     except GatewayError as e:
         note_refusal(request, body.get("model"), e, _served(tenant, body.get("model")) if tenant else None)
@@ -141,7 +153,8 @@ async def count_tokens(request: Request) -> Response:
     try:
         tenant = _tenant(st, request)
         body = await read_json(request, st.config.max_body_bytes)
-        chat = to_chat(body, count_only=True, hosted_tools=tenant.hosted_tools)
+        chat = to_chat(body, count_only=True, hosted_tools=tenant.hosted_tools,
+                       images=_takes_images(request, tenant, body.get("model")))
         if _served(tenant, chat["model"]) is None:
             raise ModelNotFound(f"model: {chat['model']}", param="model")
         n = prompt_tokens(st.kv_events.tokenizer if st.kv_events is not None else None, chat)

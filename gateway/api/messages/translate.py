@@ -111,7 +111,10 @@ def _tool_result_text(inner: Any, where: str, dropped: Dropped) -> str:
     return "".join(out)
 
 
-def _user_messages(content: Any, where: str, dropped: Dropped) -> list[dict[str, Any]]:
+IMAGE_LEFT_OUT = "[an image was attached here; this model does not take image input]"
+
+
+def _user_messages(content: Any, where: str, dropped: Dropped, images: bool = True) -> list[dict[str, Any]]:
     if isinstance(content, str):
         return [{"role": "user", "content": content}]
     if not isinstance(content, list):
@@ -124,7 +127,12 @@ def _user_messages(content: Any, where: str, dropped: Dropped) -> list[dict[str,
         if t == "text" and isinstance(b.get("text"), str):
             parts.append({"type": "text", "text": b["text"]})
         elif t == "image":
-            parts.append(_image_part(b, w))
+            part = _image_part(b, w)  # checked either way: a malformed image is the client's 400 whatever the model
+            if images:
+                parts.append(part)
+            else:  # the model reads a note where the image was, so the turn still makes sense to it
+                dropped.add(w, "image")
+                parts.append({"type": "text", "text": IMAGE_LEFT_OUT})
         elif t == "tool_result":
             if not isinstance(b.get("tool_use_id"), str):
                 raise _bad(f"{w}.tool_use_id must be a string.", f"{w}.tool_use_id")
@@ -188,7 +196,7 @@ def _client_blocks(system: Any, dropped: Dropped) -> Any:
 
 
 def chat_messages(body: dict[str, Any], dropped: Dropped | None = None,
-                  client_metadata: str = "strip") -> list[dict[str, Any]]:
+                  client_metadata: str = "strip", images: bool = True) -> list[dict[str, Any]]:
     dropped = dropped if dropped is not None else Dropped()
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
@@ -214,7 +222,7 @@ def chat_messages(body: dict[str, Any], dropped: Dropped | None = None,
                 out.append({"role": "system", "content": text})
         elif role == "user":
             turns += 1
-            out.extend(_user_messages(m.get("content"), f"{where}.content", dropped))
+            out.extend(_user_messages(m.get("content"), f"{where}.content", dropped, images))
         else:
             turns += 1
             out.append(_assistant_message(m.get("content"), f"{where}.content", dropped))
@@ -287,9 +295,10 @@ def _named_tool(choice: Any) -> str | None:
 
 
 def to_chat(body: dict[str, Any], *, count_only: bool = False, dropped: Dropped | None = None,
-            hosted_tools: str = "drop", client_metadata: str = "strip") -> dict[str, Any]:
+            hosted_tools: str = "drop", client_metadata: str = "strip", images: bool = True) -> dict[str, Any]:
     """The chat body for a Messages request (`count_only`: count_tokens, where max_tokens is not required).
-    `dropped` collects what is left out; `hosted_tools` and `client_metadata` are the tenant's policy."""
+    `dropped` collects what is left out; `hosted_tools` and `client_metadata` are the tenant's policy; `images`
+    false (a model configured `vision: false`) leaves image blocks out, each named in `dropped`."""
     dropped = dropped if dropped is not None else Dropped()
     model = body.get("model")
     if not isinstance(model, str) or not model:
@@ -314,7 +323,7 @@ def to_chat(body: dict[str, Any], *, count_only: bool = False, dropped: Dropped 
         dropped.add("tool_choice", "tool_choice")  # it names (or needs) a tool that was left out
         raw_choice = None
     choice, parallel = chat_tool_choice(raw_choice, bool(tools))
-    chat: dict[str, Any] = {"model": model, "messages": chat_messages(body, dropped, client_metadata)}
+    chat: dict[str, Any] = {"model": model, "messages": chat_messages(body, dropped, client_metadata, images)}
     if tools:
         chat["tools"] = tools
         if choice is not None:

@@ -51,7 +51,7 @@ class Entitlements:
             if r is not None and pools:
                 if len(self._routes) > 10_000:
                     self._routes.clear()
-                route = self._routes[key] = ModelRoute(name=model, pools=pools)
+                route = self._routes[key] = ModelRoute(name=model, pools=pools, vision=r.vision)
                 return route
         raise ModelNotFound(f"The model '{model}' does not exist or you do not have access to it.", param="model")
 
@@ -61,7 +61,7 @@ class Entitlements:
             return route
         if pin not in route.pools:
             raise PermissionDenied("This key may not pin requests to that pool.", param="x-gateway-pool")
-        return ModelRoute(name=route.name, pools=[pin])
+        return route.model_copy(update={"pools": [pin]})
 
     @staticmethod
     def with_alias_defaults(tenant: Tenant, parsed: ParsedRequest) -> ParsedRequest:

@@ -34,7 +34,7 @@ from gateway.api.openai.entitlements import Entitlements
 from gateway.api.openai.exchange import Exchange, RecentDecision
 from gateway.api.openai.relay import Relay, cut_by_shutdown
 from gateway.api.openai.telemetry import start_span
-from gateway.api.openai.validation import check_limits, limits_for, parse_json, validate
+from gateway.api.openai.validation import check_limits, limits_for, parse_json, refuse_images, validate
 from gateway.asgi import EventStreamResponse, LiveStreams, run_until_disconnect
 from gateway.config import ModelRoute
 from gateway.errors import GatewayError
@@ -111,6 +111,8 @@ class OpenAIProxy:
         parsed = self.entitlements.with_alias_defaults(tenant, parsed)
         edge.model = route.name  # an alias's served model
         edge.stage = "validate"
+        if not route.vision:
+            refuse_images(parsed.body, route.name)
         check_limits(parsed, endpoint, limits_for(st.config, route.pools, st.registry))  # n and context caps of these pools
         return Exchange(edge.request_id, tenant, endpoint, parsed, route, edge.started,
                         edge.started + st.config.timeouts.total, headers={"x-request-id": edge.request_id})

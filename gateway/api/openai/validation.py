@@ -315,3 +315,20 @@ def validate(body: dict[str, Any], endpoint: str, limits: RequestLimits | None =
     else:
         prompt_tokens = _prompt_tokens(body.get("prompt"))
     return ParsedRequest(body, model, stream, include_usage, prompt_tokens, max_out)
+
+
+IMAGE_PARTS = frozenset({"image_url", "input_image"})
+
+
+def refuse_images(body: dict[str, Any], model: str) -> None:
+    """400 naming the first image part of a chat body sent to a model configured `vision: false`: OpenAI and the
+    engines (SGLang, vLLM) refuse image input to a text-only model too, and here no replica spends a prefill on it."""
+    for i, m in enumerate(body.get("messages") or ()):
+        content = m.get("content") if isinstance(m, dict) else None
+        if not isinstance(content, list):
+            continue
+        for j, part in enumerate(content):
+            if isinstance(part, dict) and part.get("type") in IMAGE_PARTS:
+                raise InvalidRequest(f"The model '{model}' does not take image input; send text only.",
+                                     param=f"messages[{i}].content[{j}]", code="image_input_not_supported")
+

@@ -44,7 +44,6 @@ from gateway.api.responses.store import ResponseStore
 from gateway.api.responses.translate import new_id, parse_request
 from gateway.asgi import EventStreamResponse
 from gateway.backends.openai_compat import StreamBroken, sanitize_upstream_text
-from gateway.config import ModelRoute
 from gateway.dispatch.dispatcher import Dispatched
 from gateway.errors import GatewayError, InvalidRequest, ModelNotFound
 from gateway.state import AppState
@@ -148,7 +147,7 @@ class NativeResponses:
             edge.stage = "entitlements"
             route = self.proxy.entitlements.resolve(tenant, parsed.model, request.headers.get("x-gateway-pool"))
             # a tenant's fallback pools may bridge: a Responses body goes only where /v1/responses is served
-            route = ModelRoute(name=route.name, pools=[p for p in route.pools if st.config.pool(p).responses == "native"])
+            route = route.model_copy(update={"pools": [p for p in route.pools if st.config.pool(p).responses == "native"]})
             if not route.pools:
                 raise ModelNotFound(f"The model '{parsed.model}' does not exist or you do not have access to it.",
                                     param="model")
