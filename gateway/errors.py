@@ -112,6 +112,15 @@ class Conflict(GatewayError):
     code = "conflict"
 
 
+class UpgradeRequired(GatewayError):
+    """A WebSocket handshake: this gateway serves its APIs over HTTP only. 426 is what clients with an HTTP fallback
+    (Codex CLI's Responses WebSocket transport) take as "use HTTP here", at once and without retrying."""
+
+    status = 426
+    type = "invalid_request_error"
+    code = "websocket_not_supported"
+
+
 class RequestTimeout(GatewayError):
     status = 408
     type = "invalid_request_error"

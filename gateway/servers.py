@@ -106,6 +106,10 @@ class OpenAIErrorProtocol(HttpToolsProtocol):
             else:
                 self._unsupported_upgrade_warning()
 
+    def _unsupported_upgrade_warning(self) -> None:
+        """A WebSocket handshake is served as the HTTP request it also is (`ws="none"`): the API answers it (426 on
+        /v1/responses, so Codex falls back to HTTP at once). Nothing to warn about, once per client connection."""
+
     # -- parser callbacks ----------------------------------------------------------------------------------------
     def on_message_begin(self) -> None:
         self._fields = 0
@@ -232,7 +236,7 @@ def make_server(app: Any, host: str, port: int, **kw: Any) -> uvicorn.Server:
         host=host,
         port=port,
         loop="uvloop",
-        http=protocol_for(limits) if kw.pop("openai_errors", False) else "httptools",
+        **({"http": protocol_for(limits), "ws": "none"} if kw.pop("openai_errors", False) else {"http": "httptools"}),
         log_level=kw.pop("log_level", "warning"),
         access_log=False,
         lifespan="on",

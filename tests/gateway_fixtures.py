@@ -6,6 +6,7 @@ from typing import Any
 
 from gateway.app import create_app
 from gateway.config import hash_key, parse_config
+from gateway.servers import make_server
 from tests.helpers import ServerThread
 
 KEY_A = "sk-test-tenant-a"
@@ -34,8 +35,15 @@ def config(pools: list[dict[str, Any]], models: list[dict[str, Any]] | None = No
     return cfg
 
 
-def start_gateway(cfg: dict[str, Any], **kw: Any) -> ServerThread:
-    app = create_app(parse_config(cfg), **kw)
-    st = ServerThread([app]).start()
+def start_gateway(cfg: dict[str, Any], served: bool = False, **kw: Any) -> ServerThread:
+    """`served`: on the listener `gateway serve` runs (the gateway's HTTP protocol: its limits, its parser errors,
+    WebSocket handshakes answered by the API) rather than uvicorn's own."""
+    parsed = parse_config(cfg)
+    app = create_app(parsed, **kw)
+    st = ServerThread([app])
+    if served:
+        st.servers = [make_server(app, "127.0.0.1", st.ports[0], timeout_keep_alive=5, openai_errors=True,
+                                  http_limits=parsed.http)]
+    st.start()
     st.app = app  # type: ignore[attr-defined]
     return st

@@ -22,8 +22,8 @@ from gateway.state import AppState
 log = logging.getLogger("gateway.refusals")
 
 REASONS = {400: "invalid_request", 401: "auth", 403: "forbidden", 404: "not_found", 405: "method_not_allowed",
-           408: "body_timeout", 413: "body_too_large", 422: "invalid_request", 429: "rate_limit", 503: "no_capacity",
-           529: "no_capacity"}
+           408: "body_timeout", 413: "body_too_large", 422: "invalid_request", 426: "websocket_not_supported",
+           429: "rate_limit", 503: "no_capacity", 529: "no_capacity"}
 ENDPOINTS = ("/v1/responses", "/v1/messages/count_tokens", "/v1/messages", "/v1/models", "/admin", "/v1/")
 UNCOUNTED = frozenset({"/healthz", "/readyz", "/health", "/metrics"})  # probes: a draining 503 is no refusal
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import orjson
 from fastapi import APIRouter, Request
+from starlette.exceptions import HTTPException
 from starlette.responses import Response
 
 from gateway.api.chat_bridge import (
@@ -27,7 +28,7 @@ from gateway.api.responses.native import NativeResponses, is_native
 from gateway.api.responses.store import ResponseStore
 from gateway.api.responses.stream import ResponsesStream
 from gateway.api.responses.translate import ResponsesRequest, from_chat, history_of, new_id, parse_request
-from gateway.errors import GatewayError, InvalidRequest, ModelNotFound
+from gateway.errors import GatewayError, InvalidRequest, ModelNotFound, UpgradeRequired
 from gateway.policy_schema import Tenant
 from gateway.routing.request import AFFINITY, SESSION
 from gateway.state import AppState
@@ -101,6 +102,19 @@ def _openai_error(status: int, body: dict[str, Any], headers: list[tuple[bytes, 
                                     "code": None}}, status)
     resp.raw_headers.extend(headers)
     return resp
+
+
+@router.get("/v1/responses")
+async def websocket_handshake(request: Request) -> Response:
+    """Codex CLI opens the Responses API as a WebSocket first (GET with `Upgrade: websocket`). The key is checked
+    first, as everywhere (a bad one: 401, which ends the client's run at once); a good one gets 426 with nothing
+    else done, and the client falls back to `POST /v1/responses` over HTTP on the spot rather than retrying the
+    handshake. A GET without the upgrade is a method this path does not serve (405)."""
+    _ctx(request)  # 401 for a missing or unknown key
+    if request.headers.get("upgrade", "").lower() == "websocket":
+        raise UpgradeRequired("This gateway serves the Responses API over HTTP: POST /v1/responses. WebSocket is "
+                              "not supported.", should_retry=False)
+    raise HTTPException(405)  # rendered in the OpenAI shape like any other method a /v1 path does not serve
 
 
 @router.post("/v1/responses")

@@ -80,7 +80,8 @@ class RequestLog(logging.Handler):
 def stack():
     sims, _ = start_sims(2, time_scale=50.0)
     gw = start_gateway(config([sglang_pool("mi355x", sims.urls)], tenants=[
-        {"name": "agents", "api_key_hashes": [hash_key(KEY_A)], "models": ["glm-5.2"], "model_aliases": ALIASES}]))
+        {"name": "agents", "api_key_hashes": [hash_key(KEY_A)], "models": ["glm-5.2"], "model_aliases": ALIASES}]),
+        served=True)  # the listener `gateway serve` runs: Codex's WebSocket handshake meets what it meets in use
     log = RequestLog()
     logger = logging.getLogger("gateway.requests")
     logger.addHandler(log)
