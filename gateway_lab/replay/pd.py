@@ -10,8 +10,8 @@ with the views the gateway has: a prefix index over prefill ranks (written when 
 uncached tokens it sent each prefill rank and not yet seen done, the requests in flight per decode rank, and each
 decode rank's KV use (what /v1/loads reports). The ranks are the simulator's PD roles (`sim/pd.py`) on one fabric.
 
-Reported per run: TTFT p50/p95 (client-side: + t_api), inter-token latency p95 (over every generated token: the gap
-of the decode step that produced it, per token), prefix hit rate (cached / prompt tokens where the prompt was
+Reported per run: TTFT p50/p95 (client-side: + t_api), inter-token latency p95 and p99 (over every generated token:
+the gap since the previous step that reached the client, divided by the tokens it carried), prefix hit rate (cached / prompt tokens where the prompt was
 computed), the share within the TTFT SLA, goodput (requests per second that met both the TTFT SLA and the ITL target),
 and the decision's branch counts.
 """
@@ -58,18 +58,19 @@ class PdResult:
     ttft_p50: float
     ttft_p95: float
     itl_p95_ms: float
+    itl_p99_ms: float
     hit_rate: float
     within_sla: float
     goodput: float  # requests per second within both the TTFT SLA and the ITL target
     branches: dict[str, int] = field(default_factory=dict)
 
     def row(self) -> list[Any]:
-        return [self.label, self.requests, f"{self.ttft_p50:.2f}", f"{self.ttft_p95:.2f}", f"{self.itl_p95_ms:.1f}",
+        return [self.label, self.requests, f"{self.ttft_p50:.2f}", f"{self.ttft_p95:.2f}", f"{self.itl_p95_ms:.1f}", f"{self.itl_p99_ms:.1f}",
                 f"{self.hit_rate * 100:.1f}%", f"{self.within_sla * 100:.1f}%", f"{self.goodput:.2f}",
                 ", ".join(f"{k} {v}" for k, v in sorted(self.branches.items(), key=lambda kv: -kv[1]))]
 
 
-HEADERS = ["run", "requests", "TTFT p50 (s)", "TTFT p95 (s)", "ITL p95 (ms)", "hit", "within TTFT SLA",
+HEADERS = ["run", "requests", "TTFT p50 (s)", "TTFT p95 (s)", "ITL p95 (ms)", "ITL p99 (ms)", "hit", "within TTFT SLA",
            "goodput (req/s)", "branches"]
 
 
@@ -79,12 +80,14 @@ def summarize(label: str, done: Sequence[Done], gaps: list[tuple[float, int]], s
     ttft = sorted(d.ttft for d in ok if d.ttft is not None)
     gaps.sort()
     total = sum(n for _, n in gaps)
-    itl95, seen = float("nan"), 0
-    for g, n in gaps:
-        seen += n
-        if seen >= 0.95 * total:
-            itl95 = g
-            break
+
+    def itl(q: float) -> float:  # weighted by tokens: each token's gap
+        seen = 0
+        for g, n in gaps:
+            seen += n
+            if seen >= q * total:
+                return g
+        return float("nan")
 
     def good(d: Done) -> bool:
         assert d.ttft is not None and d.end is not None
@@ -92,7 +95,7 @@ def summarize(label: str, done: Sequence[Done], gaps: list[tuple[float, int]], s
         return d.ttft <= sla and (d.output <= 1 or decode_s / (d.output - 1) <= itl_sla)
 
     branches = Counter(d.branch for d in done)
-    return PdResult(label, len(done), nearest_rank(ttft, 0.5), nearest_rank(ttft, 0.95), itl95 * 1000,
+    return PdResult(label, len(done), nearest_rank(ttft, 0.5), nearest_rank(ttft, 0.95), itl(0.95) * 1000, itl(0.99) * 1000,
                     sum(d.cached for d in ok) / max(1, sum(d.prompt for d in ok)),
                     sum(t <= sla for t in ttft) / max(1, len(ttft)), sum(good(d) for d in ok) / max(span, 1e-9),
                     dict(branches))
