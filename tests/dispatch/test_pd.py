@@ -118,7 +118,7 @@ def test_a_stalled_transfer_is_retried_before_the_commit_point(deployment):
                                            extra_body={"ignore_eos": True})
     chunks = list(r)
     assert chunks[-1].choices[0].finish_reason == "length"
-    assert FABRIC.failures == failed + 1  # the stalled room failed; the client got the second pair's answer
+    assert FABRIC.failures > failed  # the stalled room failed; the client got another pair's answer
     wait_until(lambda: nothing_leaked(gw, pre, dec), what="load view and KV back to zero")
 
 
