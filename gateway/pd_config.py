@@ -60,8 +60,8 @@ class Disaggregation(Strict):
                                 "`auto` can only disaggregate")
     min_uncached_tokens: int = Field(default=256, ge=0, description="auto: at most this many uncached prompt tokens "
                                      "are prefilled on the decode server (vllm-router's bypass), whatever the queues")
-    itl_weight: float = Field(default=1.0, ge=0, description="auto: seconds of TTFT one second of prefill on a "
-                              "decode server is worth to the streams it stalls (per running stream, /max_running)")
+    itl_weight: float = Field(default=1.0, ge=0, description="auto: seconds of TTFT one stream-second of decode "
+                              "stalled by a prefill on the decode server counts as (0: TTFT alone decides)")
     kv_headroom: float = Field(default=0.05, ge=0, lt=1, description="a decode server whose KV would be fuller than "
                                "1 - kv_headroom after this request is passed over")
     link: KvLink = Field(default_factory=KvLink)

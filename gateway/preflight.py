@@ -16,6 +16,8 @@ Checks (one name each; the metric label and the `/readyz` detail use it):
 - `page_size`    the gateway's `routing.chunk_tokens` is not a multiple of the server's page size
 - `context_length` the pool's `context_tokens` exceeds the server's context length
 - `version`      the release is unknown or older than 0.5.9
+PD pools add their prefill servers and the checks of `pd_preflight.py` (roles, bootstrap ports, transfer backend,
+page sizes, DP ranks).
 """
 
 from __future__ import annotations
@@ -206,9 +208,17 @@ async def check_config(cfg: GatewayConfig, client: httpx.AsyncClient | None = No
         jobs = []
         for pool in cfg.pools:
             if isinstance(pool, SGLangPool):
-                jobs += [inspect(client, pool, r.name, r.url, keys[pool.name], cfg.routing.chunk_tokens)
+                jobs += [inspect(client, pool, r.name, r.url, keys[pool.name], cfg.routing.chunk_tokens,
+                                 with_probe=pool.disaggregation is None)  # a decode server needs bootstrap fields
                          for r in pool.replicas]
-        return list(await asyncio.gather(*jobs))
+        reports = list(await asyncio.gather(*jobs))
+        for pool in cfg.pools:  # PD pools: their prefill servers and what both sides must agree on
+            if isinstance(pool, SGLangPool) and pool.disaggregation is not None:
+                from gateway.pd_preflight import check_pool
+
+                mine = [r for r in reports if r.pool == pool.name]
+                reports += await check_pool(client, pool, keys[pool.name], cfg.routing.chunk_tokens, mine)
+        return reports
     finally:
         if own:
             await client.aclose()

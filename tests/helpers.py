@@ -113,7 +113,8 @@ def start_sims(n: int = 2, prof: str = "mi355x-glm52-tp4", sglang_version: str =
     return st, reps
 
 
-def start_pd_sims(prefill: int = 1, decode: int = 1, prof: str = "mi355x-glm52-tp4", **overrides: Any
+def start_pd_sims(prefill: int = 1, decode: int = 1, prof: str = "mi355x-glm52-tp4",
+                  decode_overrides: dict[str, Any] | None = None, **overrides: Any
                   ) -> tuple[ServerThread, list[Replica], list[Replica], list[int]]:
     """A PD deployment in one event loop (the simulator's KV fabric is per process): `prefill` prefill servers
     with their bootstrap servers, then `decode` decode servers. Returns the thread (urls: prefill servers, decode
@@ -127,7 +128,8 @@ def start_pd_sims(prefill: int = 1, decode: int = 1, prof: str = "mi355x-glm52-t
     boots = [free_port() for _ in range(prefill)]
     pre = [Replica(cfg.with_overrides(seed=i, disaggregation_mode="prefill", disaggregation_bootstrap_port=boots[i]),
                    name=f"prefill-{i}") for i in range(prefill)]
-    dec = [Replica(cfg.with_overrides(seed=100 + i, disaggregation_mode="decode"), name=f"decode-{i}")
+    dec = [Replica(cfg.with_overrides(seed=100 + i, disaggregation_mode="decode", **(decode_overrides or {})),
+                   name=f"decode-{i}")
            for i in range(decode)]
     apps = [create_sim_app(r) for r in pre + dec] + [create_bootstrap_app(r) for r in pre]
     st = ServerThread(apps, [free_port() for _ in range(prefill + decode)] + boots).start()

@@ -25,7 +25,8 @@ class AttemptFailed(Exception):
         self.overloaded = overloaded
         self.param = param
         self.stalled = stalled  # cut short because the replica was ejected as hung (`dispatch/ejection.py`)
-        self.leg = leg  # "prefill": the other leg of a PD pair failed (`dispatch/pd.py`), not this replica
+        self.leg = leg  # PD pools (`dispatch/pd.py`): "prefill" (that leg failed) or "decode_kv" (no KV headroom
+        # here): not about this replica's health
         self.replica_answered = False  # set by the dispatcher: the replica answered other requests meanwhile
 
 

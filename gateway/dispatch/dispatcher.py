@@ -163,10 +163,10 @@ class Dispatcher:
 
     def _failed(self, target: Target, e: AttemptFailed, bp: BodyPrint, tries: _Tries) -> GatewayError | None:
         """Account one failed attempt; the error to raise now, or None to try the next candidate."""
-        if e.leg == "prefill":  # a PD pair's prefill leg failed: its own breaker has it; try the next pair
-            target.breaker.release()
+        if e.leg is not None:  # a PD pool: the prefill leg failed (its own breaker has it), or this decode server
+            target.breaker.release()  # has no KV headroom; not this replica's health: try the next pair
             target.state.last_error = e.message
-            self.metrics.upstream_errors.labels(target.pool, target.name, "prefill_leg").inc()
+            self.metrics.upstream_errors.labels(target.pool, target.name, f"{e.leg}_leg").inc()
             return None
         cause = classify(e)
         kind = ("stalled" if e.stalled else "timeout" if e.timeout else "connect" if e.connect

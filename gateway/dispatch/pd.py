@@ -110,6 +110,7 @@ class PdBackend:
         self.chunk_tokens = cfg.routing.chunk_tokens
         self.sla_s = cfg.routing.ttft_sla_ms / 1000
         self.ttl_s = cfg.routing.residency_ttl_s
+        self.decode_kv: Counter[str] = Counter()  # decode target -> KV tokens of this instance's requests there
         self.decisions = PromCounter("gateway_pd_decisions", "PD pool pair decisions by branch (routing/pd.py)",
                                      ["pool", "branch"], registry=metrics_registry) if metrics_registry is not None and self.pools else None
         self.prefill_failures = PromCounter("gateway_pd_prefill_failures", "prefill legs that failed before the "
@@ -128,11 +129,38 @@ class PdBackend:
             raise AttemptFailed("this pool serves prefill/decode disaggregated: one sequence per request (n = 1, one "
                                 "prompt)", retryable=False, status=400, param="n")
         req = self._request(call)
+        view = self._decode_view(target, req, pd)
+        if not kv_fits(view, req.pd, pd.cfg):
+            self._count(pd, "decode_kv_full")
+            raise AttemptFailed(f"decode server {target.name} has too little free KV for this request's prompt and "
+                                "output", retryable=True, status=503, overloaded=True, leg="decode_kv")
+        need = req.pd.prompt_tokens + req.pd.output_tokens
+        self.decode_kv[target.name] += need  # released when the answer is closed, or the attempt fails
+        try:
+            opened = await self._open(pd, target, call, req, view)
+        except BaseException:
+            self._release_kv(target.name, need)
+            raise
+        inner_close = opened.close
+
+        async def close() -> None:
+            try:
+                await inner_close()
+            finally:
+                self._release_kv(target.name, need)
+
+        return replace(opened, close=close)
+
+    def _release_kv(self, name: str, tokens: int) -> None:
+        self.decode_kv[name] -= tokens
+        if self.decode_kv[name] <= 0:
+            del self.decode_kv[name]
+
+    async def _open(self, pd: PdPool, target: Target, call: UpstreamCall, req: _Req, view: DecodeView) -> Opened:
         tried: set[str] = set()
         last: AttemptFailed | None = None
         for _ in range(PREFILL_ATTEMPTS):
-            choice = decide(req.pd, self._prefill_views(pd, req, tried), self._decode_view(target, req, pd),
-                            pd.cfg, target.timing)
+            choice = decide(req.pd, self._prefill_views(pd, req, tried), view, pd.cfg, target.timing)
             self._count(pd, choice.branch)
             if choice.branch == "no_prefill":
                 break
@@ -167,12 +195,13 @@ class PdBackend:
                             r.queued_tokens, r.name not in tried and r.target.breaker.available())
                 for r in pd.ranks]
 
-    @staticmethod
-    def _decode_view(target: Target, req: _Req, pd: PdPool) -> DecodeView:
+    def _decode_view(self, target: Target, req: _Req, pd: PdPool) -> DecodeView:
+        """The decode server as this instance sees it: the engine's load row, and the KV (prompt + output cap) of the
+        requests this instance has in flight there (the headroom check; the capacity is the pool timing's)."""
         load = target.engine_load
         t = target.timing
-        return DecodeView(target.name, load.inflight if load else 0.0, t.max_running, t.kv_capacity_tokens, None,
-                          load.queued_prefill_tokens if load else 0.0, 0, True)
+        return DecodeView(target.name, load.inflight if load else 0.0, t.max_running, t.kv_capacity_tokens,
+                          self.decode_kv.get(target.name, 0), load.queued_prefill_tokens if load else 0.0, 0, True)
 
     def _count(self, pd: PdPool, branch: str) -> None:
         pd.branches[branch] += 1

@@ -9,10 +9,11 @@ Prefers:
 - decode: among servers whose KV still has `kv_headroom` free after this request's prompt + output, the least
   (running share + KV used share); none fits: the one with the most free KV (`decode_kv_tight`);
 - disaggregate (`decide: auto`, decode servers that prefill locally): compare the predicted TTFT of the pair
-  (prefill queue + compute + KV transfer + the decode forward that emits the first token) with prefilling on the
+  (prefill queue + compute + KV transfer + the wait for the decode server's next step) with prefilling on the
   decode server (its queue + compute), the latter charged for the decode steps it stalls (`itl_weight` x prefill
-  seconds x running share). A short uncached prompt stays on the decode server. Within the SLA the cheaper wins;
-  when only one meets the SLA, that one; when neither does, the faster.
+  seconds x the streams running there: the stream-seconds it costs the others). A short uncached prompt stays on the
+  decode server. When only one is predicted within the tenant's SLA, that one; otherwise the lower TTFT once the
+  stall is charged.
 
 Branches (the decision's label, counted as `gateway_pd_decisions_total{pool,branch}` and in replay tables):
 `pd_fixed` (decide: always), `pd_only` (auto without local prefill), `unified_short`, `unified_no_prefill`,
@@ -117,7 +118,7 @@ def decide(req: PdRequest, prefills: Sequence[PrefillView], decode: DecodeView, 
            decode_timing: PoolTiming) -> PdChoice:
     """Disaggregate this request on (best prefill rank, `decode`), or serve it whole on `decode`."""
     pick = choose_prefill(prefills, req, cfg)
-    join = decode_step_s(decode_timing, decode.inflight + 1)  # the forward that turns the KV into the first token
+    join = decode_step_s(decode_timing, decode.inflight + 1)  # the received request joins at the next step boundary
     t_pd = pick[1] + join if pick is not None else None
     if cfg.decide == "always" or not cfg.local_prefill:
         if pick is None:
@@ -130,8 +131,8 @@ def decide(req: PdRequest, prefills: Sequence[PrefillView], decode: DecodeView, 
         return PdChoice(False, "unified_short", decode.name, None, t_pd, t_uni)
     if pick is None or t_pd is None:
         return PdChoice(False, "unified_no_prefill", decode.name, None, None, t_uni)
-    # prefilling here holds every running stream of this server for the prefill's duration
-    stall = cfg.itl_weight * (uncached / decode_timing.prefill_tokens_per_s) * min(1.0, decode.inflight / decode_timing.max_running)
+    # prefilling here holds every running stream of this server for the prefill's duration: stream-seconds lost
+    stall = cfg.itl_weight * (uncached / decode_timing.prefill_tokens_per_s) * decode.inflight
     sla = req.ttft_sla_s
     pd_ok, uni_ok = t_pd <= sla, t_uni <= sla
     if pd_ok and not uni_ok:
@@ -142,7 +143,7 @@ def decide(req: PdRequest, prefills: Sequence[PrefillView], decode: DecodeView, 
         if t_uni + stall < t_pd:
             return PdChoice(False, "unified_cheaper", decode.name, None, t_pd, t_uni)
         return PdChoice(True, "pd_cheaper", decode.name, pick[0], t_pd, t_uni)
-    if t_uni < t_pd:
+    if t_uni + stall < t_pd:  # neither: the faster, the stall charged here too (the streams it holds also wait)
         return PdChoice(False, "unified_faster", decode.name, None, t_pd, t_uni)
     return PdChoice(True, "pd_faster", decode.name, pick[0], t_pd, t_uni)
 

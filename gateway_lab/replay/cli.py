@@ -69,6 +69,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--branches", action="store_true", help="also print where the hits go, per decision branch")
     p.add_argument("--tail", action="store_true", help="also print what the requests over p95 waited for, per branch, "
                    "and how close the TTFT predictions were")
+    p.add_argument("--pd", metavar="P:D", default=None,
+                   help="prefill/decode disaggregation on P + D MI355X TP4 ranks: unified (P + D ranks, this router) "
+                   "vs PD with every request disaggregated vs PD with the per-request decision (docs/pd.md)")
+    p.add_argument("--itl-sla-ms", type=float, default=30.0, help="with --pd: the inter-token latency target of goodput")
     p.add_argument("--json", dest="json_out", help="write the results as JSON here")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--http", metavar="BASE_URL", help="replay open-loop against a live OpenAI-compatible endpoint")
@@ -146,6 +150,8 @@ def _run(args: argparse.Namespace) -> int:
         from gateway_lab.replay.http import replay_http
 
         return replay_http(trace, args)
+    if args.pd:
+        return _run_pd(trace, args)
     if args.config:
         cfg = load_config(args.config)
         targets, routing = targets_from_config(cfg, args.model), cfg.routing
@@ -224,5 +230,41 @@ def _run(args: argparse.Namespace) -> int:
         with open(args.json_out, "w") as f:
             json.dump({"trace": args.trace, "requests": len(trace), "speed": args.speed, "fleet": fleet_label,
                        "jitter": args.jitter, "seeds": seeds,
+                       "results": [asdict(r) for r in results]}, f, indent=1)
+    return 0
+
+
+def _run_pd(trace: list[Any], args: argparse.Namespace) -> int:
+    from gateway_lab.replay.pd import HEADERS as PD_HEADERS
+    from gateway_lab.replay.pd import compare
+
+    p, sep, d = args.pd.partition(":")
+    if not sep or not p.isdigit() or not d.isdigit() or int(p) < 1 or int(d) < 1:
+        raise ValueError(f"--pd expects P:D with P, D >= 1, got {args.pd!r}")
+    routing = Routing()
+    if args.sla_ms:
+        routing = routing.model_copy(update={"ttft_sla_ms": args.sla_ms})
+    bars: list[Any] = []
+
+    def progress(label: str) -> Any:
+        if args.no_progress:
+            return None
+        from tqdm import tqdm
+
+        bars.append(tqdm(total=len(trace), desc=label, unit="req", file=sys.stderr, leave=False))
+        return bars[-1].update
+
+    t0 = time.perf_counter()
+    results = compare(trace, int(p), int(d), routing, args.speed, args.itl_sla_ms / 1000, progress)
+    for b in bars:
+        b.close()
+    span = trace[-1].timestamp_ms / 1000 / args.speed
+    print(f"\n{args.trace}: {len(trace)} requests over {span:.0f} s (speed {args.speed:g}); {int(p) + int(d)} MI355X "
+          f"TP4 ranks per run; TTFT SLA {routing.ttft_sla_ms / 1000:.2f} s, ITL target {args.itl_sla_ms:g} ms; "
+          f"{time.perf_counter() - t0:.0f} s wall")
+    print(_table(PD_HEADERS, [r.row() for r in results]))
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump({"trace": args.trace, "requests": len(trace), "speed": args.speed, "pd": args.pd,
                        "results": [asdict(r) for r in results]}, f, indent=1)
     return 0

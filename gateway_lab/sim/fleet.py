@@ -96,7 +96,9 @@ class Fleet:
     def __init__(self, targets: Sequence[tuple[TargetInfo, ReplicaConfig]], routing: Routing, instances: int = 1,
                  shared: bool = True, seed: int = 0, corrector: Callable[[], TtftCorrector] | None = None,
                  on_decision: Callable[[Instance, RoutingRequest, Decision], None] | None = None,
-                 jitter: float = 0.0, schedule: str = "priority") -> None:
+                 jitter: float = 0.0, schedule: str = "priority", itl: list[tuple[float, int]] | None = None) -> None:
+        """`itl`: when given, every inter-token gap is appended to it as (seconds per token, tokens) — the engines
+        then stream every decode step, which costs events; without it one TOKENS event per request."""
         self.loop = EventLoop()
         clock = lambda: self.loop.now  # noqa: E731
         self.infos = [info for info, _ in targets]
@@ -105,7 +107,7 @@ class Fleet:
             # only the first token and the finish matter here: one TOKENS event per request, not one per step;
             # self-hosted ranks schedule by priority, as deploy/sglang/ starts them (--enable-priority-scheduling),
             # or by shortest prefill (SCHEDULE=shortest-prefill-first there), which SGLang allows only without it
-            over: dict[str, Any] = {"stream_interval": 1 << 30}
+            over: dict[str, Any] = {"stream_interval": 1 if itl is not None else 1 << 30}
             if info.self_hosted and schedule == "priority":
                 over["enable_priority_scheduling"] = True
             elif info.self_hosted:  # SGLang refuses priority scheduling with any other policy
@@ -131,6 +133,7 @@ class Fleet:
         self.on_arrival: Callable[[], None] | None = None  # progress hook
         self.on_job: Callable[[Job], None] | None = None  # each job before it is routed (gateway_lab/replay/kv_modes.py)
         self.corrections = 0  # usage reports below the index's prediction (gateway_prefix_index_corrections_total)
+        self.itl = itl
 
     # -- setup -------------------------------------------------------------------------------------------------
     def warm(self, name: str, page_keys: Sequence[int], hashes: Sequence[int]) -> None:
@@ -199,8 +202,14 @@ class Fleet:
         t_api = cfg.timing.t_api
         loop = self.loop
 
+        last = [now]
+
         def sink(ev: Event) -> None:
+            if ev.kind is EventKind.TOKENS and self.itl is not None and ev.tokens:
+                self.itl.append(((ev.time - last[0]) / ev.tokens, ev.tokens))
+                last[0] = ev.time
             if ev.kind is EventKind.FIRST:
+                last[0] = ev.time
                 rec.ttft = ev.time + t_api - now
                 rec.cached = sim_req.cached
                 rec.idle_ttft = idle_ttft(cfg, job.prompt_len, sim_req.cached)

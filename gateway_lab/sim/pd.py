@@ -86,7 +86,8 @@ class PrefillRank(Rank):
 
 class DecodeRank(Rank):
     """A decode-mode rank: a PD request first waits for a KV reservation (SGLang's prealloc queue), then for its
-    room's KV (the transfer queue), then joins the decode batch through a forward that emits its first token."""
+    room's KV (the transfer queue), then joins the decode batch as a prebuilt batch: its first token (computed by the
+    prefill server, sent with the KV) goes out at once, the next ones from the decode steps."""
 
     def __init__(self, cfg: ReplicaConfig, dp_rank: int = 0, seed: int = 0) -> None:
         super().__init__(cfg, dp_rank, seed)
@@ -133,9 +134,9 @@ class DecodeRank(Rank):
         self._allocate(now)
         room_left = self.cfg.max_running_requests - len(self.running)
         if self.arrived and room_left > 0:
-            picks = [(r, 0) for r in self.arrived[:room_left]]
-            model = self.cfg.timing.decode_time(len(picks))  # one forward over the received KV: the first token
-            return Step("prebuilt", self._realise(model), model, picks=picks)
+            # SGLang's prebuilt batch: the first token came with the KV (the prefill's output id), so the requests
+            # join the running batch with no model forward of their own
+            return Step("prebuilt", 0.0, 0.0, picks=[(r, 0) for r in self.arrived[:room_left]])
         return super().plan(now)
 
     def complete(self, step: Step, now: float) -> None:

@@ -89,7 +89,7 @@ class ReplicaConfig:
     disaggregation_bootstrap_timeout: float = 300.0  # SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT (s)
     disaggregation_waiting_timeout: float = 300.0  # SGLANG_DISAGGREGATION_WAITING_TIMEOUT (s)
     # [inf] not in SGLang: a decode server that also prefills requests sent without bootstrap fields (unified
-    # serving on a decode worker, what SGLA-aware PD routing falls back to); off = SGLang's refusal
+    # serving on a decode worker, what SLA-aware PD routing falls back to); off = SGLang's refusal
     disaggregation_decode_local_prefill: bool = False
     seed: int = 0
     time_scale: float = 1.0  # k > 1 runs k times faster than real time; reported latencies stay simulated

@@ -51,7 +51,8 @@ def idle(reps) -> bool:
 
 def nothing_leaked(gw, pre, dec) -> bool:
     load = pd_state(gw).load()
-    return all(v["queued_tokens"] == 0 and v["inflight"] == 0 for v in load.values()) and idle(pre + dec)
+    kv = gw.call(lambda: dict(gw.app.state.gateway.backends["sglang"].decode_kv))
+    return all(v["queued_tokens"] == 0 and v["inflight"] == 0 for v in load.values()) and not kv and idle(pre + dec)
 
 
 def client(gw) -> OpenAI:
@@ -118,7 +119,7 @@ def test_a_stalled_transfer_is_retried_before_the_commit_point(deployment):
                                            extra_body={"ignore_eos": True})
     chunks = list(r)
     assert chunks[-1].choices[0].finish_reason == "length"
-    assert FABRIC.failures == failed + 1  # the stalled room failed; the client got the second pair's answer
+    assert FABRIC.failures > failed  # the stalled room failed; the client got another pair's answer
     wait_until(lambda: nothing_leaked(gw, pre, dec), what="load view and KV back to zero")
 
 
@@ -165,6 +166,28 @@ def test_auto_serves_on_the_decode_server_when_that_predicts_better():
         assert sum(rk.rank.counters.requests for rk in pre[0].ranks) == 0
         metrics = httpx.get(gw.urls[0] + "/metrics").text
         assert 'gateway_pd_decisions_total{branch="unified_short",pool="pd"} 1.0' in metrics
+    finally:
+        gw.stop()
+        st.stop()
+
+
+def test_a_request_no_decode_server_has_kv_headroom_for_is_a_503_before_any_leg():
+    """Decode servers are passed over when this instance's requests there leave too little KV (the pool timing's
+    capacity); when none is left, the client gets a 503 to retry, and no prefill leg was sent."""
+    st, pre, dec, boots = start_pd_sims(1, 2)
+    p = pd_pool(st.urls[1:3], st.urls[0:1], boots)
+    p["timing"] = {"kv_capacity_tokens": 8_000}
+    gw = start_gateway(config([p]))
+    try:
+        c = client(gw)
+        r = c.chat.completions.create(model="glm-5.2", messages=LONG, max_tokens=50)  # ~3.6k + 50 fits
+        assert r.usage.completion_tokens > 0
+        with pytest.raises(openai.APIStatusError) as e:  # ~3.6k + 6k does not, on either server
+            c.chat.completions.create(model="glm-5.2", messages=LONG, max_tokens=6_000)
+        assert e.value.status_code == 503
+        assert pd_state(gw).branches["decode_kv_full"] == 2
+        assert sum(rk.rank.counters.requests for rk in pre[0].ranks) == 1
+        wait_until(lambda: nothing_leaked(gw, pre, dec), what="load view and KV back to zero")
     finally:
         gw.stop()
         st.stop()
