@@ -10,157 +10,34 @@ import hashlib
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from gateway.flow.settings import FlowControl
-from gateway.pd_config import Disaggregation
 from gateway.policy_schema import Tenant
+from gateway.routing.registry import POLICIES
+from gateway.settings.pools import GpuHourPricing as GpuHourPricing
+from gateway.settings.pools import LiteLLMPool as LiteLLMPool
+from gateway.settings.pools import ModelRoute as ModelRoute
+from gateway.settings.pools import OpenAIPool as OpenAIPool
+from gateway.settings.pools import PerTokenPricing as PerTokenPricing
+from gateway.settings.pools import Pool as Pool
+from gateway.settings.pools import PoolTiming as PoolTiming
+from gateway.settings.pools import Pricing as Pricing
+from gateway.settings.pools import Replica as Replica
+from gateway.settings.pools import SGLangPool as SGLangPool
+from gateway.settings.routing import KvEventsSettings as KvEventsSettings
+from gateway.settings.routing import KvEventsStatic as KvEventsStatic
+from gateway.settings.routing import Routing as Routing
+from gateway.settings.routing import TokenizerSettings as TokenizerSettings
 from gateway.typed import Strict as _Strict
 from gateway.typed import sha256_hex_list
 
 
 class ConfigError(ValueError):
     """The config file cannot be used; the message names the file and the field."""
-
-
-class PerTokenPricing(_Strict):
-    type: Literal["per_token"] = "per_token"
-    input_per_mtok: float = Field(ge=0)
-    cached_input_per_mtok: float | None = Field(default=None, ge=0)  # None: same as input
-    output_per_mtok: float = Field(ge=0)
-
-
-class GpuHourPricing(_Strict):
-    """Self-hosted: a replica costs gpus x usd_per_gpu_hour whether busy or not; a request's marginal share is
-    the replica time it occupies at the pool's capacity (prefill at prefill_tokens_per_s, decode at the full-batch
-    decode_tokens_per_s)."""
-
-    type: Literal["gpu_hour"] = "gpu_hour"
-    gpus_per_replica: int = Field(ge=1)
-    usd_per_gpu_hour: float = Field(ge=0)
-    prefill_tokens_per_s: float = Field(gt=0)
-    decode_tokens_per_s: float = Field(gt=0)
-
-
-Pricing = Annotated[PerTokenPricing | GpuHourPricing, Field(discriminator="type")]
-
-
-class Replica(_Strict):
-    name: str = Field(min_length=1)
-    url: str
-    dp_size: int | None = Field(default=None, ge=1, le=64, description="data-parallel ranks of this server; unset: "
-                                "discovered from /server_info (dp_size, or attn_dp_size with DP attention)")
-
-    @field_validator("url")
-    @classmethod
-    def _url(cls, v: str) -> str:
-        if not v.startswith(("http://", "https://")):
-            raise ValueError("must start with http:// or https://")
-        return v.rstrip("/")
-
-
-class PoolTiming(_Strict):
-    """What the TTFT predictor assumes about one replica of the pool; corrected online from observed TTFTs.
-    Defaults: one MI355X TP4 rank serving GLM-5.2 (docs/simulator.md)."""
-
-    base_s: float = Field(default=0.14, ge=0, description="TTFT floor: API overhead + one prefill forward")
-    prefill_tokens_per_s: float = Field(default=16_700, gt=0)
-    max_running: int = Field(default=48, ge=1)
-    decode_step_s: float = Field(default=0.0467, gt=0, description="decode step time at a full batch")
-    tokens_per_step: float = Field(default=3.5, gt=0)
-    expected_output_tokens: int = Field(default=1000, ge=1)
-    kv_capacity_tokens: int = Field(default=2_400_000, ge=1, description="overridden by /server_info when reachable")
-
-
-class _PoolBase(_Strict):
-    name: str = Field(min_length=1)
-    model: str = Field(min_length=1, description="model name sent upstream")
-    pricing: Pricing | None = None
-    weight: float = Field(default=1.0, ge=0)
-    timing: PoolTiming = PoolTiming()
-    max_n: int | None = Field(default=None, ge=1, le=128, description="largest `n` a request may ask of this pool; "
-                              "default 8 for sglang (each sequence holds KV cache), 128 (OpenAI's bound) otherwise")
-    max_sequences: int | None = Field(default=None, ge=1, le=2048, description="largest prompts x n a completions "
-                                      "request may ask of this pool (a prompt list is a batch); default 64 for sglang, "
-                                      "2048 otherwise")
-    context_tokens: int | None = Field(default=None, ge=1, description="the model's context length here: larger "
-                                       "max_tokens are refused at the edge "
-                                       "(unset: the servers' /server_info context, when reported)")
-    responses: Literal["bridge", "native"] = Field(default="bridge", description="how /v1/responses is served: "
-                                                   "bridge = translated onto this pool's chat/completions; native = "
-                                                   "forwarded to its own /v1/responses (docs/agent-apis.md)")
-
-
-class SGLangPool(_PoolBase):
-    kind: Literal["sglang"] = "sglang"
-    replicas: list[Replica] = Field(min_length=1)
-    api_key_env: str | None = None  # SGLang --api-key, if the servers use one
-    health_path: str = Field(default="/ping", description="liveness probe: /ping is a flag check on every SGLang "
-                             "release; /health runs a generation and is slow behind a long prefill (busy, not dead)")
-    dp_pinning: Literal["auto", "body", "header", "off"] = Field(
-        default="auto", description="a server with N DP ranks becomes N targets, each pinned to its rank: body field "
-        "(routed_dp_rank from 0.5.13, data_parallel_rank before), header X-Data-Parallel-Rank (0.5.13+); auto = body; "
-        "off = one target per server (SGLang spreads requests over its ranks itself)")
-    send_priority: Literal["auto", "always", "never"] = Field(
-        default="auto", description="auto: send an explicit priority (priority_values) to servers whose /server_info "
-        "says enable_priority_scheduling; never to others, so --abort-on-priority-when-disabled cannot refuse them")
-    disaggregation: Disaggregation | None = Field(default=None, description="a PD deployment: `replicas` are the "
-                                                  "decode servers, these the prefill servers (docs/pd.md)")
-    priority_values: dict[Literal["high", "normal", "low"], int] = Field(
-        default_factory=lambda: {"high": 10, "normal": 0, "low": -10},  # type: ignore[arg-type]
-        description="the SGLang priority sent per tenant class; `normal` is explicit so the server's default "
-        "(lowest, or --default-priority-value) never applies")
-
-    @field_validator("priority_values")
-    @classmethod
-    def _all_classes(cls, v: dict[str, int]) -> dict[str, int]:
-        return {"high": 10, "normal": 0, "low": -10, **v}  # a partial mapping keeps the defaults for the rest
-
-
-class OpenAIPool(_PoolBase):
-    """Any OpenAI-compatible hosted endpoint (e.g. a provider serving GLM-5.2 on B200)."""
-
-    kind: Literal["openai"] = "openai"
-    base_url: str
-    api_key_env: str | None = None
-    health_path: str = "/models"
-
-    @field_validator("base_url")
-    @classmethod
-    def _url(cls, v: str) -> str:
-        if not v.startswith(("http://", "https://")):
-            raise ValueError("must start with http:// or https://")
-        return v.rstrip("/")
-
-
-class LiteLLMPool(_PoolBase):
-    """Other providers through litellm (imported only by this pool kind's adapter)."""
-
-    kind: Literal["litellm"] = "litellm"
-    api_key_env: str | None = None
-    api_base: str | None = None
-
-    @field_validator("responses")
-    @classmethod
-    def _bridged(cls, v: str) -> str:
-        if v == "native":
-            raise ValueError("'native' needs an HTTP /v1/responses endpoint; litellm pools are always bridged")
-        return v
-
-
-Pool = Annotated[SGLangPool | OpenAIPool | LiteLLMPool, Field(discriminator="kind")]
-
-
-class ModelRoute(_Strict):
-    name: str = Field(min_length=1, description="client-facing model name")
-    pools: list[str] = Field(min_length=1, description="pools serving it, in fallback order")
-    vision: bool = Field(default=True, description="whether the model takes image input. false (a text-only model "
-                         "such as GLM-5.2): an image on the OpenAI APIs is refused with 400 before any replica sees "
-                         "it, as OpenAI and the engines refuse one for a text-only model; on the Anthropic Messages "
-                         "API, whose models all take images, it is left out and named in x-gateway-dropped")
 
 
 class Timeouts(_Strict):
@@ -199,106 +76,6 @@ class HealthChecks(_Strict):
     interval_s: float = Field(default=5.0, gt=0)
     timeout_s: float = Field(default=5.0, gt=0)  # SGLang's /health takes ~1 s by design
     enabled: bool = True
-
-
-class KvEventsStatic(_Strict):
-    """A server whose /server_info has no `kv_events` descriptor (SGLang 0.5.9): where its publisher is."""
-
-    endpoint: str = Field(pattern=r"^tcp://[^:/]+:\d+$", description="rank 0's PUB, tcp://host:port (rank r: port + r)")
-    replay_endpoint: str | None = Field(default=None, pattern=r"^tcp://[^:/]+:\d+$")
-    topic: str = ""
-    dp_size: int = Field(default=1, ge=1, le=1024)
-
-
-class TokenizerSettings(_Strict):
-    """How the gateway gets a request's token ids for precise matching (gateway/tokenizers/)."""
-
-    kind: Literal["sim", "hf"] = Field(default="sim", description="sim: the simulator's token rule (no files); hf: "
-                                       "the model's tokenizer.json and chat template from `path`")
-    path: str | None = Field(default=None, description="directory holding tokenizer.json and tokenizer_config.json")
-    check_engine: bool = Field(default=True, description="compare a sample with the engine's /v1/tokenize at start")
-
-    @model_validator(mode="after")
-    def _path(self) -> TokenizerSettings:
-        if self.kind == "hf" and not self.path:
-            raise ValueError("path: required with kind hf")
-        return self
-
-
-class KvEventsSettings(_Strict):
-    """Precise routing from SGLang's KV-cache events (docs/kv-events.md)."""
-
-    block_size: int = Field(default=64, ge=1, description="the engines' page size (--page-size); a server whose "
-                            "descriptor says otherwise is routed approximately")
-    speculative_s: float = Field(default=2.0, gt=0, description="after the first token, this instance's own entry "
-                                 "stands this long, until the engine's BlockStored has arrived")
-    discovery_interval_s: float = Field(default=5.0, gt=0, description="re-read /server_info, resubscribe the dead")
-    static: dict[str, KvEventsStatic] = Field(default_factory=dict, description="replica name -> endpoints, for "
-                                              "servers without a /server_info descriptor (0.5.9)")
-    tokenizer: TokenizerSettings = Field(default_factory=TokenizerSettings)
-
-
-class Routing(_Strict):
-    policy: Literal["prefix_sla_cost", "round_robin", "least_loaded"] = "prefix_sla_cost"
-    mode: Literal["approximate", "precise", "hybrid"] = Field(default="approximate", description="prefix index: "
-                                                             "predicted from dispatches, from KV events, or both")
-    kv_events: KvEventsSettings = Field(default_factory=KvEventsSettings)
-    chunk_tokens: int = Field(default=256, ge=16, description="prefix hash granularity (tokens)")
-    ttft_sla_ms: float = Field(default=2220, gt=0, description="default TTFT target (p95) per request")
-    sla_headroom: float = Field(default=0.1, ge=0, lt=1)
-    ttft_quantile_z: float = Field(default=0.5, ge=0, le=4, description="plan against mean + z std of the TTFT "
-                                   "correction (per load regime): higher spills earlier near the knee and costs more")
-    stickiness_penalty_ms: float = Field(default=1000, ge=0, description="leave a warm replica only if it is slower by more")
-    recompute_weight: float = Field(default=14, ge=0, le=1000, description="seconds of other requests' waiting one "
-                                    "second of recomputed prefill counts as, where the SLA cannot decide (0: least TTFT)")
-    shortest_prefill_first: bool = Field(default=True, description="within a tenant class, the priority sent to "
-                                         "SGLang servers that schedule by it rises as a request's uncached prefill "
-                                         "shrinks, so cached turns are not queued behind long cold prompts")
-    on_sla_miss: Literal["spill", "shed"] = "spill"
-    objective: Literal["cost", "latency"] = "cost"
-    bounded_load_factor: float = Field(default=1.25, ge=1.0, description="cold placement: max load vs the mean")
-    speculative_ttl_s: float = Field(default=10, gt=0, description="index entry from dispatch to first token")
-    residency_ttl_s: float = Field(default=900, gt=0, description="index entry after the first token")
-    redis_url: str | None = Field(default=None, description="shared state; in-memory when unset (rediss:// for TLS)")
-    redis_password_env: str | None = Field(default=None, description="env var holding the Redis password (e.g. from a "
-                                           "Secret), used when the URL carries none; keeps it out of config files")
-    redis_prefix: str = "gw:"
-    redis_timeout_s: float = Field(default=0.1, gt=0, description="prefix index and load: past it, this instance's view")
-    limits_redis_timeout_s: float = Field(default=1.0, gt=0,
-                                          description="rate limits and budgets: past it, enforced per instance")
-    expected_inflight: int = Field(default=256, ge=1, description="requests in flight per instance this instance is "
-                                   "sized for; the Redis pool's default size follows from it")
-    redis_max_connections: int | None = Field(default=None, ge=2, le=10_000, description="Redis connections per "
-                                              "instance (default: max(32, expected_inflight / 2)); more calls wait")
-    redis_hung_after_s: float = Field(default=3.0, gt=0, le=300, description="Redis calls that only time out count as "
-                                      "Redis being away once nothing at all has succeeded for this long")
-    redis_pool_timeout_s: float = Field(default=0.5, gt=0, description="wait for a free Redis connection; running "
-                                        "out of it is saturation (retried), never taken for Redis being away")
-    limits_fallback_share: float | None = Field(default=None, gt=0, le=1, description="while Redis is away, the "
-                                                "share of a budget's remainder (and of a rate limit) one instance may "
-                                                "use alone (default: 1 / the instances alive when it was last seen)")
-    load_poll_s: float = Field(default=1.0, gt=0, description="engine /v1/loads reconciliation period")
-    queue_drain: bool = Field(default=False, description="credit the done part of a replica's prefill queue "
-                              "(more cache hits on long-prompt traffic; unstable near capacity without a spill pool)")
-    concurrency_lease_s: float = Field(default=30.0, ge=1, le=600, description="fleet-wide max_concurrent: a slot "
-                                       "not renewed for this long (its instance died) is freed")
-    budget_lease_s: float = Field(default=60.0, gt=0, le=3600, description="a budget reservation is renewed every "
-                                  "third of this while its request runs; one not renewed this long (its instance died) "
-                                  "lapses")
-
-    @model_validator(mode="after")
-    def _pool_wait(self) -> Routing:
-        if self.redis_pool_timeout_s >= self.limits_redis_timeout_s:
-            raise ValueError("redis_pool_timeout_s: must be below limits_redis_timeout_s (a saturated pool is waited "
-                             "on, and retried, within it)")
-        return self
-
-    @model_validator(mode="after")
-    def _kv_events(self) -> Routing:
-        if self.mode != "approximate" and self.chunk_tokens % self.kv_events.block_size:
-            raise ValueError(f"chunk_tokens: must be a multiple of kv_events.block_size ({self.kv_events.block_size}) "
-                             f"with mode {self.mode}")
-        return self
 
 
 class Recording(_Strict):
@@ -500,7 +277,7 @@ def error_location(err: Mapping[str, Any]) -> str:
     for part in err["loc"]:
         if isinstance(part, int):
             out += f"[{part}]"
-        elif part in ("sglang", "openai", "litellm", "per_token", "gpu_hour"):
+        elif part in ("sglang", "openai", "litellm", "per_token", "gpu_hour") or part in POLICIES:
             continue  # discriminator tags say nothing a user wrote
         else:
             out += ("." if out else "") + str(part)

@@ -30,6 +30,7 @@ from tqdm import tqdm
 
 from gateway.config import PerTokenPricing, hash_key
 from gateway.prediction.pricing import request_cost
+from gateway.routing import registry
 from gateway_lab.sim.stats import window_throughput
 from loadtests.peers import ensure
 from loadtests.procs import Proc, cpu_seconds
@@ -93,6 +94,15 @@ def routing_overrides(pairs: list[str] | None) -> dict[str, Any]:
     return out
 
 
+def routing_section(policy: str, settings: dict[str, Any]) -> dict[str, Any]:
+    """`settings` as a `routing:` section: those that are parameters of `policy` go into its `policy:` section
+    (`--routing-set recompute_weight=0` works as before), settings no other policy takes are dropped for it."""
+    own = registry.spec(policy).params.model_fields
+    others = {f for s in registry.POLICIES.values() for f in s.params.model_fields} - set(own)
+    return {"policy": {"type": policy, **{k: v for k, v in settings.items() if k in own and k != "type"}},
+            **{k: v for k, v in settings.items() if k not in own and k not in others}}
+
+
 def gateway_targets(a: argparse.Namespace, work: Path, policy: str, mi: list[str], b200: list[str], redis_url: str,
                     prefix: str, mode: str | None = None) -> tuple[list[Proc], list[str]]:
     ts = a.time_scale
@@ -105,10 +115,11 @@ def gateway_targets(a: argparse.Namespace, work: Path, policy: str, mi: list[str
                       "replicas": [{"name": f"b200-{i}", "url": u} for i, u in enumerate(b200)]})
     cfg = {"models": [{"name": "glm-5.2", "pools": [p["name"] for p in pools]}], "pools": pools,
            "tenants": [{"name": "bench", "api_key_hashes": [hash_key(KEY)], "models": ["glm-5.2"]}],
-           "routing": {"policy": policy, **({} if getattr(a, "unshared", False) else {"redis_url": redis_url, "redis_prefix": prefix}),
-                       "ttft_sla_ms": a.sla * 1000 / ts, "stickiness_penalty_ms": 1000 / ts,
-                       **({} if a.ttft_quantile_z is None else {"ttft_quantile_z": a.ttft_quantile_z}),
-                       **routing_overrides(getattr(a, "routing_set", None)), **({"mode": mode} if mode else {})},
+           "routing": routing_section(policy, {
+               **({} if getattr(a, "unshared", False) else {"redis_url": redis_url, "redis_prefix": prefix}),
+               "ttft_sla_ms": a.sla * 1000 / ts, "stickiness_penalty_ms": 1000 / ts,
+               **({} if a.ttft_quantile_z is None else {"ttft_quantile_z": a.ttft_quantile_z}),
+               **routing_overrides(getattr(a, "routing_set", None)), **({"mode": mode} if mode else {})}),
            "observability": {"log_requests": False}, "timeouts": {"first_byte": 600, "total": 3000, "idle": 120}}
     path = work / f"gw-{policy}{'-' + mode if mode else ''}.yaml"
     path.write_text(yaml.safe_dump(cfg))

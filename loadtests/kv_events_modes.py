@@ -79,7 +79,8 @@ def start_gateway(a: argparse.Namespace, work: Path, mode: str, sims: list[str],
                       "timing": wall_timing(MI355X_TIMING, ts),
                       "replicas": [{"name": f"mi355x-{i}", "url": u} for i, u in enumerate(sims)]}],
            "tenants": [{"name": TENANT, "api_key_hashes": [hash_key(KEY)], "models": ["glm-5.2"]}],
-           "routing": {"mode": mode, "ttft_sla_ms": a.sla * 1000 / ts, "stickiness_penalty_ms": 1000 / ts,
+           "routing": {"mode": mode, "ttft_sla_ms": a.sla * 1000 / ts,
+                       "policy": {"type": "prefix_sla_cost", "stickiness_penalty_ms": 1000 / ts},
                        "kv_events": {"block_size": 64, "discovery_interval_s": 1.0, "speculative_s": a.speculative_s}},
            "observability": {"log_requests": False}, "timeouts": {"first_byte": 600, "total": 3000, "idle": 120}}
     path = work / f"gw-{mode}-{port}.yaml"

@@ -91,7 +91,7 @@ class Dispatcher:
         self.tracer = tracer if tracer is not None and not isinstance(tracer, trace.NoOpTracer) else None
         self._creds_logged: dict[str, float] = {}
 
-    async def open(self, decision: Decision, req: RoutingRequest, body: dict[str, Any], deadline: float,
+    async def open(self, decision: Decision[Target], req: RoutingRequest, body: dict[str, Any], deadline: float,
                    tenant: Tenant | None = None, parent: Any = None) -> Dispatched:
         """`parent`: the request's span (or an OTel Context) the attempt spans hang under; default the current one."""
         endpoint, stream, request_id = req.endpoint, req.stream, req.request_id
@@ -105,7 +105,8 @@ class Dispatcher:
         ROUTING_REQUEST.set(req)  # what a PD pool's pair decision reads (dispatch/pd.py)
         tries = _Tries(tenant.name if tenant is not None else None)
         limit = self.cfg.retry.max_attempts
-        for target in decision.ranked:
+        for cand in decision.ranked:
+            target = cand.info.ref
             if tries.count >= limit:
                 break
             if target.pool in tries.bad_pools:

@@ -11,16 +11,18 @@ do not predict) always does.
 
 from __future__ import annotations
 
+from typing import Any
+
 from gateway.prediction.ttft import LoadView, predict_ttft
 from gateway.routing.decision import Decision
 from gateway.routing.features import Candidate
 
 
-def admits(decision: Decision, sla_s: float, waited_s: float, headroom: float) -> bool:
+def admits(decision: Decision[Any], sla_s: float, waited_s: float, headroom: float) -> bool:
     chosen = decision.chosen
     if chosen is None:
         return False
-    cand: Candidate | None = decision.features.get(chosen.name)
+    cand: Candidate[Any] | None = decision.features.get(chosen.name)
     if cand is None or cand.ttft_raw <= 0:
         return True
     scale = cand.ttft / cand.ttft_raw  # the learned correction, applied to both parts alike

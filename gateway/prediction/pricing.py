@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gateway.config import GpuHourPricing, PerTokenPricing
+from gateway.settings.pools import GpuHourPricing, PerTokenPricing
 
 
 def request_cost(

@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from gateway.config import PoolTiming
+from gateway.settings.pools import PoolTiming
 
 
 @dataclass(frozen=True)

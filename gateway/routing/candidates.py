@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gateway.config import ModelRoute
+from gateway.settings.pools import ModelRoute
 from gateway.upstreams import Target, UpstreamRegistry
 
 

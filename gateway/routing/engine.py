@@ -22,16 +22,15 @@ Only targets with a prefix cache the gateway tracks (`TargetInfo.prefix_cache`) 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Protocol
 
 from gateway.prediction.ttft import FREE, LoadView, QueueDrain, TtftCorrector
 from gateway.routing.decision import Decision
-from gateway.routing.features import Candidate, TargetInfo, build_candidates
+from gateway.routing.features import Candidate, R, TargetInfo, build_candidates
+from gateway.routing.policy import Policy
 from gateway.routing.request import RoutingRequest
-
-Policy = Callable[[RoutingRequest, Sequence[Candidate], Any], Decision]
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,14 +57,20 @@ class LoadDelta:
 Effect = IndexWrite | IndexDrop | LoadDelta
 
 
+class Named(Protocol):
+    @property
+    def name(self) -> str: ...
+    @property
+    def pool(self) -> str: ...
+
+
 class Attempt:
     """One dispatch of a request to one target, with the features it was chosen on."""
 
-    def __init__(self, req: RoutingRequest, target: Any, decision: Decision) -> None:
+    def __init__(self, req: RoutingRequest, target: Named, decision: Decision[Any]) -> None:
         self.req = req
-        self.target = target  # the gateway's Target, or a TargetInfo in the fleet
-        cand: Candidate | None = decision.features.get(target.name)
-        self.info: TargetInfo | None = cand.info if cand else None
+        cand: Candidate[Any] | None = decision.features.get(target.name)
+        self.info: TargetInfo[Any] | None = cand.info if cand else None
         self.name: str = target.name
         self.pool: str = target.pool
         self.key: str = cand.info.key if cand else getattr(target, "index_key", target.name)
@@ -82,11 +87,10 @@ class Attempt:
 
 
 class RoutingEngine:
-    def __init__(self, policy: Policy, params: Any, *, uses_prefix: bool, chunk_tokens: int,
+    def __init__(self, policy: Policy, *, uses_prefix: bool, chunk_tokens: int,
                  corrector: TtftCorrector, speculative_ttl_s: float, residency_ttl_s: float,
                  queue_drain: bool = False, shortest_prefill_first: bool = False) -> None:
         self.policy = policy
-        self.params = params
         self.uses_prefix = uses_prefix  # False: the policy ignores prefixes, so callers may skip the lookup
         self.chunk_tokens = chunk_tokens
         self.corrector = corrector
@@ -96,9 +100,9 @@ class RoutingEngine:
         self.shortest_prefill_first = shortest_prefill_first
 
     # -- the decision ------------------------------------------------------------------------------------------
-    def decide(self, req: RoutingRequest, targets: Sequence[TargetInfo], matches: Mapping[str, int],
+    def decide(self, req: RoutingRequest, targets: Sequence[TargetInfo[R]], matches: Mapping[str, int],
                loads: Mapping[str, LoadView], now: float | None = None,
-               engine_loads: Mapping[str, LoadView | None] | None = None) -> Decision:
+               engine_loads: Mapping[str, LoadView | None] | None = None) -> Decision[R]:
         """`matches`: index key -> matched chunks; `loads`: target name -> the gateways' tracked load; `now`: the
         caller's clock (the queue's done part is estimated from it; None: taken as tracked); `engine_loads`: the
         engines' own gauges, a floor under the estimate."""
@@ -110,7 +114,7 @@ class RoutingEngine:
             views[t.name] = merged_load(v, engine_loads.get(t.name) if engine_loads else None)
         cands = build_candidates(req, targets, matches if self.uses_prefix else {}, views, self.corrector.get,
                                  self.chunk_tokens)
-        decision = self.policy(req, cands, self.params)
+        decision = self.policy(req, cands)
         if len(decision.features) < len(cands):  # keep every candidate's features for feedback and explain
             decision = replace(decision, features={c.name: c for c in cands})
         return decision

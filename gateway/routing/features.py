@@ -5,16 +5,18 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
-from gateway.config import GpuHourPricing, PerTokenPricing, PoolTiming
 from gateway.prediction.pricing import request_cost
 from gateway.prediction.ttft import FREE, LoadView, predict_ttft, regime
 from gateway.routing.request import RoutingRequest
+from gateway.settings.pools import GpuHourPricing, PerTokenPricing, PoolTiming
+
+R = TypeVar("R")  # what the caller routes to: the gateway's Target; the virtual-clock fleet's own handle (or None)
 
 
 @dataclass(frozen=True)
-class TargetInfo:
+class TargetInfo(Generic[R]):
     """What the pure core needs to know about a target (the gateway builds it from upstreams.Target)."""
 
     name: str
@@ -22,7 +24,7 @@ class TargetInfo:
     pool: str
     timing: PoolTiming
     pricing: PerTokenPricing | GpuHourPricing | None
-    ref: Any = None  # the gateway's Target (opaque here)
+    ref: R  # the caller's handle on the target, handed back in the decision (opaque here)
     weight: float = 1.0  # on-call preference: routing cost is divided by it (billing is not)
     prefix_cache: bool = True  # the gateway tracks its prefix cache (self-hosted engines; hosted APIs are opaque)
 
@@ -32,8 +34,8 @@ class TargetInfo:
 
 
 @dataclass(frozen=True)
-class Candidate:
-    info: TargetInfo
+class Candidate(Generic[R]):
+    info: TargetInfo[R]
     matched_chunks: int
     cached_tokens: int
     uncached_tokens: int
@@ -47,16 +49,24 @@ class Candidate:
     def name(self) -> str:
         return self.info.name
 
+    @property
+    def pool(self) -> str:
+        return self.info.pool
+
+    @property
+    def self_hosted(self) -> bool:
+        return self.info.self_hosted
+
     def explain(self) -> dict[str, Any]:
         return {"replica": self.name, "pool": self.info.pool, "cached_tokens": self.cached_tokens,
                 "queued_prefill_tokens": round(self.load.queued_prefill_tokens), "inflight": round(self.load.inflight, 1),
                 "regime": self.regime, "predicted_ttft_s": round(self.ttft, 3), "cost_usd": round(self.cost, 8)}
 
 
-def build_candidates(req: RoutingRequest, targets: Sequence[TargetInfo], matches: Mapping[str, int],
+def build_candidates(req: RoutingRequest, targets: Sequence[TargetInfo[R]], matches: Mapping[str, int],
                      loads: Mapping[str, LoadView], correction: Callable[[str, str], float],
-                     chunk_tokens: int) -> list[Candidate]:
-    out = []
+                     chunk_tokens: int) -> list[Candidate[R]]:
+    out: list[Candidate[R]] = []
     expected_out = req.max_output_tokens
     for t in targets:
         chunks = matches.get(t.key, 0)

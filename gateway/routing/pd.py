@@ -26,9 +26,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gateway.config import PoolTiming
 from gateway.pd_config import Disaggregation
 from gateway.prediction.ttft import LoadView, predict_ttft
+from gateway.settings.pools import PoolTiming
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,6 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from gateway.config import ModelRoute
 from gateway.prediction.ttft import TtftCorrector
 from gateway.prefix.index import PrefixIndex
 from gateway.routing.candidates import candidates
@@ -18,16 +17,17 @@ from gateway.routing.engine import RoutingEngine, merged_load  # noqa: F401 (re-
 from gateway.routing.features import TargetInfo
 from gateway.routing.load import LoadTracker, Reservations
 from gateway.routing.request import RoutingRequest, with_affinity
+from gateway.settings.pools import ModelRoute
 from gateway.upstreams import Target, UpstreamRegistry
 
 
 class Router(Protocol):
     engine: RoutingEngine  # the decision core, for dry runs over past decisions (admin previews)
 
-    async def decide(self, req: RoutingRequest, route: ModelRoute, dry_run: bool = False) -> Decision: ...
+    async def decide(self, req: RoutingRequest, route: ModelRoute, dry_run: bool = False) -> Decision[Target]: ...
 
 
-def target_info(t: Target) -> TargetInfo:
+def target_info(t: Target) -> TargetInfo[Target]:
     return TargetInfo(t.name, t.index_key, t.pool, t.timing, t.pricing, t, t.weight, prefix_cache=t.caps.prefix_cache)
 
 
@@ -47,7 +47,7 @@ class PipelineRouter:
     def corrector(self) -> TtftCorrector:
         return self.engine.corrector
 
-    async def decide(self, req: RoutingRequest, route: ModelRoute, dry_run: bool = False) -> Decision:
+    async def decide(self, req: RoutingRequest, route: ModelRoute, dry_run: bool = False) -> Decision[Target]:
         """`dry_run` (the admin explain): decide without claiming the chosen target's load."""
         req = with_affinity(req)
         live, _ = candidates(route, self.registry)
@@ -72,7 +72,7 @@ class PipelineRouter:
             self.reservations.reserve(req.request_id, chosen.name, cand.uncached_tokens if cand else req.prompt_tokens)
         return decision
 
-    def hinted(self, req: RoutingRequest, infos: list[TargetInfo], matches: dict[str, int]) -> dict[str, int]:
+    def hinted(self, req: RoutingRequest, infos: list[TargetInfo[Target]], matches: dict[str, int]) -> dict[str, int]:
         """The hinted target holds at least the stored turn's prompt: its match is raised to the leading chunks
         that prompt covered (a floor; the index may know more). The policy itself is unchanged: a hinted replica
         that is drained, gone, or too slow for the SLA loses like any other."""

@@ -16,13 +16,13 @@ from typing import Any
 
 from gateway.routing.decision import Decision
 from gateway.routing.engine import RoutingEngine
-from gateway.routing.features import Candidate
+from gateway.routing.features import Candidate, R
 from gateway.routing.request import RoutingRequest
 
-Past = tuple[RoutingRequest, Decision]
+Past = tuple[RoutingRequest, Decision[Any]]
 
 
-def reweighted(cands: Iterable[Candidate], pool: str, weight: float) -> list[Candidate]:
+def reweighted(cands: Iterable[Candidate[R]], pool: str, weight: float) -> list[Candidate[R]]:
     """The candidates as they would be with `pool`'s weight set to `weight` (0: the pool takes no new traffic)."""
     out = []
     for c in cands:
@@ -34,7 +34,7 @@ def reweighted(cands: Iterable[Candidate], pool: str, weight: float) -> list[Can
     return out
 
 
-def pinned(cands: Iterable[Candidate], pool: str) -> list[Candidate]:
+def pinned(cands: Iterable[Candidate[R]], pool: str) -> list[Candidate[R]]:
     return [c for c in cands if c.info.pool == pool]
 
 
@@ -59,7 +59,7 @@ def preview(engine: RoutingEngine, past: Iterable[Past], *, pool: str | None = N
         if not new_cands:
             unservable += 1  # no candidate would be left (the pool was not among this request's candidates)
             continue
-        again = engine.policy(req, new_cands, engine.params)
+        again = engine.policy(req, new_cands)
         if again.chosen is None:
             unservable += 1
         elif again.chosen.name == d.chosen.name:

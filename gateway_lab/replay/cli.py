@@ -1,7 +1,7 @@
 """`gateway replay TRACE`: what-if a trace ran through this router against a given fleet, on the virtual clock.
 
     gateway replay trace.jsonl --nodes 2                      # 2 MI355X nodes (4 TP4 ranks, 2.4M-token KV each)
-    gateway replay trace.jsonl --nodes 4 --speed 2 --compare  # this router, round-robin, least-loaded, 2 unshared
+    gateway replay trace.jsonl --nodes 4 --speed 2 --compare  # the configured policy, every other one, 2 unshared
     gateway replay trace.jsonl --config deploy/gateway.example.yaml --policy least_loaded --json out.json
 
 The fleet is a gateway config's model (SGLang replicas simulated as MI355X TP4 ranks, hosted endpoints as B200
@@ -20,13 +20,12 @@ from typing import Any
 
 from gateway.config import ConfigError, Routing, load_config
 from gateway.recording.trace import TraceError, read_trace
+from gateway.routing import registry
 from gateway_lab.replay.bounds import ideal_hit_rate, lru_hit_rate
 from gateway_lab.replay.kv_modes import install as install_mode
 from gateway_lab.replay.run import HEADERS, ReplayResult, nodes_targets, replay, targets_from_config
 from gateway_lab.sim.fleet import Fleet
 from gateway_lab.sim.profiles import SHORTEST_PREFILL_FIRST
-
-POLICIES = ("prefix_sla_cost", "round_robin", "least_loaded")
 
 
 def register(sub: Any) -> None:
@@ -43,9 +42,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     fleet.add_argument("--nodes", type=int, default=None, help="simulated MI355X nodes, 2 TP4 ranks each (default 2)")
     p.add_argument("--b200", type=int, default=0, help="with --nodes: B200 replicas priced per token (the spill pool)")
     p.add_argument("--model", help="with --config: which model's pools (default: the first)")
-    p.add_argument("--policy", choices=POLICIES, help="override the routing policy")
+    p.add_argument("--policy", choices=list(registry.POLICIES), help="override the routing policy (its "
+                   "parameters from the config when it is the configured one, else its defaults)")
     p.add_argument("--compare", action="store_true",
-                   help="one table: this router, round_robin, least_loaded and 2 instances with unshared state")
+                   help="one table: the configured policy, every other registered one, and the configured one on 2 "
+                   "instances with unshared state")
     p.add_argument("--instances", type=int, default=1, help="gateway instances (requests dealt round-robin)")
     p.add_argument("--modes", default=None, help="routing.mode per run, comma-separated: approximate,precise,hybrid "
                    "(precise/hybrid read the simulated engines' caches as lag-free KV events; docs/kv-events.md)")
@@ -169,14 +170,17 @@ def _run(args: argparse.Namespace) -> int:
     if args.queue_drain:
         routing = routing.model_copy(update={"queue_drain": True})
     if args.recompute_weight is not None:
-        routing = Routing.model_validate({**routing.model_dump(), "recompute_weight": args.recompute_weight})
+        if "recompute_weight" not in type(routing.policy).model_fields:
+            raise ValueError(f"--recompute-weight: policy {routing.policy.type} has no recompute_weight")
+        routing = Routing.model_validate({**routing.model_dump(), "policy": {**routing.policy.model_dump(),
+                                                                            "recompute_weight": args.recompute_weight}})
     if args.fcfs:
         routing = routing.model_copy(update={"shortest_prefill_first": False})
     if args.compare:
-        runs = [("prefix_sla_cost", 1, True), ("round_robin", 1, True), ("least_loaded", 1, True),
-                ("prefix_sla_cost", 2, False)]
+        mine = routing.policy.type  # then every other registered policy, then two instances with unshared state
+        runs = [(mine, 1, True), *((n, 1, True) for n in registry.POLICIES if n != mine), (mine, 2, False)]
     else:
-        runs = [(args.policy or routing.policy, args.instances, not args.unshared)]
+        runs = [(args.policy or routing.policy.type, args.instances, not args.unshared)]
     modes = [m.strip() for m in args.modes.split(",")] if args.modes else [routing.mode]
     for m in modes:
         if m not in ("approximate", "precise", "hybrid"):
@@ -193,7 +197,7 @@ def _run(args: argparse.Namespace) -> int:
 
             bar = tqdm(total=len(trace), desc=f"{policy} x{instances}", unit="req", file=sys.stderr, leave=False)
         t0 = time.perf_counter()
-        rc = routing.model_copy(update={"policy": policy, "mode": mode})
+        rc = routing.model_copy(update={"policy": registry.params_for(policy, routing.policy), "mode": mode})
         page = targets[0][1].page_size
 
         def hook(fleet: Fleet, rc: Routing = rc, page: int = page) -> None:

@@ -40,7 +40,7 @@ def to_job(r: TraceRecord, i: int, chunk_tokens: int, page_size: int, sla_s: flo
     return Job(req, _keys(r, page_size, r.input_length // page_size, 2), r.input_length, r.output_length)
 
 
-def targets_from_config(cfg: GatewayConfig, model: str | None = None) -> list[tuple[TargetInfo, ReplicaConfig]]:
+def targets_from_config(cfg: GatewayConfig, model: str | None = None) -> list[tuple[TargetInfo[Any], ReplicaConfig]]:
     """The model's targets as the gateway builds them (registry -> target_info): SGLang replicas simulated as MI355X
     TP4 ranks, hosted endpoints as B200 replicas."""
     from gateway.routing.pipeline import target_info
@@ -89,7 +89,7 @@ HEADERS = ["run", "requests", "hit", "LRU bound", "of bound", "TTFT mean", "p50"
            "within SLA", "spill", "$/Mtok out", "index corrections"]
 
 
-def replay(trace: Sequence[TraceRecord], targets: Sequence[tuple[TargetInfo, ReplicaConfig]], routing: Routing,
+def replay(trace: Sequence[TraceRecord], targets: Sequence[tuple[TargetInfo[Any], ReplicaConfig]], routing: Routing,
            *, instances: int = 1, shared: bool = True, speed: float = 1.0, label: str | None = None,
            progress: Callable[[], None] | None = None, fleet_hook: Callable[[Fleet], None] | None = None,
            bounds: tuple[float, float] | None = None, seed: int = 0, jitter: float = 0.0,
@@ -115,14 +115,14 @@ def replay(trace: Sequence[TraceRecord], targets: Sequence[tuple[TargetInfo, Rep
         kv = sum(cfg.max_total_num_tokens for info, cfg in targets if info.prefix_cache)
         bounds = ideal_hit_rate(trace), lru_hit_rate(trace, kv)
     infos = {i.name: i for i in fleet.infos}
-    name = label or (routing.policy if instances == 1 else
-                     f"{routing.policy} x{instances} {'shared' if shared else 'unshared'}")
+    name = label or (routing.policy.type if instances == 1 else
+                     f"{routing.policy.type} x{instances} {'shared' if shared else 'unshared'}")
     out = summarize(name, recs, infos, sla, bounds, fleet.loop.now)
     out.corrections = fleet.corrections
     return out
 
 
-def summarize(label: str, recs: Sequence[Record], infos: dict[str, TargetInfo], sla: float,
+def summarize(label: str, recs: Sequence[Record], infos: dict[str, TargetInfo[Any]], sla: float,
               bounds: tuple[float, float], sim_seconds: float = 0.0) -> ReplayResult:
     done = [r for r in recs if r.ttft is not None]
     ttft = sorted(r.ttft for r in done if r.ttft is not None)
@@ -176,5 +176,5 @@ def tail_summary(done: Sequence[Record], p95: float) -> dict[str, Any]:
             "abs_error_s": mae(1), "abs_error_raw_s": mae(2)}
 
 
-def nodes_targets(nodes: int, b200: int = 0) -> list[tuple[TargetInfo, ReplicaConfig]]:
+def nodes_targets(nodes: int, b200: int = 0) -> list[tuple[TargetInfo[Any], ReplicaConfig]]:
     return mi355x_targets(nodes * 2, b200)

@@ -93,9 +93,9 @@ class Instance:
 
 
 class Fleet:
-    def __init__(self, targets: Sequence[tuple[TargetInfo, ReplicaConfig]], routing: Routing, instances: int = 1,
+    def __init__(self, targets: Sequence[tuple[TargetInfo[Any], ReplicaConfig]], routing: Routing, instances: int = 1,
                  shared: bool = True, seed: int = 0, corrector: Callable[[], TtftCorrector] | None = None,
-                 on_decision: Callable[[Instance, RoutingRequest, Decision], None] | None = None,
+                 on_decision: Callable[[Instance, RoutingRequest, Decision[Any]], None] | None = None,
                  jitter: float = 0.0, schedule: str = "priority", itl: list[tuple[float, int]] | None = None) -> None:
         """`itl`: when given, every inter-token gap is appended to it as (seconds per token, tokens) — the engines
         then stream every decode step, which costs events; without it one TOKENS event per request."""
@@ -233,16 +233,17 @@ class Fleet:
         vr.kick()
 
 
-def mi355x_targets(replicas: int, b200: int = 0) -> list[tuple[TargetInfo, ReplicaConfig]]:
+def mi355x_targets(replicas: int, b200: int = 0) -> list[tuple[TargetInfo[Any], ReplicaConfig]]:
     """`replicas` MI355X TP4 ranks (2.4M-token KV each; 2 per node) and `b200` per-token B200 replicas."""
     cfg, b_cfg = profile("mi355x-glm52-tp4"), profile("b200-glm52")
-    out = [(TargetInfo(f"mi355x-{i}", f"mi355x-{i}@0", "mi355x", PoolTiming(), MI355X_PRICE), cfg) for i in range(replicas)]
-    out += [(TargetInfo(f"b200-{i}", f"b200-{i}@0", "b200", B200_TIMING, B200_PRICE, prefix_cache=False), b_cfg)
+    out = [(TargetInfo(f"mi355x-{i}", f"mi355x-{i}@0", "mi355x", PoolTiming(), MI355X_PRICE, None), cfg)
+           for i in range(replicas)]
+    out += [(TargetInfo(f"b200-{i}", f"b200-{i}@0", "b200", B200_TIMING, B200_PRICE, None, prefix_cache=False), b_cfg)
             for i in range(b200)]
     return out
 
 
-def cost_usd(info: TargetInfo, r: Record) -> float:
+def cost_usd(info: TargetInfo[Any], r: Record) -> float:
     return request_cost(info.pricing, r.prompt, r.cached, r.output)
 
 
@@ -273,9 +274,10 @@ def run_fleet(policy: str, nodes: int, rate_per_node: float, duration: float = 1
               sla_s: float = 2.22, warm: bool = True, quantile_z: float = DEFAULT_Z,
               split_regimes: bool = True, recompute_weight: float | None = None,
               shortest_prefill_first: bool | None = None) -> FleetResult:
-    routing = Routing(policy=policy, ttft_quantile_z=quantile_z, chunk_tokens=CHUNK)  # type: ignore[arg-type]
+    params: dict[str, Any] = {"type": policy}
     if recompute_weight is not None:
-        routing = routing.model_copy(update={"recompute_weight": recompute_weight})
+        params["recompute_weight"] = recompute_weight
+    routing = Routing.model_validate({"policy": params, "ttft_quantile_z": quantile_z, "chunk_tokens": CHUNK})
     if shortest_prefill_first is not None:
         routing = routing.model_copy(update={"shortest_prefill_first": shortest_prefill_first})
     targets = mi355x_targets(nodes * 2, b200_replicas)

@@ -141,7 +141,7 @@ def test_hosted_targets_get_no_index_entries() -> None:
     on the target, not a check on a backend or policy name)."""
     engine = build_engine(gateway_config("prefix_sla_cost").routing)
     info = TargetInfo("b200", "b200@0", "b200", targets_from_config(gateway_config("round_robin"))[0][0].timing, None,
-                      prefix_cache=False)
+                      None, prefix_cache=False)
     req = RoutingRequest("r", "t", "m", "chat/completions", True, 3000, None, (1, 2, 3))
     d = engine.decide(req, [info], {}, {})
     assert not any(isinstance(e, IndexWrite) for e in engine.dispatched(Attempt(req, d.chosen, d)))

@@ -5,7 +5,8 @@ import pytest
 from gateway.config import GpuHourPricing, PerTokenPricing, PoolTiming
 from gateway.prediction.ttft import FREE, SLOT_WAIT, LoadView, TtftCorrector, predict_ttft, regime, slot_interval
 from gateway.routing.features import TargetInfo, build_candidates
-from gateway.routing.policies import baselines, prefix_sla_cost
+from gateway.routing.policies import least_loaded, prefix_sla_cost, round_robin
+from gateway.routing.policy import PolicyContext
 from gateway.routing.request import RoutingRequest
 from gateway.routing.ring import place
 
@@ -16,9 +17,9 @@ P = prefix_sla_cost.Params()
 
 
 def infos(n_self=3, hosted=True):
-    out = [TargetInfo(f"r{i}", f"r{i}@0", "mi355x", T, GPU) for i in range(n_self)]
+    out = [TargetInfo(f"r{i}", f"r{i}@0", "mi355x", T, GPU, None) for i in range(n_self)]
     if hosted:
-        out.append(TargetInfo("b200", "b200@0", "b200", PoolTiming(base_s=0.12, prefill_tokens_per_s=20_000), TOKEN))
+        out.append(TargetInfo("b200", "b200@0", "b200", PoolTiming(base_s=0.12, prefill_tokens_per_s=20_000), TOKEN, None))
     return out
 
 
@@ -32,7 +33,7 @@ def req(**kw):
 def decide(matches, loads=None, params=P, hosted=True, **kw):
     r = req(**kw)
     cands = build_candidates(r, infos(hosted=hosted), matches, loads or {}, TtftCorrector().get, 256)
-    return prefix_sla_cost.decide(r, cands, params)
+    return prefix_sla_cost.PrefixSlaCost(params, PolicyContext(chunk_tokens=256))(r, cands)
 
 
 def test_warm_replica_wins_while_it_meets_the_sla():
@@ -45,10 +46,10 @@ def test_stickiness_breaks_per_request_when_the_warm_replica_is_much_slower():
     """Warm r1 (1.83 s predicted) vs cold self-hosted replicas (1.34 s) and the per-token pool (1.12 s): under a
     0.3 s penalty the cheapest faster one (a cold self-hosted replica) takes it; under 0.8 s r1 keeps it."""
     busy = {"r1": LoadView(queued_prefill_tokens=20_000, inflight=10)}
-    d = decide({"r1@0": 46}, busy, params=prefix_sla_cost.Params(stickiness_penalty_s=0.3))
+    d = decide({"r1@0": 46}, busy, params=prefix_sla_cost.Params(stickiness_penalty_ms=300))
     assert d.branch == "sticky_break" and d.chosen.name != "r1"
     assert d.chosen.self_hosted
-    assert decide({"r1@0": 46}, busy, params=prefix_sla_cost.Params(stickiness_penalty_s=0.8)).chosen.name == "r1"
+    assert decide({"r1@0": 46}, busy, params=prefix_sla_cost.Params(stickiness_penalty_ms=800)).chosen.name == "r1"
 
 
 PLAIN = prefix_sla_cost.Params(recompute_weight=0)  # the SLA alone decides
@@ -113,13 +114,13 @@ def test_no_feasible_replica_least_ttft_or_shed():
     assert decide({"r0@0": 70}, every, params=PLAIN, hosted=False).chosen.name == "r2"
     assert decide({"r0@0": 70}, every).branch == "sla_miss_least_ttft"
     shed = decide({}, every, on_sla_miss="shed")
-    assert shed.branch == "shed" and shed.ranked == () and shed.inputs["retry_after_s"] >= 1
+    assert shed.branch == "shed" and shed.ranked == () and shed.inputs.retry_after_s >= 1
 
 
 def test_latency_objective_takes_the_fastest():
     r = req(objective="latency")
     cands = build_candidates(r, infos(), {"r1@0": 46}, {"r1": LoadView(queued_prefill_tokens=5_000, inflight=2)}, TtftCorrector().get, 256)
-    d = prefix_sla_cost.decide(r, cands, P)
+    d = prefix_sla_cost.PrefixSlaCost(P, PolicyContext(chunk_tokens=256))(r, cands)
     fastest = min(cands, key=lambda c: c.ttft)
     assert d.branch == "latency" and d.chosen.name == fastest.name
     assert [t.name for t in d.ranked] == [c.name for c in sorted(cands, key=lambda c: c.ttft)]
@@ -202,6 +203,6 @@ def test_bounded_load_ring_skips_overloaded_and_is_stable():
 
 def test_baselines():
     cands = build_candidates(req(), infos(), {}, {"r0": LoadView(0, 5), "r1": LoadView(0, 1), "r2": LoadView(0, 3)}, TtftCorrector().get, 256)
-    assert baselines.least_loaded(req(), cands).chosen.name == "r1"
-    rr = baselines.RoundRobin()
+    assert least_loaded.policy.LeastLoaded()(req(), cands).chosen.name == "r1"
+    rr = round_robin.policy.RoundRobin()
     assert [rr(req(), cands).chosen.name for _ in range(4)] == ["r0", "r1", "r2", "r0"]

@@ -11,6 +11,7 @@ from gateway.api.openai.exchange import Exchange
 from gateway.config import Routing
 from gateway.errors import NoCapacity
 from gateway.prefix.hashing import group_key, prefix_hashes
+from gateway.routing import registry
 from gateway.routing.request import SESSION, RoutingRequest, session_group
 from gateway.state import AppState
 
@@ -20,7 +21,7 @@ def routing_request(r: Routing, ex: Exchange, hasher: Callable[..., list[int]] =
     t = ex.tenant
     salt = t.cache_namespace(ex.parsed.body.get("cache_salt"))
     hashes = tuple(hasher(ex.endpoint, ex.parsed.body, ex.route.name, salt, r.chunk_tokens)) \
-        if r.policy == "prefix_sla_cost" else ()
+        if registry.spec(r.policy.type).uses_prefix else ()
     session = SESSION.get()  # an agent session (the bridges): its requests share one cold placement
     group = session_group(t.name, session) if session else group_key(hashes, hash(ex.id))
     return RoutingRequest(
@@ -48,5 +49,5 @@ async def decide(state: AppState, ex: Exchange) -> None:
     hit[1].inc()
     ex.headers["x-gateway-route"] = ex.decision.branch
     if ex.decision.branch == "shed":
-        retry = float(ex.decision.inputs.get("retry_after_s", 1.0))
+        retry = ex.decision.inputs.retry_after_s or 1.0
         raise NoCapacity("No replica can meet this key's TTFT target right now; retry shortly.", retry_after=retry)

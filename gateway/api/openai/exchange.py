@@ -15,6 +15,7 @@ from gateway.routing.request import RoutingRequest
 from gateway.tenancy.budget import Reservation
 from gateway.tenancy.concurrency import Slot
 from gateway.tenancy.ratelimit import Bucket
+from gateway.upstreams import Target
 
 
 @dataclass
@@ -31,7 +32,7 @@ class Exchange:
     route: ModelRoute
     started: float
     deadline: float
-    decision: Decision | None = None
+    decision: Decision[Target] | None = None
     rreq: RoutingRequest | None = None
     dispatched: Dispatched | None = None
     first_token_at: float | None = None
@@ -74,7 +75,7 @@ class RecentDecision:
     status: str
     served_by: str | None
     attempts: int
-    decision: Decision | None
+    decision: Decision[Target] | None
     request: RoutingRequest | None = None  # what was routed (chunk hashes, no text): admin previews re-decide it
     ttft_s: float | None = None  # observed time to the first token (streams only: a whole response is not a TTFT)
     prompt_tokens: int | None = None  # upstream usage, for the console's hit rate per replica

@@ -1,0 +1,5 @@
+"""round_robin: a baseline policy (README.md)."""
+
+from gateway.routing.policies.round_robin.policy import SPEC, Params
+
+__all__ = ["SPEC", "Params"]
