@@ -15,6 +15,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from gateway.config import hash_key
 from gateway.prefix.memory import MemoryPrefixIndex
 from tests.gateway_fixtures import KEY_A, config, sglang_pool, start_gateway
 from tests.helpers import ServerThread, free_port_base, start_sims, wait_until
@@ -33,7 +34,7 @@ def kv_config(base: int, replay: bool = True) -> str:
 
 class Fleet:
     def __init__(self, n: int = 2, version: str = "0.5.23", replay: bool = True, mode: str = "precise",
-                 routing: dict[str, Any] | None = None, **sim: Any) -> None:
+                 routing: dict[str, Any] | None = None, admin: dict[str, Any] | None = None, **sim: Any) -> None:
         self.version = version
         self.sims: list[ServerThread] = []
         self.bases = []
@@ -44,7 +45,7 @@ class Fleet:
             self.sims.append(st)
         self.urls = [s.urls[0] for s in self.sims]
         r = {"mode": mode, "kv_events": {"discovery_interval_s": 0.3}, **(routing or {})}
-        self.gw = start_gateway(config([sglang_pool("p", self.urls)], routing=r))
+        self.gw = start_gateway(config([sglang_pool("p", self.urls)], routing=r, **({"admin": admin} if admin else {})))
         self.url = self.gw.urls[0]
 
     @property
@@ -102,6 +103,32 @@ def direct(url: str, text: str) -> None:
 
 def prompt(i: int, n: int = 3000) -> str:
     return f"conversation {i}: " + "lorem ipsum dolor sit amet " * (n // 7)
+
+
+@pytest.mark.parametrize("fleet", [{"mode": "precise", "admin": {"token_hashes": [hash_key("admin-secret")]}},
+                                   {"mode": "hybrid", "admin": {"token_hashes": [hash_key("admin-secret")]}}],
+                         indirect=True, ids=["precise", "hybrid"])
+def test_explain_predicts_with_the_keys_live_traffic_uses(fleet: Fleet) -> None:
+    """The admin explain's dry run hashes the request with the live hasher: in precise/hybrid mode, the engines'
+    token-page keys. With the text-chunk hashes it would look up keys no engine event ever stored and predict a cold
+    placement where live traffic finds the prefix (the explain would then explain a different decision)."""
+    text = prompt(7)
+    first = fleet.chat(text)
+    fleet.wait_converged()
+    events = fleet.metric("gateway_kv_events_index_answers_total", source="events")
+    body = {"tenant": "tenant-a", "request": {"model": "glm-5.2", "messages": [{"role": "user", "content": text}],
+                                              "max_tokens": 2}}
+    r = httpx.post(f"{fleet.url}/admin/explain", json=body, headers={"authorization": "Bearer admin-secret"}, timeout=30)
+    assert r.status_code == 200, r.text
+    d = r.json()["decision"]
+    assert d["branch"] == "prefix_hit" and d["chosen"] == first.headers["x-gateway-replica"], d
+    # answered from the engines' events: the keys are the ones the engines published
+    assert fleet.metric("gateway_kv_events_index_answers_total", source="events") > events
+    live = fleet.chat(text)  # and live traffic takes the decision the explain showed
+    assert live.headers["x-gateway-route"] == d["branch"] and live.headers["x-gateway-replica"] == d["chosen"]
+    cached = live.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+    chosen = next(c for c in d["candidates"] if c["replica"] == d["chosen"])
+    assert chosen["cached_tokens"] >= cached - 64  # predicted what the engine then reported, within a page
 
 
 @pytest.mark.parametrize("fleet", [{"version": "0.5.13"}, {"version": "0.5.23"}], indirect=True,

@@ -64,7 +64,9 @@ class OpenAIProxy:
         return self.entitlements.route_for(tenant, model)
 
     def routing_request(self, ex: Exchange) -> RoutingRequest:
-        return decide.routing_request(self.state.config.routing, ex)
+        """The request as the router sees it, hashed exactly as live traffic is (the admin explain's dry run):
+        in precise/hybrid mode the prefix keys are the engines' token-page keys, not the text-chunk hashes."""
+        return decide.routing_request(self.state.config.routing, ex, self.state.prefix_hasher)
 
     # -- entry -----------------------------------------------------------------------------------------------
     async def handle(self, request: Request, endpoint: str, body: dict[str, Any] | None = None) -> Response:
