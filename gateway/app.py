@@ -101,7 +101,7 @@ def create_app(config: GatewayConfig, *, span_exporter: Any = None, transport: h
         else:
             index, loads = MemoryPrefixIndex(), MemoryLoadTracker()
             control_store = MemoryControlStore()
-        precise = None
+        precise, approximate = None, index
         if rc.mode != "approximate":  # KV-event routing (docs/kv-events.md): the precise index wraps this one
             precise = build_precise(rc, registry, http, index, metrics.registry)
             index = precise.index
@@ -115,17 +115,20 @@ def create_app(config: GatewayConfig, *, span_exporter: Any = None, transport: h
                 pass  # logged and kept in policies.last_error; the running policy stays
 
         async def flush_event(ev: dict[str, Any]) -> None:
-            for key in ev.get("keys") or [ev["key"]]:  # "key": an instance of the release before ranks were flushed
-                await index.drop_replica(str(key))
+            # "key": an instance of the release before ranks were flushed
+            await feedback.flushed([str(key) for key in ev.get("keys") or [ev["key"]]])
 
         control = ControlPlane(control_store, registry, config.admin.control_resync_s,
                                actions={"reload": reload_event, "flush": flush_event}, policies=policies)
         engine = build_engine(rc)  # one routing engine: the decision and the feedback rules (routing/engine.py)
         corrector = engine.corrector
         router = PipelineRouter(registry, index, loads, engine, on_lookup=metrics.routing_lookup.observe)
-        feedback = Feedback(index, loads, engine, metrics, rc, reservations=router.reservations)
+        # the one writer of the index and load: request outcomes, the poller's facts, flushes, KV events
+        feedback = Feedback(index, loads, engine, metrics, rc, reservations=router.reservations, approximate=approximate)
+        if precise is not None:
+            precise.manager.feedback = feedback
         recorder = TraceRecorder(config.recording, rc.chunk_tokens)  # off unless recording.path is set
-        poller = EnginePoller(registry, http, index, rc.chunk_tokens, rc.load_poll_s, config, metrics.registry)
+        poller = EnginePoller(registry, http, feedback, rc.chunk_tokens, rc.load_poll_s, config, metrics.registry)
         state = AppState(
             config=config, registry=registry, policies=policies, control=control, limiter=limiter, budget=budget,
             metrics=metrics, http=http,

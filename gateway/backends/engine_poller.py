@@ -8,14 +8,15 @@ the full preflight (gateway/preflight.py, with a probe request): each failed che
 `gateway_replica_misconfigured{pool,replica,check}` and kept on the targets for `/readyz`.
 
 The engines' gauges lag bursts, so they are a floor under the gateways' counts, not the primary signal; they also
-cover traffic that did not come through any gateway.
+cover traffic that did not come through any gateway. What the facts mean for the prefix index (an index key out of
+use, a replica's KV capacity) goes to the routing state's one writer (`dispatch/feedback.py`) as events.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 from prometheus_client import Gauge
@@ -24,19 +25,25 @@ from gateway import preflight
 from gateway.background import BackgroundTask
 from gateway.config import GatewayConfig, SGLangPool
 from gateway.prediction.ttft import LoadView
-from gateway.prefix.index import PrefixIndex
 from gateway.upstreams import Target, UpstreamRegistry
 
 log = logging.getLogger("gateway.engine")
 INFO_EVERY = 10  # polls between /server_info reads
 
 
+class ReplicaFacts(Protocol):
+    """Where the poller's findings about the prefix index go (`dispatch.feedback.Feedback`)."""
+
+    async def replica_replaced(self, key: str) -> None: ...
+    def replica_capacity(self, key: str, chunks: int) -> None: ...
+
+
 class EnginePoller:
-    def __init__(self, registry: UpstreamRegistry, client: httpx.AsyncClient, index: PrefixIndex, chunk_tokens: int,
+    def __init__(self, registry: UpstreamRegistry, client: httpx.AsyncClient, facts: ReplicaFacts, chunk_tokens: int,
                  period: float, config: GatewayConfig | None = None, metrics_registry: Any = None) -> None:
         self.registry = registry
         self.client = client
-        self.index = index
+        self.facts = facts
         self.chunk_tokens = chunk_tokens
         self.period = period
         self.pools: dict[str, SGLangPool] = {p.name: p for p in config.pools if isinstance(p, SGLangPool)} if config else {}
@@ -164,12 +171,12 @@ class EnginePoller:
                     log.info("replica %s has %d data-parallel ranks: one target per rank", server, len(targets))
                 elif inc != t.incarnation:
                     log.info("replica %s has a new incarnation %s: its prefix entries are dropped", name, inc)
-                await self.index.drop_replica(key)
+                await self.facts.replica_replaced(key)
         if f.max_total_num_tokens:
             for x in targets:
                 # per rank; a single target standing for several ranks (pinning off) holds all of them
                 ranks = f.ranks if x.dp_rank is None else 1
-                self.index.set_capacity(x.index_key, f.max_total_num_tokens * ranks // self.chunk_tokens)
+                self.facts.replica_capacity(x.index_key, f.max_total_num_tokens * ranks // self.chunk_tokens)
         return targets
 
 

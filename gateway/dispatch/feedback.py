@@ -1,7 +1,9 @@
-"""State changes after the outcome is known, in the gateway: the routing engine (`routing/engine.py`) says what
-changes — index confirm/correct/withdraw, load release, TTFT learning — and this module applies it to the shared
-prefix index and load (Redis or memory) and counts it in the metrics. The virtual-clock fleet applies the same
-engine's effects to its in-memory state, so there is one set of rules.
+"""The one writer of routing state: the prefix index and the load (Redis or memory) change only here, each change
+as an event from where it is known (tests/dispatch/test_one_writer.py keeps every other module to reads).
+
+Request outcomes: the routing engine (`routing/engine.py`) says what changes — index confirm/correct/withdraw, load
+release, TTFT learning — and this module applies it and counts it in the metrics. The virtual-clock fleet applies
+the same engine's effects to its in-memory state (`apply_sync`), so there is one set of rules.
 
 - dispatched: a speculative index entry (short TTL) and the request's uncached tokens as queued prefill (awaited,
   so the next decision sees them);
@@ -9,6 +11,12 @@ engine's effects to its in-memory state, so there is one set of rules.
 - usage: the engine's cached_tokens below the prediction -> the entries beyond the real hit are invalidated
   (stale state after a restart or a silent eviction corrects itself);
 - finished / failed: in-flight released; a failed attempt's speculative entries are withdrawn.
+
+Events from outside the request path:
+- replica facts (the engine poller): an index key out of use (a new incarnation, a DP split or merge) is dropped; the
+  engine's KV capacity bounds the index's entries per replica;
+- flushes (the admin API here, the control plane from other instances): the replica's entries are dropped;
+- KV events (precise/hybrid): a rank's cleared or removed blocks correct the approximate index under the precise one.
 """
 
 from __future__ import annotations
@@ -16,24 +24,25 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Coroutine, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from gateway.config import Routing
 from gateway.observability.metrics import GatewayMetrics
 from gateway.prefix.index import PrefixIndex
 from gateway.routing.engine import Attempt, Effect, IndexDrop, IndexWrite, LoadDelta, RoutingEngine
-from gateway.routing.load import LoadTracker, Reservations
+from gateway.routing.load import LoadTracker, MemoryLoadTracker, Reservations
 
 log = logging.getLogger("gateway.feedback")
 
-__all__ = ["Attempt", "Feedback"]
+__all__ = ["Attempt", "Feedback", "apply_sync"]
 
 
 class Feedback:
     def __init__(self, index: PrefixIndex, loads: LoadTracker, engine: RoutingEngine, metrics: GatewayMetrics,
-                 cfg: Routing, reservations: Reservations | None = None) -> None:
+                 cfg: Routing, reservations: Reservations | None = None, approximate: PrefixIndex | None = None) -> None:
         self.reservations = reservations  # the router's decision-time claims, dropped once the dispatch is counted
         self.index = index
+        self.approximate = approximate or index  # what KV events correct: the index under the precise one
         self.loads = loads
         self.engine = engine
         self.metrics = metrics
@@ -101,6 +110,44 @@ class Feedback:
     def finished(self, a: Attempt, failed: bool = False) -> None:
         self._apply(self.engine.finished(a, failed))
 
+    # -- replica facts (the engine poller) ------------------------------------------------------------------------
+    async def replica_replaced(self, key: str) -> None:
+        """An index key no longer in use (a new incarnation, a DP split or merge): its entries describe nothing."""
+        await self.index.drop_replica(key)
+
+    def replica_capacity(self, key: str, chunks: int) -> None:
+        self.index.set_capacity(key, chunks)
+
+    # -- control: on-call flushes (the admin API on this instance, the control plane from the others) -----------
+    async def flushed(self, keys: Sequence[str]) -> None:
+        for key in keys:
+            await self.index.drop_replica(key)
+
+    # -- KV events (precise/hybrid): corrections of the approximate index --------------------------------------
+    def kv_cleared(self, key: str) -> None:
+        self._background(self.approximate.drop_replica(key))
+
+    def kv_removed(self, key: str, hashes: Sequence[int]) -> None:
+        self._background(self.approximate.invalidate(key, hashes))
+
     async def drain(self) -> None:
         if self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+
+class SyncIndex(Protocol):
+    """An in-memory index the fleet writes without awaiting (`MemoryPrefixIndex`, or the precise one around it)."""
+
+    def insert_sync(self, replica: str, hashes: Sequence[int], ttl: float) -> None: ...
+    def invalidate_sync(self, replica: str, hashes: Sequence[int]) -> None: ...
+
+
+def apply_sync(effects: Sequence[Effect], index: SyncIndex, loads: MemoryLoadTracker) -> None:
+    """Apply effects to in-memory state: the virtual-clock fleet's way (one process, no awaits)."""
+    for e in effects:
+        if isinstance(e, LoadDelta):
+            loads.apply(e.replica, e.prefill_tokens, e.requests)
+        elif isinstance(e, IndexWrite):
+            index.insert_sync(e.replica, e.hashes, e.ttl)
+        else:
+            index.invalidate_sync(e.replica, e.hashes)

@@ -13,9 +13,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 import httpx
@@ -26,7 +26,6 @@ from gateway.config import KvEventsSettings
 from gateway.kvevents.blocks import Applied, RankBlocks
 from gateway.kvevents.subscriber import Subscription
 from gateway.kvevents.wire import Batch
-from gateway.prefix.index import PrefixIndex
 from gateway.tokenizers import RequestTokenizer
 from gateway.upstreams import Target, UpstreamRegistry
 
@@ -86,9 +85,16 @@ def endpoints_from_descriptor(d: dict[str, Any], replica_url: str) -> Endpoints 
                      max(1, int(d.get("dp_size") or 1)), d.get("block_size") if isinstance(d.get("block_size"), int) else None)
 
 
+class KvCorrections(Protocol):
+    """What a rank's events change in the approximate index (`dispatch.feedback.Feedback`, the one writer)."""
+
+    def kv_cleared(self, key: str) -> None: ...
+    def kv_removed(self, key: str, hashes: Sequence[int]) -> None: ...
+
+
 class KvEventsManager:
     def __init__(self, settings: KvEventsSettings, registry: UpstreamRegistry, http: httpx.AsyncClient,
-                 inner: PrefixIndex, tokenizer: RequestTokenizer | None = None) -> None:
+                 tokenizer: RequestTokenizer | None = None) -> None:
         self.settings = settings
         self.tokenizer = tokenizer
         self.tokenizer_checks: dict[str, str] = {}  # server -> ok | mismatch: ... | unchecked: ...
@@ -96,16 +102,19 @@ class KvEventsManager:
         self.hasher: Any = None  # the TokenPrefixHasher (its CPU time in metrics)
         self.registry = registry
         self.http = http
-        self.inner = inner
+        # where corrections of the approximate index go: the routing state's one writer (dispatch/feedback.py),
+        # wired by the app before start
+        self.feedback: KvCorrections | None = None
         self.ctx = zmq.asyncio.Context()
         self.ranks: dict[tuple[str, int], RankState] = {}
         self.endpoints: dict[str, Endpoints] = {}
         self.problems: dict[str, str] = {}  # server -> why it has no subscription (shown in /readyz)
         self._task: asyncio.Task[None] | None = None
-        self._pending: set[asyncio.Task[None]] = set()
 
     # -- lifecycle ---------------------------------------------------------------------------------------------
     def start(self) -> None:
+        if self.feedback is None:
+            raise RuntimeError("KvEventsManager.feedback must be set before start: corrections would be lost")
         self._task = asyncio.get_running_loop().create_task(self._loop(), name="kv-events discovery")
 
     async def stop(self) -> None:
@@ -116,8 +125,6 @@ class KvEventsManager:
         for st in list(self.ranks.values()):
             await st.sub.stop()
         self.ranks.clear()
-        if self._pending:
-            await asyncio.gather(*self._pending, return_exceptions=True)
         self.ctx.term()
 
     async def _loop(self) -> None:
@@ -243,11 +250,14 @@ class KvEventsManager:
         self._correct(st, drop=True)
 
     def _correct(self, st: RankState, drop: bool = False, removed: list[int] | None = None) -> None:
+        fb = self.feedback
+        if fb is None:
+            return  # not started: nothing subscribes, so no event arrives
         for key in self._targets_of(st.server, st.rank):
-            coro = self.inner.drop_replica(key) if drop else self.inner.invalidate(key, removed or [])
-            task = asyncio.get_running_loop().create_task(coro)
-            self._pending.add(task)
-            task.add_done_callback(self._pending.discard)
+            if drop:
+                fb.kv_cleared(key)
+            else:
+                fb.kv_removed(key, removed or [])
 
     # -- what the index and the operators see -------------------------------------------------------------------
     def ranks_for(self, index_key: str) -> list[RankState] | None:

@@ -27,7 +27,7 @@ class Precise:
 def build(rc: Routing, registry: UpstreamRegistry, http: httpx.AsyncClient, inner: PrefixIndex,
           metrics: CollectorRegistry | None = None) -> Precise:
     tokenizer = build_tokenizer(rc.kv_events.tokenizer)
-    manager = KvEventsManager(rc.kv_events, registry, http, inner, tokenizer=tokenizer)
+    manager = KvEventsManager(rc.kv_events, registry, http, tokenizer=tokenizer)
     hasher = TokenPrefixHasher(tokenizer, rc.kv_events.block_size)
     index = PreciseIndex(inner, rc.mode, manager.ranks_for, dispatch_ttl_s=rc.speculative_ttl_s,
                          lag_ttl_s=rc.kv_events.speculative_s, plain_of=hasher.plain_of)

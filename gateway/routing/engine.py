@@ -190,14 +190,3 @@ def merged_load(tracked: LoadView, engine: LoadView | None) -> LoadView:
     if engine is None:
         return tracked
     return LoadView(max(tracked.queued_prefill_tokens, engine.queued_prefill_tokens), max(tracked.inflight, engine.inflight))
-
-
-def apply_sync(effects: Sequence[Effect], index: Any, loads: Any) -> None:
-    """Apply effects to in-memory state (`MemoryPrefixIndex`, `MemoryLoadTracker`): the fleet's way."""
-    for e in effects:
-        if isinstance(e, LoadDelta):
-            loads.apply(e.replica, e.prefill_tokens, e.requests)
-        elif isinstance(e, IndexWrite):
-            index.insert_sync(e.replica, e.hashes, e.ttl)
-        else:
-            index.invalidate_sync(e.replica, e.hashes)

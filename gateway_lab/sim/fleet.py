@@ -19,12 +19,13 @@ from typing import Any
 import numpy as np
 
 from gateway.config import GpuHourPricing, PerTokenPricing, PoolTiming, Routing
+from gateway.dispatch.feedback import apply_sync
 from gateway.prediction.pricing import request_cost
 from gateway.prediction.ttft import TtftCorrector
 from gateway.prefix.hashing import chain, group_key
 from gateway.prefix.memory import MemoryPrefixIndex
 from gateway.routing.decision import Decision
-from gateway.routing.engine import Attempt, RoutingEngine, apply_sync
+from gateway.routing.engine import Attempt, RoutingEngine
 from gateway.routing.features import TargetInfo
 from gateway.routing.load import MemoryLoadTracker
 from gateway.routing.registry import build_engine

@@ -9,11 +9,11 @@ import random
 import pytest
 
 from gateway.config import GatewayConfig, parse_config
-from gateway.dispatch.feedback import Attempt, Feedback
+from gateway.dispatch.feedback import Attempt, Feedback, apply_sync
 from gateway.observability.metrics import GatewayMetrics
 from gateway.prefix.memory import MemoryPrefixIndex
 from gateway.recording.trace import BLOCK_TOKENS, TraceRecord
-from gateway.routing.engine import IndexDrop, IndexWrite, LoadDelta, apply_sync
+from gateway.routing.engine import IndexDrop, IndexWrite, LoadDelta
 from gateway.routing.features import TargetInfo
 from gateway.routing.load import MemoryLoadTracker
 from gateway.routing.pipeline import PipelineRouter

@@ -174,8 +174,7 @@ async def replica_action(name: str, action: str, request: Request, who: Admin) -
         keys = [x.index_key for x in st.registry.servers().get(name, [])] or [t.index_key]  # a server: every rank
         await _apply(st.control.change(who, "flush_prefix", {"replica": name, "keys": keys}, None,
                                        {"kind": "flush", "keys": keys}))
-        for key in keys:
-            await st.index.drop_replica(key)
+        await st.feedback.flushed(keys)
         return JSONResponse({"replica": name, "flushed": keys})
     raise NotFound(f"Unknown action {action!r}: drain, undrain or flush-prefix.", param="action")
 
