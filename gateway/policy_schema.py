@@ -15,10 +15,6 @@ from pydantic import Field, field_validator, model_validator
 from gateway.flow.settings import FlowPolicy
 from gateway.typed import Strict, sha256_hex_list
 
-# SGLang's `priority` request field (honoured with --enable-priority-scheduling; larger runs first). The gateway sets
-# it from the tenant's class and drops whatever the client sent: priority is never the client's to choose.
-PRIORITY_VALUES = {"high": 10, "normal": 0, "low": -10}
-
 
 class RateLimits(Strict):
     requests_per_minute: int | None = Field(default=None, ge=1)
@@ -136,10 +132,6 @@ class Tenant(_PolicyFields):
         """The namespace sent to SGLang as `cache_salt` and mixed into the prefix hash — one rule for both, so the
         index predicts what the engine will reuse. A client's own salt only subdivides its tenant's namespace."""
         return f"{self.cache_salt}:{client_salt}" if isinstance(client_salt, str) and client_salt else self.cache_salt
-
-    @property
-    def priority_value(self) -> int:
-        return PRIORITY_VALUES[self.priority]
 
     def alias_for(self, name: str) -> ModelAlias | None:
         """The alias answering `name`: none for a model the tenant serves itself; else the first exact match, then

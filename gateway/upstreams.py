@@ -115,9 +115,6 @@ class Target:
         """endpoint: 'chat/completions' | 'completions' | 'models'."""
         return f"{self.api_base}/{endpoint}"
 
-    def health_url(self) -> str:
-        return f"{self.base_url}{self.health_path}"
-
     @property
     def index_key(self) -> str:
         return f"{self.name}@{self.state.incarnation}"

@@ -10,15 +10,14 @@ from gateway.upstreams import Target
 
 
 class AttemptFailed(Exception):
-    """One upstream attempt failed. `retryable`: another replica may succeed (5xx, 429, connection, timeout);
-    otherwise the request itself is at fault (upstream 4xx) and the error goes back to the client."""
+    """One upstream attempt failed. What it says about the replica and the request (retry elsewhere, or the request
+    is at fault and the error goes back to the client) is decided from these facts by `dispatch/retry_policy.py`."""
 
-    def __init__(self, message: str, *, retryable: bool, status: int | None = None, timeout: bool = False,
+    def __init__(self, message: str, *, status: int | None = None, timeout: bool = False,
                  connect: bool = False, overloaded: bool = False, param: str | None = None, stalled: bool = False,
                  leg: str | None = None) -> None:
         super().__init__(message)
         self.message = message
-        self.retryable = retryable
         self.status = status
         self.timeout = timeout
         self.connect = connect

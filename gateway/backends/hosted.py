@@ -14,7 +14,6 @@ from typing import Any
 import orjson
 
 from gateway.backends.base import AttemptFailed, Opened, UpstreamCall
-from gateway.backends.openai_compat import RETRYABLE_STATUSES
 from gateway.upstreams import Target
 
 
@@ -29,7 +28,7 @@ class LiteLLMBackend:
             try:
                 self._litellm = importlib.import_module("litellm")
             except ImportError:
-                raise AttemptFailed("the litellm pool kind needs the 'litellm' extra installed", retryable=True) from None
+                raise AttemptFailed("the litellm pool kind needs the 'litellm' extra installed") from None
         return self._litellm
 
     async def open(self, target: Target, call: UpstreamCall) -> Opened:
@@ -49,11 +48,10 @@ class LiteLLMBackend:
         except AttemptFailed:
             raise
         except StopAsyncIteration:
-            raise AttemptFailed("provider stream ended before any event", retryable=True) from None
+            raise AttemptFailed("provider stream ended before any event") from None
         except Exception as e:  # noqa: BLE001 - litellm raises provider-specific classes; map by status code
             status = getattr(e, "status_code", None)
-            retryable = status is None or status in RETRYABLE_STATUSES or status >= 500
-            raise AttemptFailed(f"{type(e).__name__}: {getattr(e, 'message', str(e))[:300]}", retryable=retryable,
+            raise AttemptFailed(f"{type(e).__name__}: {getattr(e, 'message', str(e))[:300]}",
                                 status=status) from None
         return Opened(orjson.dumps(_plain(first)), _rest(it), None, _noop)
 

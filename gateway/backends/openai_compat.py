@@ -17,9 +17,6 @@ from gateway.backends.sse import MalformedEvent, sse_payloads
 from gateway.config import RetryPolicy
 from gateway.upstreams import Target
 
-RETRYABLE_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
-
-
 # Upstream error text reaches clients, logs and traces: keep its class and first lines, never request content.
 # pydantic's "[type=..., input_value=<the client's input>, input_type=...]" and long quoted strings are the echoes.
 _PYDANTIC_INPUT = re.compile(r"\s*\[type=[^,\]]*(?:,\s*input_value=.*?)?(?:,\s*input_type=[^\]]*)?\]", re.DOTALL)
@@ -81,7 +78,7 @@ class HttpBackend:
                 return await self._once(target, url, content, headers, call)
             except _DroppedConnection as e:
                 if n == r.same_replica_retries:
-                    raise AttemptFailed(f"connection dropped by {target.name}: {e}", retryable=True) from None
+                    raise AttemptFailed(f"connection dropped by {target.name}: {e}") from None
             await asyncio.sleep(backoff_s(r, n + 1))
         raise AssertionError("unreachable")
 
@@ -91,15 +88,15 @@ class HttpBackend:
             async with asyncio.timeout(call.first_byte_timeout):
                 resp = await self.client.send(req, stream=True)
         except TimeoutError:
-            raise AttemptFailed("upstream did not answer before the first-byte timeout", retryable=True, timeout=True) from None
+            raise AttemptFailed("upstream did not answer before the first-byte timeout", timeout=True) from None
         except httpx.ConnectError as e:
-            raise AttemptFailed(f"cannot connect: {e}", retryable=True, connect=True) from None
+            raise AttemptFailed(f"cannot connect: {e}", connect=True) from None
         except httpx.ConnectTimeout:
-            raise AttemptFailed("connect timeout", retryable=True, connect=True, timeout=True) from None
+            raise AttemptFailed("connect timeout", connect=True, timeout=True) from None
         except (httpx.RemoteProtocolError, httpx.ReadError) as e:
             raise _DroppedConnection(str(e)) from None
         except httpx.HTTPError as e:
-            raise AttemptFailed(f"upstream error: {type(e).__name__}: {e}", retryable=True) from None
+            raise AttemptFailed(f"upstream error: {type(e).__name__}: {e}") from None
         return await self._handle(resp, call)
 
     async def _handle(self, resp: Any, call: UpstreamCall) -> Opened:
@@ -108,8 +105,7 @@ class HttpBackend:
             if resp.status_code != 200:
                 raw = await self._read_all(resp, call.first_byte_timeout)
                 msg, param = upstream_message(resp.status_code, raw)
-                retryable = resp.status_code in RETRYABLE_STATUSES or resp.status_code >= 500
-                raise AttemptFailed(msg, retryable=retryable, status=resp.status_code, param=param,
+                raise AttemptFailed(msg, status=resp.status_code, param=param,
                                     overloaded=resp.status_code in (429, 503))
             if call.stream:
                 return await self._open_stream(resp, call)
@@ -117,7 +113,7 @@ class HttpBackend:
             try:
                 body = orjson.loads(raw)
             except orjson.JSONDecodeError:
-                raise AttemptFailed("upstream sent a non-JSON body", retryable=True) from None
+                raise AttemptFailed("upstream sent a non-JSON body") from None
             await resp.aclose()
             return Opened(None, None, body, resp.aclose)
         except BaseException:
@@ -129,9 +125,9 @@ class HttpBackend:
             async with asyncio.timeout(timeout):
                 return await resp.aread()  # type: ignore[no-any-return]
         except TimeoutError:
-            raise AttemptFailed("upstream body timed out", retryable=True, timeout=True) from None
+            raise AttemptFailed("upstream body timed out", timeout=True) from None
         except (httpx.HTTPError, H1Error) as e:
-            raise AttemptFailed(f"upstream body broken: {type(e).__name__}", retryable=True) from None
+            raise AttemptFailed(f"upstream body broken: {type(e).__name__}") from None
 
     async def _open_stream(self, resp: Any, call: UpstreamCall) -> Opened:
         payloads = sse_payloads(resp.aiter_raw()).__aiter__()
@@ -139,16 +135,16 @@ class HttpBackend:
             async with asyncio.timeout(call.first_byte_timeout):
                 first = await payloads.__anext__()
         except StopAsyncIteration:
-            raise AttemptFailed("upstream closed the stream before any event", retryable=True) from None
+            raise AttemptFailed("upstream closed the stream before any event") from None
         except TimeoutError:
-            raise AttemptFailed("no first token before the first-byte timeout", retryable=True, timeout=True) from None
+            raise AttemptFailed("no first token before the first-byte timeout", timeout=True) from None
         except (httpx.HTTPError, H1Error) as e:
-            raise AttemptFailed(f"stream broken before the first event: {type(e).__name__}", retryable=True) from None
+            raise AttemptFailed(f"stream broken before the first event: {type(e).__name__}") from None
         except MalformedEvent as e:  # a protocol failure of this upstream: the next replica may do better
-            raise AttemptFailed(f"upstream sent a malformed stream: {e}", retryable=True) from None
+            raise AttemptFailed(f"upstream sent a malformed stream: {e}") from None
         if first.startswith(b'{"error"'):
             err = _inband_error(first)
-            raise AttemptFailed(err[0], retryable=err[1] >= 500 or err[1] == 429, status=err[1], overloaded=err[1] in (429, 503))
+            raise AttemptFailed(err[0], status=err[1], overloaded=err[1] in (429, 503))
         return Opened(first, self._rest(payloads), None, resp.aclose)
 
     async def _rest(self, payloads: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
@@ -197,15 +193,15 @@ class SGLangBackend(HttpBackend):
             async with asyncio.timeout(call.first_byte_timeout):
                 resp, _ = await pool.request(path, content, headers, self.connect_timeout)
         except TimeoutError:
-            raise AttemptFailed("upstream did not answer before the first-byte timeout", retryable=True, timeout=True) from None
+            raise AttemptFailed("upstream did not answer before the first-byte timeout", timeout=True) from None
         except H1ConnectError as e:
-            raise AttemptFailed(f"cannot connect: {e}", retryable=True, connect=True) from None
+            raise AttemptFailed(f"cannot connect: {e}", connect=True) from None
         except H1Dropped as e:
             if e.reused:
                 raise _DroppedConnection(str(e)) from None
-            raise AttemptFailed(f"connection dropped: {e}", retryable=True) from None
+            raise AttemptFailed(f"connection dropped: {e}") from None
         except H1Error as e:
-            raise AttemptFailed(f"upstream error: {e}", retryable=True) from None
+            raise AttemptFailed(f"upstream error: {e}") from None
         return await self._handle(resp, call)
 
     def close(self) -> None:

@@ -265,7 +265,7 @@ class Dispatcher:
             async with w.timeout:
                 opened = await self.backends[target.kind].open(target, call)
         except TimeoutError:  # only the stall detector's cut (the backend maps its own timeouts)
-            e = AttemptFailed(f"replica {target.name} stopped answering (ejected)", retryable=True, timeout=True,
+            e = AttemptFailed(f"replica {target.name} stopped answering (ejected)", timeout=True,
                               stalled=True)
             self._end_span(span, e)
             raise e from None

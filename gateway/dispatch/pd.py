@@ -127,13 +127,13 @@ class PdBackend:
                 self._count(pd, "unified_batch")
                 return await self.inner.open(target, call)
             raise AttemptFailed("this pool serves prefill/decode disaggregated: one sequence per request (n = 1, one "
-                                "prompt)", retryable=False, status=400, param="n")
+                                "prompt)", status=400, param="n")
         req = self._request(call)
         view = self._decode_view(target, req, pd)
         if not kv_fits(view, req.pd, pd.cfg):
             self._count(pd, "decode_kv_full")
             raise AttemptFailed(f"decode server {target.name} has too little free KV for this request's prompt and "
-                                "output", retryable=True, status=503, overloaded=True, leg="decode_kv")
+                                "output", status=503, overloaded=True, leg="decode_kv")
         need = req.pd.prompt_tokens + req.pd.output_tokens
         self.decode_kv[target.name] += need  # released when the answer is closed, or the attempt fails
         try:
@@ -174,7 +174,7 @@ class PdBackend:
                 tried.add(rank.name)
                 last = e.error
         detail = f": {last.message}" if last is not None else ": no prefill server is available"
-        raise AttemptFailed(f"the prefill leg of pool {target.pool} failed{detail}", retryable=True,
+        raise AttemptFailed(f"the prefill leg of pool {target.pool} failed{detail}",
                             status=last.status if last is not None else 503, leg="prefill")
 
     # -- the decision's inputs -------------------------------------------------------------------------------
@@ -218,7 +218,7 @@ class PdBackend:
         prefill_call = replace(call, body={**pbody, **boot, "stream": False}, stream=False)
         uncached = max(0, req.pd.prompt_tokens - (choice.prefill.cached_tokens if choice.prefill else 0))
         if not rank.target.breaker.acquire():
-            raise _PrefillFailed(AttemptFailed(f"prefill server {rank.server}: breaker open", retryable=True,
+            raise _PrefillFailed(AttemptFailed(f"prefill server {rank.server}: breaker open",
                                                status=503, overloaded=True))
         rank.queued_tokens += uncached
         rank.inflight += 1
@@ -231,7 +231,7 @@ class PdBackend:
                     (not decode_task.done() or decode_task.exception() is not None):
                 # before the commit point: the decode server would wait for KV that never comes
                 await _cancel(decode_task)
-                raise _PrefillFailed(leg.error or AttemptFailed("prefill leg failed", retryable=True))
+                raise _PrefillFailed(leg.error or AttemptFailed("prefill leg failed"))
             try:
                 opened = await decode_task
             except AttemptFailed as e:

@@ -58,10 +58,6 @@ def classify(err: AttemptFailed) -> Cause:
     return Cause.REQUEST
 
 
-def is_fatal(err: AttemptFailed) -> bool:
-    return classify(err) is Cause.REQUEST
-
-
 def final_error(errors: list[AttemptFailed]) -> GatewayError:
     """The client-facing error after failover ran out. x-should-retry says whether a retry can help: yes when every
     failure was about replicas (refused, overloaded: they come back); no after timeouts (possibly the body) and mixed

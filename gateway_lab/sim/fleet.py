@@ -332,8 +332,4 @@ def run_fleet(policy: str, nodes: int, rate_per_node: float, duration: float = 1
         sum(not r.self_hosted for r in recs) / len(recs), cost / (1000 * len(done)) * 1e6, tok_s, branches)
 
 
-def run_many(policies: Sequence[str], **kw: Any) -> list[FleetResult]:
-    return [run_fleet(p, **kw) for p in policies]
-
-
 __all__ = ["Fleet", "FleetResult", "Instance", "Job", "Record", "idle_ttft", "mi355x_targets", "run_fleet"]

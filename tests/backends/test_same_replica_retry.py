@@ -60,7 +60,7 @@ def test_a_dropped_pooled_connection_is_retried_on_a_fresh_one():
 
 def test_without_same_replica_retries_the_drop_is_a_failed_attempt():
     connections, second = asyncio.run(_two_requests(retries=0))
-    assert isinstance(second, AttemptFailed) and "connection dropped" in second.message and second.retryable
+    assert isinstance(second, AttemptFailed) and "connection dropped" in second.message and second.status is None
     assert len(connections) == 1
 
 

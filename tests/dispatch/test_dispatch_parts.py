@@ -103,9 +103,9 @@ def test_gpu_hour_cost_is_replica_time_occupied():
 
 
 def test_final_error_mapping():
-    t = AttemptFailed("slow", retryable=True, timeout=True)
-    o = AttemptFailed("busy", retryable=True, status=503, overloaded=True)
-    x = AttemptFailed("boom", retryable=True, status=500)
+    t = AttemptFailed("slow", timeout=True)
+    o = AttemptFailed("busy", status=503, overloaded=True)
+    x = AttemptFailed("boom", status=500)
     assert final_error([t, t]).status == 504
     assert final_error([o, o]).status == 503 and final_error([o]).headers()["retry-after"] == "2"
     e = final_error([o, x])

@@ -33,18 +33,18 @@ class Clock:
 
 
 @pytest.mark.parametrize("err,cause", [
-    (AttemptFailed("refused", retryable=True, connect=True), Cause.REPLICA),
-    (AttemptFailed("queue full", retryable=True, status=503, overloaded=True), Cause.REPLICA),
-    (AttemptFailed("Unauthorized", retryable=False, status=401), Cause.CREDENTIALS),
-    (AttemptFailed("Forbidden", retryable=False, status=403), Cause.CREDENTIALS),
-    (AttemptFailed("no first byte", retryable=True, timeout=True), Cause.HANG),
-    (AttemptFailed("connection dropped", retryable=True), Cause.HANG),
-    (AttemptFailed("Internal server error: KeyError", retryable=True, status=500), Cause.SUSPECT_5XX),
-    (AttemptFailed("Internal server error: OverflowError", retryable=True, status=500), Cause.REQUEST),
+    (AttemptFailed("refused", connect=True), Cause.REPLICA),
+    (AttemptFailed("queue full", status=503, overloaded=True), Cause.REPLICA),
+    (AttemptFailed("Unauthorized", status=401), Cause.CREDENTIALS),
+    (AttemptFailed("Forbidden", status=403), Cause.CREDENTIALS),
+    (AttemptFailed("no first byte", timeout=True), Cause.HANG),
+    (AttemptFailed("connection dropped"), Cause.HANG),
+    (AttemptFailed("Internal server error: KeyError", status=500), Cause.SUSPECT_5XX),
+    (AttemptFailed("Internal server error: OverflowError", status=500), Cause.REQUEST),
     (AttemptFailed("1 validation error for ChatCompletionRequest; tools.0; Input should be a valid dictionary",
-                   retryable=True, status=500), Cause.REQUEST),
-    (AttemptFailed("token id 1099511627776 is out of vocabulary", retryable=True, status=500), Cause.REQUEST),
-    (AttemptFailed("context length exceeded", retryable=False, status=400), Cause.REQUEST),
+                   status=500), Cause.REQUEST),
+    (AttemptFailed("token id 1099511627776 is out of vocabulary", status=500), Cause.REQUEST),
+    (AttemptFailed("context length exceeded", status=400), Cause.REQUEST),
 ])
 def test_classify_by_cause(err, cause):
     """Only what is about the replica may reach its breaker; the gateway's own credentials are never the client's."""
@@ -52,25 +52,25 @@ def test_classify_by_cause(err, cause):
 
 
 def test_client_error_for_an_engine_5xx_is_a_400_naming_it():
-    e = client_error(AttemptFailed("Internal server error: OverflowError", retryable=True, status=500))
+    e = client_error(AttemptFailed("Internal server error: OverflowError", status=500))
     assert e.status == 400 and e.type == "invalid_request_error" and e.code == "upstream_rejected_request"
     assert "OverflowError" in e.message and e.headers()["x-should-retry"] == "false"
-    c = content_error(AttemptFailed("Internal server error: KeyError", retryable=True, status=500), 2)
+    c = content_error(AttemptFailed("Internal server error: KeyError", status=500), 2)
     assert c.status == 400 and "2 model server replicas" in c.message and "KeyError" in c.message
 
 
 def test_credentials_error_blames_the_gateway_not_the_client():
-    e = credentials_error(["p"], AttemptFailed("Unauthorized", retryable=False, status=401))
+    e = credentials_error(["p"], AttemptFailed("Unauthorized", status=401))
     assert e.status == 502 and e.code == "upstream_credentials_rejected"
     assert "gateway's upstream credentials" in e.message and "not your API key" in e.message
     assert e.headers()["x-should-retry"] == "false"
 
 
 def test_final_error_says_whether_a_retry_can_help():
-    conn = AttemptFailed("refused", retryable=True, connect=True)
-    busy = AttemptFailed("busy", retryable=True, status=503, overloaded=True)
-    slow = AttemptFailed("slow", retryable=True, timeout=True)
-    boom = AttemptFailed("boom", retryable=True, status=500)
+    conn = AttemptFailed("refused", connect=True)
+    busy = AttemptFailed("busy", status=503, overloaded=True)
+    slow = AttemptFailed("slow", timeout=True)
+    boom = AttemptFailed("boom", status=500)
     assert final_error([conn, conn]).headers()["x-should-retry"] == "true"
     assert final_error([busy]).headers()["x-should-retry"] == "true"
     assert final_error([slow, slow]).headers()["x-should-retry"] == "false"
