@@ -1,4 +1,4 @@
-"""The `gateway` command: serve, check, admin, policies — and the commands other installed packages add.
+"""The `gateway` command: serve, check, admin, policies, config — and the commands other installed packages add.
 
 The runtime never imports its lab (the simulator, replay, the demo): `gateway_lab` adds `sim`, `replay` and `demo`
 through the `gateway.commands` entry-point group (pyproject.toml), each a `register(subparsers)` function. A
@@ -37,6 +37,12 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     p_check = sub.add_parser("check", help="preflight every SGLang server of a config; exits 1 on a misconfiguration")
     p_check.add_argument("--config", required=True)
     p_check.set_defaults(func=preflight.run_check)
+
+    from gateway.settings import reference
+
+    p_cfg = sub.add_parser("config", help="config tools: write the config reference (docs/config-reference.md)")
+    reference.add_arguments(p_cfg)
+    p_cfg.set_defaults(func=reference.run)
 
     p_pol = sub.add_parser("policies", help="tenant policy tools: check a directory, print the JSON Schema")
     schema_cli.add_arguments(p_pol)
