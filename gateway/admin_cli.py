@@ -15,8 +15,8 @@ from gateway import admin_changes_cli
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--url", default=os.environ.get("GATEWAY_ADMIN_URL", "http://127.0.0.1:8080"),
-                   help="gateway (or admin port) base URL [GATEWAY_ADMIN_URL]")
+    p.add_argument("--url", default=os.environ.get("GATEWAY_ADMIN_URL", "http://127.0.0.1:8081"),
+                   help="the admin listener's base URL [GATEWAY_ADMIN_URL]")
     p.add_argument("--token", default=os.environ.get("GATEWAY_ADMIN_TOKEN"), help="admin token [GATEWAY_ADMIN_TOKEN]")
     p.add_argument("--actor", default=os.environ.get("USER", ""), help="your name, for the audit log")
     sub = p.add_subparsers(dest="admin_cmd", required=True)

@@ -224,6 +224,14 @@ def describe(rep: Report) -> str:
             f"priority scheduling {f.priority_scheduling}")
 
 
+def add_arguments(p: Any) -> None:
+    p.add_argument("--config", required=True)
+
+
+def run(args: Any) -> int:
+    return run_check(args)
+
+
 def run_check(args: Any) -> int:
     """`gateway check --config FILE`: one line per server, one line per misconfiguration; exit 1 if any."""
     from gateway.config import ConfigError, load_config

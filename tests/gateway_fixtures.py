@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.app import create_app
+from gateway.app import create_admin_app, create_app
 from gateway.config import hash_key, parse_config
 from tests.helpers import ServerThread
 
@@ -34,8 +34,17 @@ def config(pools: list[dict[str, Any]], models: list[dict[str, Any]] | None = No
     return cfg
 
 
-def start_gateway(cfg: dict[str, Any], **kw: Any) -> ServerThread:
-    app = create_app(parse_config(cfg), **kw)
-    st = ServerThread([app]).start()
-    st.app = app  # type: ignore[attr-defined]
-    return st
+class GatewayThread(ServerThread):
+    """A gateway as `gateway serve` runs it: the client listener (`urls[0]`: the APIs) and the admin listener
+    (`admin_url`: the admin API and /metrics) over one instance (`app`)."""
+
+    def __init__(self, app: Any) -> None:
+        super().__init__([app, create_admin_app(app)])
+        self.app = app
+        self.admin_url = self.urls[1]
+
+
+def start_gateway(cfg: dict[str, Any], **kw: Any) -> GatewayThread:
+    gw = GatewayThread(create_app(parse_config(cfg), **kw))
+    gw.start()
+    return gw

@@ -27,6 +27,7 @@ from gateway.control import history
 from gateway.control.state import ControlState, LivePolicy, PoolOverride, TenantOverride
 from gateway.control.store import AUDIT_MAX, ControlStore, StoreUnavailable
 from gateway.errors import Conflict, InvalidRequest, NotFound
+from gateway.observability.logging import log_event
 from gateway.policy_schema import Tenant
 from gateway.tenancy import live_policy
 from gateway.tenancy.policy_loader import PolicySet
@@ -88,6 +89,7 @@ class ControlPlane:
             s.pricing = o.pricing if o is not None and o.pricing is not None else pricing
         if self.policies is not None:
             self.policies.set_live({k: v.fields for k, v in state.policies.items()})
+        log_changes(self.state, state)
         self.state = state
         self.applied_at = time.time()
 
@@ -265,3 +267,16 @@ class ControlPlane:
     def pinned_pool(self, tenant: str) -> str | None:
         o = self.state.tenants.get(tenant)
         return o.pin_pool if o is not None and o.active() else None
+
+
+def log_changes(old: ControlState, new: ControlState) -> None:
+    """What this instance now applies differently, one event line per change (`drain`, `pool_override`
+    and `override` — `name` the pool or the tenant): every instance logs what it applied, so each one's log says when the change reached it."""
+    for name in sorted(new.drained ^ old.drained):
+        log_event("drain", replica=name, drained=name in new.drained)
+    for kind, before, after in (("pool_override", old.pools, new.pools), ("override", old.tenants, new.tenants)):
+        for name in sorted(before.keys() | after.keys()):
+            b, a = before.get(name), after.get(name)
+            if b != a:
+                log_event(kind, name=name, override=a.model_dump(mode="json", exclude_none=True) if a else None,
+                          was=b.model_dump(mode="json", exclude_none=True) if b else None)
