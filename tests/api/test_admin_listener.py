@@ -60,6 +60,7 @@ def test_the_client_port_answers_404_to_every_admin_route_and_to_metrics(gw):
             r = httpx.request(method, gw.urls[0] + path, headers=headers, timeout=10)
             assert r.status_code in (404, 405), (method, path, r.status_code)  # 405: a path the APIs also know
             assert "tenant-a" not in r.text
+    assert httpx.get(gw.urls[0] + "/console").status_code == 404  # the console lives beside the admin API
     for probe in ("/healthz", "/health", "/readyz"):
         assert httpx.get(gw.urls[0] + probe).status_code == 200
     # the admin listener has them: the same instance (its metrics count the request served on the client port)
@@ -67,6 +68,7 @@ def test_the_client_port_answers_404_to_every_admin_route_and_to_metrics(gw):
     assert 'tenant="tenant-a"' in text
     assert httpx.get(gw.admin_url + "/admin/state", headers=ADMIN_H).status_code == 200
     assert httpx.get(gw.admin_url + "/healthz").status_code == 200
+    assert httpx.get(gw.admin_url + "/console").status_code == 200
     # and it serves no API: a client key gets nothing there
     r = httpx.post(gw.admin_url + "/v1/chat/completions", headers={"authorization": f"Bearer {KEY_A}"}, json={})
     assert r.status_code == 404

@@ -107,7 +107,7 @@ def test_on_call_starts_and_stops_a_recording_through_the_admin_api(tmp_path: Pa
         assert out.read_text() == ""  # a new recording
         chat(1)
         wait_until(lambda: len(out.read_text().splitlines()) == 1, 10, "the new recording's first line")
-        cli = [sys.executable, "-m", "gateway.cli", "admin", "--url", base, "--actor", "oncall", "recording"]
+        cli = [sys.executable, "-m", "gateway.cli", "admin", "--url", base, "--actor", "oncall", "recording", "-o", "json"]
         env = {**env_without_proxies(), "GATEWAY_ADMIN_TOKEN": ADMIN}
         shown = subprocess.run(cli, env=env, capture_output=True, text=True, timeout=30)
         assert shown.returncode == 0 and json.loads(shown.stdout)["recording"] is True
