@@ -19,7 +19,7 @@ from typing import Any
 BUILTIN = {
     "serve": ("gateway.serve", "run the gateway from a config file"),
     "admin": ("gateway.admin_cli", "on-call commands over the admin API (tables; -o json)"),
-    "check": ("gateway.preflight", "preflight a config's replicas and hosted pools; exits 1 on a misconfiguration"),
+    "check": ("gateway.check", "preflight a config's replicas and hosted pools; exits 1 on a misconfiguration"),
     "policies": ("gateway.tenancy.schema_cli", "tenant policy tools: check a directory, print the JSON Schema"),
 }
 

@@ -73,7 +73,7 @@ def test_gateway_check_passes_a_well_configured_pool(tmp_path):
         r = subprocess.run([sys.executable, "-m", "gateway.cli", "check", "--config", str(path)], cwd=ROOT,
                            env=env_without_proxies(), capture_output=True, text=True, timeout=120, check=False)
         assert r.returncode == 0, r.stdout + r.stderr
-        assert "2 server(s), 0 misconfiguration(s)" in r.stdout
+        assert "2 server(s), 0 hosted pool(s), 0 misconfiguration(s)" in r.stdout
         assert "schedule policy fcfs" in r.stdout  # what on-call needs to read the ranks' queue order
     finally:
         st.stop()

@@ -26,7 +26,7 @@ from gateway.background import BackgroundTask
 from gateway.control import history
 from gateway.control.state import ControlState, LivePolicy, PoolOverride, TenantOverride
 from gateway.control.store import AUDIT_MAX, ControlStore, StoreUnavailable
-from gateway.errors import Conflict, InvalidRequest, NotFound
+from gateway.errors import Conflict, GatewayError, InvalidRequest, NotFound
 from gateway.observability.logging import log_event
 from gateway.policy_schema import Tenant
 from gateway.tenancy import live_policy
@@ -263,6 +263,29 @@ class ControlPlane:
         upd: dict[str, Any] = {k: v for k, v in (("ttft_sla_ms", o.ttft_sla_ms), ("objective", o.objective),
                                                  ("on_sla_miss", o.on_sla_miss)) if v is not None}
         return tenant.model_copy(update=upd) if upd else tenant
+
+    def name_override(self, tenant: str, err: GatewayError) -> GatewayError:
+        """A capacity refusal (503) for a tenant under a live on-call override or a live change of its pools says
+        so, naming it: it narrowed where the request could go (a pin, a tighter SLA, shedding, fewer pools), and the
+        on-call who set it must recognise their own change in the refusal (also in `x-gateway-override`)."""
+        if err.status != 503:
+            return err
+        named = []
+        o = self.state.tenants.get(tenant)
+        if o is not None and o.active():
+            what = ", ".join(f"{k}={v}" for k, v in o.model_dump(exclude_none=True).items() if k != "expires_at")
+            until = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(o.expires_at))
+            named.append(f"an on-call override of tenant '{tenant}' ({what}; until {until}; "
+                         f"`gateway admin override {tenant} --clear` lifts it)")
+        live = self.state.policies.get(tenant)
+        if live is not None and "pools" in live.fields:
+            named.append(f"a live policy change of tenant '{tenant}' (pools={live.fields['pools']}; "
+                         f"`gateway admin tenant {tenant} --clear` drops it)")
+        if named:
+            err.message = f"{err.message} In force: {'; '.join(named)}."
+            err.args = (err.message,)
+            err.extra_headers = {**err.extra_headers, "x-gateway-override": "; ".join(named)[:512]}
+        return err
 
     def pinned_pool(self, tenant: str) -> str | None:
         o = self.state.tenants.get(tenant)
