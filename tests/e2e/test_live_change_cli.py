@@ -50,7 +50,7 @@ def test_rate_limit_raised_and_undone_through_the_cli_reaches_the_other_instance
                                "--admin-port", str(ap)],
                               env=env_without_proxies(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
              for p, ap in zip(ports, admin_ports)]
-    a, b = (f"http://127.0.0.1:{p}" for p in ports)
+    b = f"http://127.0.0.1:{ports[1]}"  # B's client port: what its clients see
     admin_a, admin_b = (f"http://127.0.0.1:{p}" for p in admin_ports)
     try:
         for port, proc in zip(ports, procs):
