@@ -186,15 +186,19 @@ def create_app(config: GatewayConfig, *, span_exporter: Any = None, transport: h
     app.include_router(responses_routes.router)
     app.include_router(messages_routes.router)
     app.include_router(ops.router)
-    app.include_router(admin_api.router)
+    if config.admin.on_client_port:  # a single-port setup that keeps its client port private itself
+        app.include_router(ops.metrics_router)
+        app.include_router(admin_api.router)
     error_handlers.install(app)
     return RequestIdMiddleware(FastPath(app))
 
 
 def create_admin_app(main: Any) -> Any:
-    """The admin API alone, for `admin.port` (e.g. reachable only inside the cluster); it serves the main app's
-    state, so both ports see and change the same instance."""
+    """The admin listener's app (`admin.host`:`admin.port`): the admin API, /metrics and the probes, over the main
+    app's state, so both listeners see and change the same instance. The client port serves none of it."""
     admin = FastAPI(title="inference-gateway-admin", docs_url=None, redoc_url=None, openapi_url=None)
+    admin.include_router(ops.router)
+    admin.include_router(ops.metrics_router)
     admin.include_router(admin_api.router)
     error_handlers.install(admin)
     admin.state.main = main

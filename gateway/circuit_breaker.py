@@ -38,6 +38,14 @@ class CircuitBreaker:
         self._sources: set[str] = set()  # distinct tenants (else body fingerprints) among the consecutive failures
         self._replica_level = 0  # failures that are evidence about the replica whatever the body
         self._trial_in_flight = False
+        # told every transition (new state, why): the registry logs it as a `breaker` event (upstreams.py)
+        self.on_change: Callable[[BreakerState, str], None] | None = None
+
+    def _set(self, state: BreakerState, why: str) -> None:
+        if state is not self.state:
+            self.state = state
+            if self.on_change is not None:
+                self.on_change(state, why)
 
     def available(self) -> bool:
         """Would a request be let through now? (no side effects: routing asks this for every candidate)"""
@@ -52,7 +60,7 @@ class CircuitBreaker:
         if self.state is BreakerState.CLOSED:
             return True
         if self.state is BreakerState.OPEN and self.clock() - self.opened_at >= self.cooldown_s:
-            self.state = BreakerState.HALF_OPEN
+            self._set(BreakerState.HALF_OPEN, "cooldown over: one trial request")
         if self.state is BreakerState.HALF_OPEN and not self._trial_in_flight:
             self._trial_in_flight = True
             return True
@@ -63,7 +71,7 @@ class CircuitBreaker:
         self._sources.clear()
         self._replica_level = 0
         self._trial_in_flight = False
-        self.state = BreakerState.CLOSED
+        self._set(BreakerState.CLOSED, "a request succeeded")
         self.last_success_at = self.clock()
 
     def failure(self, source: str | None = None, tenant: str | None = None) -> None:
@@ -94,6 +102,6 @@ class CircuitBreaker:
         return self.clock() - self.last_success_at <= seconds
 
     def _open(self, reason: str) -> None:
-        self.state = BreakerState.OPEN
         self.opened_at = self.clock()
         self.reason = reason
+        self._set(BreakerState.OPEN, reason)

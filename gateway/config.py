@@ -104,17 +104,32 @@ class Observability(_Strict):
 
 
 class Admin(_Strict):
+    """The admin listener: the admin API, /metrics (and what else is for operators) on a port of their own, so the
+    client port (and the Service that publishes it) serves the APIs alone (docs/on-call.md)."""
+
     token_hashes: list[str] = Field(default_factory=list, description="sha256 hex of admin tokens; empty = admin API off")
     token_hashes_env: str | None = Field(default=None, description="env var with more digests, comma-separated "
                                          "(e.g. from a Kubernetes Secret, so rotation needs no config change)")
+    host: str = Field(default="127.0.0.1", min_length=1,
+                      description="bind address of the admin listener (the admin API and /metrics); loopback by "
+                      "default, 0.0.0.0 in a pod that a cluster-internal Service reaches")
     port: int | None = Field(default=None, ge=1, le=65535,
-                             description="also serve the admin API alone on this port (e.g. cluster-internal only)")
+                             description="port of the admin listener; unset: the API port + 1 (8081 next to 8080)")
+    metrics_token_hashes: list[str] = Field(default_factory=list, description="sha256 hex of scrape tokens: "
+                                            "/metrics then asks for one of them (or an admin token) as a bearer "
+                                            "token; empty = /metrics open on the admin listener")
+    on_client_port: bool = Field(default=False, description="also serve /admin/* and /metrics on the client (API) "
+                                 "port: only for a single-port setup whose client port is itself private")
     control_resync_s: float = Field(default=5.0, gt=0, description="full re-read of shared control state (pub/sub is the fast path)")
 
-    @field_validator("token_hashes")
+    @field_validator("token_hashes", "metrics_token_hashes")
     @classmethod
     def _hashes(cls, v: list[str]) -> list[str]:
         return sha256_hex_list(v)
+
+    def listen_port(self, api_port: int) -> int:
+        """Where the admin listener binds next to a client listener on `api_port`."""
+        return self.port if self.port is not None else api_port + 1
 
 
 class ResponsesConfig(_Strict):

@@ -1,6 +1,6 @@
 """Preflight of one SGLang server: what `/server_info` and a one-token probe say, and which of its settings make the
-gateway go quietly wrong (issue #11). Run at start and on every reconnect by the engine poller, and on demand by
-`gateway check --config FILE` (exits 1 when any check fails).
+gateway go quietly wrong. Run at start and on every reconnect by the engine poller, and on demand by
+`gateway check --config FILE` (gateway/check.py; exits 1 when any check fails).
 
 Checks (one name each; the metric label and the `/readyz` detail use it):
 - `reachable`    /server_info answers (nothing else can be checked otherwise)
@@ -16,6 +16,8 @@ Checks (one name each; the metric label and the `/readyz` detail use it):
 - `page_size`    the gateway's `routing.chunk_tokens` is not a multiple of the server's page size
 - `context_length` the pool's `context_tokens` exceeds the server's context length
 - `version`      the release is unknown or older than 0.5.9
+- `served_model` the pool's `model` is not a name the server serves (its /v1/models): the gateway would ask for a
+                 model the engine does not answer to under that name (e.g. a --served-model-name left out)
 PD pools add their prefill servers and the checks of `pd_preflight.py` (roles, bootstrap ports, transfer backend,
 page sizes, DP ranks).
 """
@@ -114,6 +116,20 @@ async def server_info(client: httpx.AsyncClient, base_url: str, headers: dict[st
     return 200, data if isinstance(data, dict) else None
 
 
+async def served_models(client: httpx.AsyncClient, base_url: str, headers: dict[str, str],
+                        timeout: float = 2.0) -> set[str] | None:
+    """The model names a server's /v1/models lists; None when it does not answer with a list (no verdict)."""
+    try:
+        r = await client.get(f"{base_url}/v1/models", headers=headers, timeout=timeout)
+        data = r.json() if r.status_code == 200 else None
+    except (httpx.HTTPError, ValueError):
+        return None
+    items = data.get("data") if isinstance(data, dict) else None
+    if not isinstance(items, list):
+        return None
+    return {str(m["id"]) for m in items if isinstance(m, dict) and m.get("id")}
+
+
 PROBE_HEADER = "x-gateway-probe"
 
 
@@ -150,6 +166,11 @@ async def inspect(client: httpx.AsyncClient, pool: SGLangPool, server: str, url:
         rep.findings.append(Finding("reachable", f"/server_info answered {status}"))
         return rep
     facts = rep.facts = ServerFacts.from_info(info)
+    served = await served_models(client, url, headers)
+    if served is not None and pool.model not in served:
+        rep.findings.append(Finding("served_model", f"the pool's model {pool.model!r} is not served here (the server "
+                                    f"serves {', '.join(sorted(served)) or 'nothing'}): set the pool's model to its "
+                                    "--served-model-name"))
     probe_usage: dict[str, Any] | None = None
     if with_probe:
         try:
@@ -232,23 +253,3 @@ def describe(rep: Report) -> str:
             f"{' (DP attention)' if f.dp_attention else ''}, page {f.page_size}, context {f.context_length}, "
             f"cache report {f.cache_report}, schedule policy {f.schedule_policy or '?'}, "
             f"priority scheduling {f.priority_scheduling}")
-
-
-def run_check(args: Any) -> int:
-    """`gateway check --config FILE`: one line per server, one line per misconfiguration; exit 1 if any."""
-    from gateway.config import ConfigError, load_config
-
-    try:
-        cfg = load_config(args.config)
-        reports = asyncio.run(check_config(cfg))
-    except ConfigError as e:
-        print(e)
-        return 2
-    bad = 0
-    for rep in reports:
-        print(("ok    " if rep.ok else "FAIL  ") + describe(rep))
-        for f in rep.findings:
-            bad += 1
-            print(f"  {rep.pool}/{rep.server}: {f.check}: {f.message}")
-    print(f"{len(reports)} server(s), {bad} misconfiguration(s)")
-    return 1 if bad else 0

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import sys
 from typing import Any
 
 from gateway.app import create_admin_app, create_app
 from gateway.config import ConfigError, HttpLimits, load_config
+from gateway.observability.logging import log_event
 from gateway.servers import make_server, serve_all, taken_port_error
 
 
@@ -44,8 +46,7 @@ async def serve_gateway(app: Any, host: str, port: int, drain_timeout: float, dr
             stop_now()
             return
         st.draining = True
-        print(f"gateway: draining; /readyz answers 503, the listener closes in {drain_delay:g} s", file=sys.stderr,
-              flush=True)
+        log_event("draining", readyz=503, listener_closes_in_s=drain_delay)
         pending.append(loop.call_later(drain_delay, stop_now))
 
     await serve_all([server] + (extra or []), on_started=on_started, on_signal=on_signal)
@@ -60,9 +61,23 @@ def cut_streams(app: Any) -> int:
     if proxy is None or not len(proxy.live):
         return 0
     n: int = proxy.live.cut_all()
-    print(f"gateway: drain timeout: {n} streams still running were cut (each ends with an error event)",
-          file=sys.stderr, flush=True)
+    log_event("streams_cut", count=n, why="drain timeout (each ends with an error event)")
     return n
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", required=True)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--admin-port", type=int, default=None, help="the admin listener's port (the admin API and "
+                   "/metrics); default: the config's admin.port, else --port + 1")
+    p.add_argument("--drain-timeout", type=float, default=120.0, help="seconds in-flight requests get after SIGTERM")
+    p.add_argument("--drain-delay", type=float, default=None, help="seconds /readyz answers 503 after SIGTERM "
+                   "before the listener closes (default: the config's shutdown.readiness_drain_s, 5)")
+
+
+def run(a: argparse.Namespace) -> int:
+    return serve(a)
 
 
 def serve(a: argparse.Namespace) -> int:
@@ -72,20 +87,19 @@ def serve(a: argparse.Namespace) -> int:
     except ConfigError as e:
         print(f"config error:\n{e}", file=sys.stderr)
         return 2
-    taken = taken_port_error("gateway serve", a.host, [a.port], "--port") or (
-        taken_port_error("gateway serve", a.host, [cfg.admin.port], "admin.port in the config")
-        if cfg.admin.port is not None else None)
+    admin_port = a.admin_port if a.admin_port is not None else cfg.admin.listen_port(a.port)
+    taken = taken_port_error("gateway serve", a.host, [a.port], "--port") or taken_port_error(
+        "gateway serve", cfg.admin.host, [admin_port], "--admin-port (or admin.port in the config; default --port + 1)")
     if taken:
         print(taken, file=sys.stderr)
         return 2
-    extra = []
-    if cfg.admin.port is not None:
-        extra.append(make_server(create_admin_app(app), a.host, cfg.admin.port, openai_errors=True,
-                                 http_limits=cfg.http))
+    # the admin listener: the admin API and /metrics, never on the client port (docs/on-call.md)
+    extra = [make_server(create_admin_app(app), cfg.admin.host, admin_port, openai_errors=True, http_limits=cfg.http)]
 
     def started() -> None:
-        admin = f", admin API on http://{a.host}:{cfg.admin.port}/admin" if cfg.admin.port is not None else ""
-        print(f"gateway listening on http://{a.host}:{a.port}{admin}", file=sys.stderr, flush=True)
+        log_event("listening", logging.INFO, api=f"http://{a.host}:{a.port}",
+                  admin=f"http://{cfg.admin.host}:{admin_port}", serves={"api": "/v1/*, /healthz, /readyz",
+                                                                         "admin": "/admin/*, /metrics"})
 
     delay = cfg.shutdown.readiness_drain_s if a.drain_delay is None else a.drain_delay
     asyncio.run(serve_gateway(app, a.host, a.port, a.drain_timeout, delay, extra=extra, on_started=started,

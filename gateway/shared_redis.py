@@ -39,6 +39,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from gateway.observability.logging import log_event
+
 log = logging.getLogger("gateway.shared_state")
 
 # every error a Redis call can end with (asyncio.timeout raises the builtin TimeoutError, an OSError)
@@ -104,7 +106,7 @@ class RedisGuard:
     def succeeded(self) -> None:
         self._last_success, self._failing_since = self.clock(), None
         if self.down_reason is not None:
-            log.warning("redis answers again: %s shared", self.what)
+            log_event("redis_back", what=self.what, was=self.down_reason)
             self.down_reason = None
 
     def failed(self, err: BaseException, started: float) -> str:
@@ -116,9 +118,9 @@ class RedisGuard:
             self._failing_since = started  # (a call that began before someone else's success was only slow)
         hung = self._failing_since is not None and now - self._failing_since >= self.hung_after
         if reason in ("unavailable", "error") or hung:  # slow for hung_after with no success at all: away too
-            if self.available:
-                log.warning("redis unavailable (%s: %s): %s fall back to this instance", reason, type(err).__name__,
-                            self.what)
+            if self.available and self.down_reason is None:  # once per outage, not per retry_after window
+                log_event("redis_away", what=self.what, reason=reason, error=type(err).__name__,
+                          fallback="this instance's own state")
             self.down_reason = reason
             self._down_until = now + self.retry_after
         return reason

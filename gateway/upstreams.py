@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.circuit_breaker import CircuitBreaker
+from gateway.circuit_breaker import BreakerState, CircuitBreaker
 from gateway.config import (
     GatewayConfig,
     GpuHourPricing,
@@ -29,6 +29,7 @@ from gateway.config import (
     PoolTiming,
     SGLangPool,
 )
+from gateway.observability.logging import log_event
 from gateway.prediction.ttft import LoadView
 from gateway.secrets import pool_keys
 
@@ -248,6 +249,8 @@ class UpstreamRegistry:
                              key, "", pool.timing, CAPABILITIES["litellm"], self._state(pool))]
             self.by_pool[pool.name] = ts
             self.targets.extend(ts)
+            for t in ts:
+                _log_breaker(t)
         for server, n in self._fixed_ranks.items():
             self.set_ranks(server, n)
 
@@ -294,6 +297,8 @@ class UpstreamRegistry:
             new = [dataclasses.replace(tpl, name=server if rank is None else f"{server}/dp{rank}", dp_rank=rank,
                                        state=self._rank_state(tpl.state))
                    for rank in want_ranks]
+            for t in new:
+                _log_breaker(t)
             _splice(self.targets, current, new)
             _splice(self.by_pool[tpl.pool], current, new)
             current = new
@@ -317,3 +322,11 @@ def _splice(seq: list[Target], old: list[Target], new: list[Target]) -> None:
     rest = [t for t in seq if id(t) not in ids]
     before = sum(1 for t in seq[:at] if id(t) not in ids)
     seq[:] = rest[:before] + new + rest[before:]
+
+
+def _log_breaker(t: Target) -> None:
+    """Every transition of `t`'s breaker as a `breaker` event line (docs/on-call.md)."""
+    def changed(state: BreakerState, why: str) -> None:
+        log_event("breaker", pool=t.pool, replica=t.name, state=state.value, reason=why)
+
+    t.state.breaker.on_change = changed

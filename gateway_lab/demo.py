@@ -8,7 +8,7 @@ import asyncio
 import sys
 from typing import Any
 
-from gateway.app import create_app
+from gateway.app import create_admin_app, create_app
 from gateway.config import hash_key, parse_config
 from gateway.serve import serve_gateway
 from gateway.servers import free_ports, make_server, taken_port_error
@@ -26,10 +26,14 @@ def register(sub: Any) -> None:
     p.add_argument("--sim-port", type=int, default=0,
                    help="first replica port (replicas use SIM_PORT..SIM_PORT+N-1); 0: free ports the OS picks")
     p.add_argument("--time-scale", type=float, default=1.0)
+    p.add_argument("--admin-port", type=int, default=None, help="the admin listener (admin API, /metrics, "
+                   "`gateway admin --url`); default: --port + 1")
+    p.add_argument("--admin-token", default="admin-demo", help="the demo's admin token (loopback only)")
     p.set_defaults(func=demo)
 
 
-def demo_config(sim_urls: list[str], api_key: str, b200_urls: list[str] | None = None) -> dict[str, Any]:
+def demo_config(sim_urls: list[str], api_key: str, b200_urls: list[str] | None = None,
+                admin_token: str | None = None) -> dict[str, Any]:
     pools: list[dict[str, Any]] = [{
         "name": "mi355x", "kind": "sglang", "model": "zai-org/GLM-5.2",
         "replicas": [{"name": f"mi355x-{i}", "url": u} for i, u in enumerate(sim_urls)],
@@ -51,6 +55,7 @@ def demo_config(sim_urls: list[str], api_key: str, b200_urls: list[str] | None =
                      "model_aliases": [{"match": "claude-*", "model": "glm-5.2"},
                                        {"match": "gpt-*", "model": "glm-5.2"}]}],
         "health": {"interval_s": 2.0, "timeout_s": 3.0},
+        "admin": {"token_hashes": [hash_key(admin_token)] if admin_token else []},
     }
 
 
@@ -58,22 +63,27 @@ def demo(a: argparse.Namespace) -> int:
     taken = taken_port_error("gateway demo", a.host, [a.port], "--port")
     sim_ports = free_ports("127.0.0.1", a.replicas) if not a.sim_port else [a.sim_port + i for i in range(a.replicas)]
     taken = taken or taken_port_error("gateway demo", "127.0.0.1", sim_ports, "--sim-port (or 0 for free ports)")
+    admin_port = a.port + 1 if a.admin_port is None else a.admin_port
+    taken = taken or taken_port_error("gateway demo", a.host, [admin_port], "--admin-port (default: --port + 1)")
     if taken:
         print(taken, file=sys.stderr)
         return 2
     cfg_sim = profile("mi355x-glm52-tp4", time_scale=a.time_scale, enable_cache_report=True)  # as `--enable-cache-report`
     sims = [make_server(create_sim_app(Replica(cfg_sim.with_overrides(seed=i), name=f"mi355x-{i}")), "127.0.0.1", p,
                         timeout_keep_alive=5) for i, p in enumerate(sim_ports)]
-    cfg = parse_config(demo_config([f"http://127.0.0.1:{p}" for p in sim_ports], a.api_key), "<demo>")
+    cfg = parse_config(demo_config([f"http://127.0.0.1:{p}" for p in sim_ports], a.api_key,
+                                   admin_token=a.admin_token), "<demo>")
     app = create_app(cfg)
+    admin = make_server(create_admin_app(app), a.host, admin_port, openai_errors=True)
     base = f"http://{a.host}:{a.port}/v1"
+    admin_url = f"http://{a.host}:{admin_port}"
 
     def started() -> None:
         print(f"""
 Inference gateway demo is up.
   gateway      {base}   (model "glm-5.2", API key "{a.api_key}")
   replicas     {", ".join(f"http://127.0.0.1:{p}" for p in sim_ports)}   (simulated SGLang, MI355X TP4, time scale {a.time_scale})
-  metrics      http://{a.host}:{a.port}/metrics
+  admin        {admin_url}   (metrics: {admin_url}/metrics; `gateway admin --url {admin_url} --token {a.admin_token} state`)
 
 Point the OpenAI SDK at it:
 
@@ -88,5 +98,5 @@ or: curl {base}/chat/completions -H 'authorization: Bearer {a.api_key}' -H 'cont
 Ctrl-C stops it (in-flight requests finish first).
 """, flush=True)
 
-    asyncio.run(serve_gateway(app, a.host, a.port, 30.0, extra=sims, on_started=started))
+    asyncio.run(serve_gateway(app, a.host, a.port, 30.0, extra=[admin, *sims], on_started=started))
     return 0

@@ -232,7 +232,7 @@ async def sim_fault(client: httpx.AsyncClient, sim: str, **fault: Any) -> None:
 
 async def breaker_open(client: httpx.AsyncClient, stack: Stack) -> float:
     total = 0.0
-    for u in stack.gw_urls:
+    for u in stack.admin_urls:
         try:
             text = (await client.get(f"{u}/metrics", timeout=5)).text
         except httpx.HTTPError:
@@ -322,7 +322,7 @@ async def sc_redis_down(stack: Stack, lb: LoadBalancer, client: httpx.AsyncClien
     outage with non-streamed requests whose cost the gateway reports per response. Afterwards the ledger must equal
     what was served."""
     t = Tally()
-    before = await usage_usd(client, stack.gw_urls[0], "other")
+    before = await usage_usd(client, stack.admin_urls[0], "other")
     served = 0.0
 
     async def spender() -> None:
@@ -348,7 +348,7 @@ async def sc_redis_down(stack: Stack, lb: LoadBalancer, client: httpx.AsyncClien
     ledger = 0.0
     while time.monotonic() < deadline:
         try:
-            ledger = await usage_usd(client, stack.gw_urls[0], "other") - before
+            ledger = await usage_usd(client, stack.admin_urls[0], "other") - before
         except (httpx.HTTPError, KeyError, ValueError):
             ledger = -1.0
         if abs(ledger - served) <= 1e-9 + 1e-6 * served:
@@ -557,12 +557,14 @@ async def sc_burst_redis_dies(stack: Stack, lb: LoadBalancer, client: httpx.Asyn
 
 
 def fallback_lines(stack: Stack) -> int:
-    """Log lines in which an instance says it fell back to its own limits (it must not while Redis is up)."""
+    """Log lines in which an instance says it fell back to its own limits or marked Redis away (it must not while
+    Redis is up)."""
     n = 0
     for i in range(2):
         path = stack.logs / f"gateway-{i}.log"
         if path.exists():
-            n += sum("fall back" in ln for ln in path.read_text(errors="replace").splitlines())
+            n += sum("fall back" in ln or '"event":"redis_away"' in ln
+                     for ln in path.read_text(errors="replace").splitlines())
     return n
 
 
@@ -588,13 +590,13 @@ async def sc_budget_burst(stack: Stack, lb: LoadBalancer, client: httpx.AsyncCli
     logs_before = fallback_lines(stack)
     cap = float(TENANTS["budget"][1]["budget"]["usd_per_day"])
     worst = reservation(chat_body(0, False))
-    before = await usage_usd(client, stack.gw_urls[0], "budget")
+    before = await usage_usd(client, stack.admin_urls[0], "budget")
     res_b = await asyncio.gather(*(send(client, stack.gw_urls[i % 2], TENANTS["budget"][0], "chat/completions",
                                         chat_body(i, False), t) for i in range(400)))
     served = sum(float(h.get("x-gateway-cost-usd", 0)) for code, h, _ in res_b if code == 200)
     admitted = sum(1 for code, _, _ in res_b if code == 200)
     await asyncio.sleep(1.0)  # the last settlements run after their responses
-    ledger = await usage_usd(client, stack.gw_urls[1], "budget") - before
+    ledger = await usage_usd(client, stack.admin_urls[1], "budget") - before
     t.notes.append(f"budget: 400 at once, {admitted} admitted, served ${served:.6f} of a ${cap:.3f} cap (one "
                    f"reservation ${worst:.6f}), ledger ${ledger:.6f}")
     if served > cap + 2 * worst + 1e-12:
@@ -637,7 +639,7 @@ async def sc_reused_id(stack: Stack, lb: LoadBalancer, client: httpx.AsyncClient
     n = a.reuse
     cap = float(TENANTS["reuse"][1]["budget"]["usd_per_day"])
     worst = reservation(chat_body(0, False))
-    before = await usage_row(client, stack.gw_urls[0], "reuse")
+    before = await usage_row(client, stack.admin_urls[0], "reuse")
     served = 0
     spent = 0.0
     for i in range(n):
@@ -649,7 +651,7 @@ async def sc_reused_id(stack: Stack, lb: LoadBalancer, client: httpx.AsyncClient
         elif code != 429:
             t.fail(f"sequential #{i}: {code}")
     await asyncio.sleep(1.0)  # the last settlement runs after its response
-    after = await usage_row(client, stack.gw_urls[1], "reuse")
+    after = await usage_row(client, stack.admin_urls[1], "reuse")
     counted = after.get("requests", 0) - before.get("requests", 0)
     billed = after.get("spent_usd", 0.0) - before.get("spent_usd", 0.0)
     t.notes.append(f"sequential: {served} of {n} served, ledger {counted:.0f} requests ${billed:.6f} "
@@ -661,14 +663,14 @@ async def sc_reused_id(stack: Stack, lb: LoadBalancer, client: httpx.AsyncClient
     # at once, against the fleet-wide cap: the replicas' own in-flight count is the check
     long = {"max_tokens": 6000, "ignore_eos": True}
     t0 = time.monotonic()
-    before_f = await usage_row(client, stack.gw_urls[0], "reuse_fleet")
+    before_f = await usage_row(client, stack.admin_urls[0], "reuse_fleet")
     results = await asyncio.gather(*(send(client, stack.gw_urls[i % 2], TENANTS["reuse_fleet"][0], "chat/completions",
                                           {**chat_body(i, False), **long}, t, timeout=60, headers=same)
                                      for i in range(n)))
     peak = await replica_peak(client, stack.sim_urls, t0)
     admitted = sum(1 for code, _, _ in results if code == 200)
     await asyncio.sleep(1.0)
-    counted_f = (await usage_row(client, stack.gw_urls[0], "reuse_fleet")).get("requests", 0) - \
+    counted_f = (await usage_row(client, stack.admin_urls[0], "reuse_fleet")).get("requests", 0) - \
         before_f.get("requests", 0)
     t.notes.append(f"at once: {admitted} of {n} admitted over the burst, at most {peak} in flight at the replicas "
                    f"(fleet cap 5), ledger {counted_f:.0f} requests")
@@ -676,11 +678,11 @@ async def sc_reused_id(stack: Stack, lb: LoadBalancer, client: httpx.AsyncClient
         t.fail(f"{peak} in flight at once past a fleet-wide cap of 5")
     if counted_f != admitted:
         t.fail("the ledger does not count every request served at once")
-    before_b = await usage_row(client, stack.gw_urls[0], "reuse_b")
+    before_b = await usage_row(client, stack.admin_urls[0], "reuse_b")
     code, h, _ = await send(client, stack.gw_urls[1], TENANTS["reuse_b"][0], "chat/completions", chat_body(0, False), t,
                             headers=same)
     await asyncio.sleep(1.0)
-    after_b = await usage_row(client, stack.gw_urls[0], "reuse_b")
+    after_b = await usage_row(client, stack.admin_urls[0], "reuse_b")
     b_billed = after_b.get("spent_usd", 0.0) - before_b.get("spent_usd", 0.0)
     t.notes.append(f"another tenant with the same id: {code}, billed ${b_billed:.6f}")
     if code != 200 or after_b.get("requests", 0) - before_b.get("requests", 0) != 1 or \
@@ -824,7 +826,8 @@ async def sc_fuzz(stack: Stack, lb: LoadBalancer, client: httpx.AsyncClient, a: 
             mine.sent += 1
             headers = {"authorization": f"Bearer {ADMIN_TOKEN}"} if with_token else {}
             try:
-                r = await client.request(method, f"{lb.pick()}{path.format(name)}", headers=headers,
+                adm = stack.admin_urls[mine.sent % len(stack.admin_urls)]  # the admin listeners, alternately
+                r = await client.request(method, f"{adm}{path.format(name)}", headers=headers,
                                          content=json.dumps(body, allow_nan=True).encode(), timeout=10)
             except httpx.HTTPError:
                 mine.lost += 1
@@ -871,7 +874,7 @@ async def sc_fuzz(stack: Stack, lb: LoadBalancer, client: httpx.AsyncClient, a: 
         t.fail(f"{sum(five.values())} 5xx, e.g. {ep}: {body!r}")
     loss_checks(t)
     # the fuzz may have set pool weights or tenant overrides through the admin API: put the fleet back, then check
-    for u in stack.gw_urls[:1]:
+    for u in stack.admin_urls[:1]:
         await admin(client, u, "DELETE", "/admin/pools/mi355x")
     after = Tally()
     await every_replica_serves(client, stack, after)

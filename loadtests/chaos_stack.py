@@ -61,6 +61,7 @@ class Stack:
         for s in self.sims:
             s.wait_ready(30)
         self.gw_ports = [free_port(), free_port()]
+        self.admin_ports = [free_port(), free_port()]  # each instance's admin listener (admin API, /metrics)
         self.config_path = self.work / "gateway.yaml"
         self.config_path.write_text(yaml.safe_dump(self.config()))
         self.gateways: list[Proc | None] = [self._gateway(i) for i in range(2)]
@@ -78,7 +79,7 @@ class Stack:
     def _gateway(self, i: int) -> Proc:
         port = self.gw_ports[i]
         cmd = [sys.executable, "-m", "gateway.cli", "serve", "--config", str(self.config_path), "--port", str(port),
-               "--drain-timeout", "30"]
+               "--admin-port", str(self.admin_ports[i]), "--drain-timeout", "30"]
         return Proc(f"gateway-{i}", cmd, f"http://127.0.0.1:{port}/readyz", log=self.logs / f"gateway-{i}.log")
 
     def config(self) -> dict[str, Any]:
@@ -140,6 +141,10 @@ class Stack:
     @property
     def gw_urls(self) -> list[str]:
         return [f"http://127.0.0.1:{p}" for p in self.gw_ports]
+
+    @property
+    def admin_urls(self) -> list[str]:
+        return [f"http://127.0.0.1:{p}" for p in self.admin_ports]
 
     @property
     def sim_urls(self) -> list[str]:

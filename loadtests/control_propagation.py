@@ -32,7 +32,7 @@ def main() -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar (stderr)")
     a = p.parse_args()
     work = Path(tempfile.mkdtemp(prefix="gw-ctl-"))
-    redis_port, sim_port, ports = a.port + 90, a.port + 50, [a.port, a.port + 1]
+    redis_port, sim_port, ports = a.port + 90, a.port + 50, [a.port, a.port + 2]
     procs = [Proc("redis", ["redis-server", "--port", str(redis_port), "--bind", "127.0.0.1", "--save", "",
                             "--appendonly", "no", "--dir", str(work)], "http://127.0.0.1:1/"),
              Proc("sim", [sys.executable, "-m", "gateway.cli", "sim", "--enable-cache-report", "--replicas", "2", "--port", str(sim_port)],
@@ -57,10 +57,10 @@ def main() -> None:
                 tqdm(total=a.trials, unit="trial", file=sys.stderr, leave=False, disable=a.no_progress) as bar:
             for i in range(a.trials):
                 action = "drain" if i % 2 == 0 else "undrain"
-                c.post(f"http://127.0.0.1:{ports[0]}/admin/replicas/p-0/{action}").raise_for_status()
+                c.post(f"http://127.0.0.1:{ports[0] + 1}/admin/replicas/p-0/{action}").raise_for_status()
                 t0 = time.perf_counter()
                 while True:
-                    reps = c.get(f"http://127.0.0.1:{ports[1]}/admin/replicas").json()["replicas"]
+                    reps = c.get(f"http://127.0.0.1:{ports[1] + 1}/admin/replicas")  # the admin listeners: port + 1.json()["replicas"]
                     if next(r for r in reps if r["name"] == "p-0")["drained"] == (action == "drain"):
                         break
                     if time.perf_counter() - t0 > 5:

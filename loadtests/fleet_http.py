@@ -34,7 +34,7 @@ from gateway.routing import registry
 from gateway_lab.sim.stats import window_throughput
 from loadtests.peers import ensure
 from loadtests.procs import Proc, cpu_seconds
-from loadtests.prom import metrics_text, total
+from loadtests.prom import gateway_metrics_text, metrics_text, total
 from loadtests.report import plot_fleet, save_json, sustained_rate, table
 from loadtests.runner import run_rate, summarize, warm_up
 from loadtests.workload import WaferWorkload
@@ -125,7 +125,7 @@ def gateway_targets(a: argparse.Namespace, work: Path, policy: str, mi: list[str
     path.write_text(yaml.safe_dump(cfg))
     procs, urls = [], []
     for i in range(a.gateways):
-        port = a.port + i
+        port = a.port + 2 * i  # its admin listener on port + 1
         procs.append(Proc(f"gateway-{policy}-{i}", [sys.executable, "-m", "gateway.cli", "serve", "--config", str(path),
                                                     "--port", str(port)], f"http://127.0.0.1:{port}/healthz",
                           log=work / f"gw-{policy}-{i}.log"))
@@ -283,7 +283,7 @@ async def run_target(a: argparse.Namespace, work: Path, name: str, redis_url: st
             bar.set_description(f"{name} @ {m:g}x")
             async with httpx.AsyncClient(timeout=30, trust_env=False) as c:
                 async def counters() -> tuple[tuple[float, float, float], tuple[float, float, float], list[str]]:
-                    gw = await metrics_text(c, urls) if ours else []
+                    gw = await gateway_metrics_text(c, urls) if ours else []
                     cpu.append(sum(cpu_seconds(p.pid) for p in procs))  # the router's processes, at the window's ends
                     return await engine_tokens(c, engines), await engine_tokens(c, b200), gw
 

@@ -42,7 +42,7 @@ from gateway_lab.replay.http import run_http
 from gateway_lab.replay.http import summary as trace_summary
 from loadtests.fleet_http import MI355X_PRICE, MI355X_TIMING, wall_timing
 from loadtests.procs import Proc
-from loadtests.prom import metrics_text, total
+from loadtests.prom import gateway_metrics_text, total
 from loadtests.runner import run_rate, summarize
 from loadtests.workload import WaferWorkload
 
@@ -133,7 +133,7 @@ async def run_mode(a: argparse.Namespace, urls: list[str], sims: list[str], wl_a
             if r.status_code != 200:
                 raise RuntimeError(f"{s}: flush refused ({r.status_code}): engines busy")
         await asyncio.sleep(1.5)  # the flush's AllBlocksCleared reaches every subscriber
-        before = await metrics_text(c, urls)
+        before = await gateway_metrics_text(c, urls)
         evicted_before = await evicted_pages(c, sims)
     wl = WaferWorkload(**wl_args)
     samples: list[tuple[int, int]] = []
@@ -144,7 +144,7 @@ async def run_mode(a: argparse.Namespace, urls: list[str], sims: list[str], wl_a
     finally:
         watch.cancel()
     async with httpx.AsyncClient(timeout=30, trust_env=False) as c:
-        after = await metrics_text(c, urls)
+        after = await gateway_metrics_text(c, urls)
         evicted = await evicted_pages(c, sims) - evicted_before
         await asyncio.sleep(1.0)  # the last batches arrive
         settled = await view_vs_engine(c, urls, sims)
@@ -179,14 +179,14 @@ async def run_trace_mode(a: argparse.Namespace, urls: list[str], sims: list[str]
             if (await c.post(f"{s}/flush_cache")).status_code != 200:
                 raise RuntimeError(f"{s}: flush refused: engines busy")
         await asyncio.sleep(1.5)
-        before = await metrics_text(c, urls)
+        before = await gateway_metrics_text(c, urls)
     trace = read_trace(a.trace, a.trace_limit)
     # per finished request, as fleet_trace's bar; under the run's
     with tqdm(total=len(trace), desc="trace", unit="req", file=sys.stderr, leave=False, disable=a.no_progress) as bar:
         results = await run_http(trace, urls[0], "glm-5.2", KEY, a.time_scale, 256,
                                  progress=None if a.no_progress else bar.update)
     async with httpx.AsyncClient(timeout=30, trust_env=False) as c:
-        after = await metrics_text(c, urls)
+        after = await gateway_metrics_text(c, urls)
     out = trace_summary(results, a.sla / a.time_scale)  # TTFTs here are wall seconds
     for k in ("ttft_p50", "ttft_p95", "ttft_p99"):
         out[k] *= a.time_scale
@@ -202,7 +202,7 @@ async def run_one(a: argparse.Namespace, work: Path, scen: str, cap: int, mode: 
     """One mode on a fleet of its own: a fresh `gateway sim` and fresh gateways, so no mode inherits another's
     process state (an earlier layout ran the modes in turn on one sim, always in the same order)."""
     sim, sims = start_fleet(a, work, cap, f"{scen}-{mode}")
-    ports = [a.port + j for j in range(a.instances)]  # `instances` gateways, own in-memory index each, clients alternate
+    ports = [a.port + 2 * j for j in range(a.instances)]  # `instances` gateways, own in-memory index each, clients alternate
     gws = [start_gateway(a, work, mode, sims, port) for port in ports]
     try:
         for g in gws:

@@ -111,7 +111,8 @@ def start_targets(a: argparse.Namespace, sim_urls: list[str], work: Path) -> lis
               "tenants": [{"name": "bench", "api_key_hashes": [hash_key(KEY)], "models": ["glm-5.2"]}],
               "observability": {"log_requests": False}}
     (work / "gw.yaml").write_text(yaml.safe_dump(gw_cfg))
-    gw = Proc("gateway", [sys.executable, "-m", "gateway.cli", "serve", "--config", str(work / "gw.yaml"), "--port", str(a.port)],
+    gw = Proc("gateway", [sys.executable, "-m", "gateway.cli", "serve", "--config", str(work / "gw.yaml"), "--port", str(a.port),
+                          "--admin-port", str(a.port + 5)],  # port + 1 is LiteLLM's
               f"http://127.0.0.1:{a.port}/healthz", log=work / "gateway.log")
     targets.append(Target("this gateway", [f"http://127.0.0.1:{a.port}"], gw, {"authorization": f"Bearer {KEY}"}))
     if a.baseline:  # the gateway of another checkout (e.g. `git worktree add /tmp/base <rev>`), same config, same run

@@ -23,3 +23,16 @@ def total(texts: list[str], name: str, labels: str = "") -> float:
 async def metrics_text(c: httpx.AsyncClient, urls: list[str]) -> list[str]:
     """Each server's /metrics; `urls` may be OpenAI bases (…/v1)."""
     return [(await c.get(u.removesuffix("/v1") + "/metrics")).text for u in urls]
+
+
+def admin_url(api_url: str) -> str:
+    """A gateway's admin listener (the admin API, /metrics) from its API URL: the API port + 1, `gateway serve`'s
+    default (the load tests leave every other port free for it)."""
+    u = httpx.URL(api_url.removesuffix("/v1"))
+    assert u.port is not None, api_url
+    return f"{u.scheme}://{u.host}:{u.port + 1}"
+
+
+async def gateway_metrics_text(c: httpx.AsyncClient, urls: list[str]) -> list[str]:
+    """Each gateway's /metrics, from its admin listener; `urls`: the gateways' API URLs (or OpenAI bases)."""
+    return await metrics_text(c, [admin_url(u) for u in urls])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.app import create_app
+from gateway.app import create_admin_app, create_app
 from gateway.config import hash_key, parse_config
 from gateway.servers import make_server
 from tests.helpers import ServerThread
@@ -35,15 +35,23 @@ def config(pools: list[dict[str, Any]], models: list[dict[str, Any]] | None = No
     return cfg
 
 
-def start_gateway(cfg: dict[str, Any], served: bool = False, **kw: Any) -> ServerThread:
-    """`served`: on the listener `gateway serve` runs (the gateway's HTTP protocol: its limits, its parser errors,
-    WebSocket handshakes answered by the API) rather than uvicorn's own."""
+class GatewayThread(ServerThread):
+    """A gateway as `gateway serve` runs it: the client listener (`urls[0]`: the APIs) and the admin listener
+    (`admin_url`: the admin API and /metrics) over one instance (`app`). `served`: the client listener on the
+    gateway's own HTTP protocol (its limits, its parser errors, WebSocket handshakes answered by the API) rather than
+    uvicorn's."""
+
+    def __init__(self, app: Any, http_limits: Any = None, served: bool = False) -> None:
+        super().__init__([app, create_admin_app(app)])
+        self.app = app
+        self.admin_url = self.urls[1]
+        if served:
+            self.servers[0] = make_server(app, "127.0.0.1", self.ports[0], timeout_keep_alive=5, openai_errors=True,
+                                          http_limits=http_limits)
+
+
+def start_gateway(cfg: dict[str, Any], served: bool = False, **kw: Any) -> GatewayThread:
     parsed = parse_config(cfg)
-    app = create_app(parsed, **kw)
-    st = ServerThread([app])
-    if served:
-        st.servers = [make_server(app, "127.0.0.1", st.ports[0], timeout_keep_alive=5, openai_errors=True,
-                                  http_limits=parsed.http)]
-    st.start()
-    st.app = app  # type: ignore[attr-defined]
-    return st
+    gw = GatewayThread(create_app(parsed, **kw), parsed.http, served)
+    gw.start()
+    return gw

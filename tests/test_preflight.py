@@ -73,7 +73,7 @@ def test_gateway_check_passes_a_well_configured_pool(tmp_path):
         r = subprocess.run([sys.executable, "-m", "gateway.cli", "check", "--config", str(path)], cwd=ROOT,
                            env=env_without_proxies(), capture_output=True, text=True, timeout=120, check=False)
         assert r.returncode == 0, r.stdout + r.stderr
-        assert "2 server(s), 0 misconfiguration(s)" in r.stdout
+        assert "2 server(s), 0 hosted pool(s), 0 misconfiguration(s)" in r.stdout
         assert "schedule policy fcfs" in r.stdout  # what on-call needs to read the ranks' queue order
     finally:
         st.stop()
@@ -91,7 +91,7 @@ def test_a_running_gateway_names_misconfigured_replicas_in_readyz_metrics_and_lo
         wait_until(lambda: "misconfigured_replicas" in ready(), timeout=10, what="the preflight")
         body = ready()
         assert body["status"] == "ready" and body["misconfigured_replicas"] == {"p-0": ["cache_report"]}
-        metrics = httpx.get(f"{gw.urls[0]}/metrics").text
+        metrics = httpx.get(f"{gw.admin_url}/metrics").text
         assert 'gateway_replica_misconfigured{check="cache_report",pool="p",replica="p-0"} 1.0' in metrics
         lines = [r.getMessage() for r in caplog.records if r.name == "gateway.engine" and "misconfigured" in r.getMessage()]
         assert len(lines) == 1 and "p-0" in lines[0] and "cache_report" in lines[0] and "--enable-cache-report" in lines[0]

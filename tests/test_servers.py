@@ -13,7 +13,7 @@ import httpx
 import orjson
 import pytest
 
-from gateway.app import create_app
+from gateway.app import create_admin_app, create_app
 from gateway.config import HttpLimits, parse_config
 from gateway.servers import make_server
 from tests.gateway_fixtures import config, sglang_pool
@@ -26,10 +26,11 @@ LIMITS = HttpLimits(max_header_bytes=16 * 1024, max_headers=40, header_read_s=1.
 def gw(sims):
     st_sims, _ = sims
     app = create_app(parse_config(config([sglang_pool("p", st_sims.urls)])))
-    st = ServerThread([app])
-    st.servers = [make_server(app, "127.0.0.1", st.ports[0], timeout_keep_alive=5, openai_errors=True,
-                              http_limits=LIMITS)]
-    st.app = app
+    admin = create_admin_app(app)
+    st = ServerThread([app, admin])  # the client listener under test, and the admin one for /metrics
+    st.servers = [make_server(a, "127.0.0.1", p, timeout_keep_alive=5, openai_errors=True, http_limits=LIMITS)
+                  for a, p in zip((app, admin), st.ports)]
+    st.app, st.admin_url = app, st.urls[1]
     st.start()
     yield st
     st.stop()
@@ -60,7 +61,7 @@ def answer(raw: bytes) -> tuple[int, dict[str, str], dict]:
 
 
 def refusals(gw: ServerThread, reason: str) -> float:
-    text = httpx.get(gw.urls[0] + "/metrics").text
+    text = httpx.get(gw.admin_url + "/metrics").text
     return sum(float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines()
                if ln.startswith("gateway_requests_total{") and f'reason="{reason}"' in ln)
 

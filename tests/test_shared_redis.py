@@ -83,14 +83,15 @@ def test_an_outage_marks_redis_away_at_once_logs_once_and_retries_after_a_second
     assert g.failed(ConnectionError("refused"), clock.t) == "unavailable"
     assert not g.available
     g.failed(ConnectionError("refused"), clock.t)  # still away: no second line
-    lines = [r.getMessage() for r in caplog.records]
-    assert lines == ["redis unavailable (unavailable: ConnectionError): budgets fall back to this instance"]
+    events = [r.fields for r in caplog.records if hasattr(r, "fields")]  # the structured event lines
+    assert events == [{"event": "redis_away", "what": "budgets", "reason": "unavailable", "error": "ConnectionError",
+                       "fallback": "this instance's own state"}]
     g.fallback("away")
     assert seen == [("budgets", "away")]
     clock.t += 1.0
     assert g.available  # tried again
     g.succeeded()
-    assert caplog.records[-1].getMessage() == "redis answers again: budgets shared"
+    assert caplog.records[-1].fields == {"event": "redis_back", "what": "budgets", "was": "unavailable"}
 
 
 def test_timeouts_with_no_success_at_all_for_hung_after_mark_redis_away():

@@ -37,7 +37,7 @@ def test_sigterm_fails_readiness_for_the_drain_delay_then_closes_and_finishes_st
     base = f"http://127.0.0.1:{port}"
     cfg_path = tmp_path / "gw.yaml"
     cfg_path.write_text(yaml.safe_dump(config([sglang_pool("p", sims.urls)], shutdown={"readiness_drain_s": DRAIN_DELAY})))
-    proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", "--config", str(cfg_path), "--port", str(port)],
+    proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", "--config", str(cfg_path), "--port", str(port), "--admin-port", str(free_port())],
                             env=env_without_proxies(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         wait_http(f"{base}/healthz", proc=proc)
@@ -126,7 +126,7 @@ def test_a_second_signal_skips_the_drain_delay(tmp_path):
     port = free_port()
     cfg_path = tmp_path / "gw.yaml"
     cfg_path.write_text(yaml.safe_dump(config([sglang_pool("p", sims.urls)])))
-    proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", "--config", str(cfg_path), "--port", str(port),
+    proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", "--config", str(cfg_path), "--port", str(port), "--admin-port", str(free_port()),
                              "--drain-delay", "60"], env=env_without_proxies(), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT)
     try:
@@ -159,7 +159,7 @@ def test_streams_past_the_drain_timeout_end_with_an_error_event_and_are_billed_f
     cfg_path = tmp_path / "gw.yaml"
     cfg_path.write_text(yaml.safe_dump(cfg))
     proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", "--config", str(cfg_path), "--port",
-                             str(port), "--drain-timeout", "2"], env=env_without_proxies(), stdout=subprocess.PIPE,
+                             str(port), "--admin-port", str(free_port()), "--drain-timeout", "2"], env=env_without_proxies(), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT)
     try:
         wait_http(f"{base}/healthz", proc=proc)
@@ -191,7 +191,9 @@ def test_streams_past_the_drain_timeout_end_with_an_error_event_and_are_billed_f
         out = proc.stdout.read().decode()
         # the SDK raised the error event (an APIError naming the shutdown), not a connection error
         assert len(errors) == 4 and all("shutting down" in str(e) for e in errors.values()), errors
-        lines = [json.loads(ln) for ln in out.splitlines() if ln.startswith('{"request_id"')]
+        log = [json.loads(ln) for ln in out.splitlines() if ln.startswith("{")]  # the JSON log stream
+        lines = [ln for ln in log if ln["event"] == "request"]
+        assert [ln["count"] for ln in log if ln["event"] == "streams_cut"] == [4]
         cut = [ln for ln in lines if ln["reason"] == "shutdown"]
         assert len(cut) == 4 and all(ln["status"] == "200" for ln in cut)
         assert all(ln["completion_tokens"] > 0 and ln["cost_usd"] > 0 for ln in cut), cut

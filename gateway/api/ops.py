@@ -1,11 +1,34 @@
-"""Liveness (`/healthz`, alias `/health`), readiness and Prometheus metrics."""
+"""Liveness (`/healthz`, alias `/health`) and readiness on both listeners; Prometheus `/metrics` on the admin listener
+only (its labels name tenants and their spend), optionally behind a scrape token (`admin.metrics_token_hashes`)."""
 
 from __future__ import annotations
+
+import hashlib
+import hmac
 
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
 
+from gateway.errors import AuthenticationFailed
+from gateway.state import AppState
+
 router = APIRouter()
+metrics_router = APIRouter()
+
+
+def gateway_state(request: Request) -> AppState:
+    """The instance's state, from either listener: the admin app reaches the main app's (`app.state.main`)."""
+    app = getattr(request.app.state, "main", request.app)
+    return app.state.gateway  # type: ignore[no-any-return]
+
+
+def bearer_matches(request: Request, hashes: list[str]) -> bool:
+    """Does the request carry `Authorization: Bearer <t>` with sha256(t) among `hashes` (constant-time compare)?"""
+    scheme, _, token = (request.headers.get("authorization") or "").partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        return False
+    digest = hashlib.sha256(token.strip().encode()).hexdigest()
+    return any(hmac.compare_digest(digest, h) for h in hashes)
 
 
 @router.get("/healthz")
@@ -20,7 +43,7 @@ async def readyz(request: Request) -> Response:
     but keeps the instance ready: every instance sees the same upstreams, so failing readiness would empty the
     Service and turn the gateway's clear 503 + Retry-After into connection errors — for every model, not just
     the one that lost its replicas (e.g. when on-call drains a pool)."""
-    st = request.app.state.gateway
+    st = gateway_state(request)
     if st.draining:
         return JSONResponse({"status": "draining"}, status_code=503)
     missing = [m.name for m in st.config.models
@@ -36,6 +59,10 @@ async def readyz(request: Request) -> Response:
     return JSONResponse({"status": "ready", **extra})
 
 
-@router.get("/metrics")
+@metrics_router.get("/metrics")
 async def metrics(request: Request) -> Response:
-    return Response(request.app.state.gateway.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+    st = gateway_state(request)
+    scrape = st.config.admin.metrics_token_hashes
+    if scrape and not bearer_matches(request, scrape + st.admin_hashes):
+        raise AuthenticationFailed("/metrics: missing or invalid scrape token (admin.metrics_token_hashes).")
+    return Response(st.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")

@@ -26,7 +26,8 @@ from gateway.background import BackgroundTask
 from gateway.control import history
 from gateway.control.state import ControlState, LivePolicy, PoolOverride, TenantOverride
 from gateway.control.store import AUDIT_MAX, ControlStore, StoreUnavailable
-from gateway.errors import Conflict, InvalidRequest, NotFound
+from gateway.errors import Conflict, GatewayError, InvalidRequest, NotFound
+from gateway.observability.logging import log_event
 from gateway.policy_schema import Tenant
 from gateway.tenancy import live_policy
 from gateway.tenancy.policy_loader import PolicySet
@@ -88,6 +89,7 @@ class ControlPlane:
             s.pricing = o.pricing if o is not None and o.pricing is not None else pricing
         if self.policies is not None:
             self.policies.set_live({k: v.fields for k, v in state.policies.items()})
+        log_changes(self.state, state)
         self.state = state
         self.applied_at = time.time()
 
@@ -262,6 +264,42 @@ class ControlPlane:
                                                  ("on_sla_miss", o.on_sla_miss)) if v is not None}
         return tenant.model_copy(update=upd) if upd else tenant
 
+    def name_override(self, tenant: str, err: GatewayError) -> GatewayError:
+        """A capacity refusal (503) for a tenant under a live on-call override or a live change of its pools says
+        so, naming it: it narrowed where the request could go (a pin, a tighter SLA, shedding, fewer pools), and the
+        on-call who set it must recognise their own change in the refusal (also in `x-gateway-override`)."""
+        if err.status != 503:
+            return err
+        named = []
+        o = self.state.tenants.get(tenant)
+        if o is not None and o.active():
+            what = ", ".join(f"{k}={v}" for k, v in o.model_dump(exclude_none=True).items() if k != "expires_at")
+            until = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(o.expires_at))
+            named.append(f"an on-call override of tenant '{tenant}' ({what}; until {until}; "
+                         f"`gateway admin override {tenant} --clear` lifts it)")
+        live = self.state.policies.get(tenant)
+        if live is not None and "pools" in live.fields:
+            named.append(f"a live policy change of tenant '{tenant}' (pools={live.fields['pools']}; "
+                         f"`gateway admin tenant {tenant} --clear` drops it)")
+        if named:
+            err.message = f"{err.message} In force: {'; '.join(named)}."
+            err.args = (err.message,)
+            err.extra_headers = {**err.extra_headers, "x-gateway-override": "; ".join(named)[:512]}
+        return err
+
     def pinned_pool(self, tenant: str) -> str | None:
         o = self.state.tenants.get(tenant)
         return o.pin_pool if o is not None and o.active() else None
+
+
+def log_changes(old: ControlState, new: ControlState) -> None:
+    """What this instance now applies differently, one event line per change (`drain`, `pool_override`
+    and `override` — `name` the pool or the tenant): every instance logs what it applied, so each one's log says when the change reached it."""
+    for name in sorted(new.drained ^ old.drained):
+        log_event("drain", replica=name, drained=name in new.drained)
+    for kind, before, after in (("pool_override", old.pools, new.pools), ("override", old.tenants, new.tenants)):
+        for name in sorted(before.keys() | after.keys()):
+            b, a = before.get(name), after.get(name)
+            if b != a:
+                log_event(kind, name=name, override=a.model_dump(mode="json", exclude_none=True) if a else None,
+                          was=b.model_dump(mode="json", exclude_none=True) if b else None)

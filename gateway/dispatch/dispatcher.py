@@ -45,6 +45,7 @@ from gateway.dispatch.retry_policy import (
 )
 from gateway.dispatch.upstream_body import adapt_body
 from gateway.errors import GatewayError, NoCapacity, RequestQuarantined, UpstreamTimeout
+from gateway.observability.logging import log_event
 from gateway.observability.metrics import GatewayMetrics
 from gateway.policy_schema import Tenant
 from gateway.routing.decision import Decision
@@ -253,8 +254,8 @@ class Dispatcher:
         target.breaker.trip("stalled")
         self.metrics.ejections.labels(target.pool, target.name, "stalled").inc()
         self.metrics.breaker_open.labels(target.pool, target.name).set(1)
-        log.warning("replica %s of pool %s ejected: %d requests overdue for a first byte and nothing answered for "
-                    "%.1f s", target.name, target.pool, overdue, self.stalls.stall_s)
+        log_event("ejection", pool=target.pool, replica=target.name, reason="stalled", overdue_requests=overdue,
+                  silent_s=self.stalls.stall_s)
 
     # -- one attempt -----------------------------------------------------------------------------------------
     async def _attempt(self, target: Target, call: UpstreamCall, attempt: Attempt, bp: BodyPrint, n: int,

@@ -17,6 +17,7 @@ from typing import Any
 
 from gateway.background import BackgroundTask
 from gateway.config import GatewayConfig
+from gateway.observability.logging import log_event
 from gateway.policy_schema import Tenant
 from gateway.tenancy.identify import TenantIndex
 from gateway.tenancy.live_policy import LivePolicyError, apply
@@ -56,14 +57,18 @@ class PolicyStore:
             new = parse_policies(files, fp, self.cfg, self.source.dir)
         except PolicyError as e:
             self.last_error, self._failed_fingerprint = str(e), fp
-            log.error("policy reload rejected; the running policy stays in force:\n%s", e)
+            # the running policy stays in force; the error (file and field) is the event's, folded on one line
+            log_event("policy_error", logging.ERROR, error=str(e), kept_fingerprint=self.current.fingerprint[:12])
             if self.on_reload:
                 self.on_reload("error")
             raise
         old = self.current
         self.current, self.index = new, self._effective(new.tenants)  # one assignment each, no await between
+        failed_before = self.last_error is not None
         self.loaded_at, self.last_error, self._failed_fingerprint = time.time(), None, None
-        log.info("policies reloaded: %d tenants, fingerprint %s", len(new.tenants), new.fingerprint[:12])
+        log_event("policy_reload", logging.INFO, tenants=len(new.tenants), fingerprint=new.fingerprint[:12])
+        if failed_before:
+            log_event("policy_recovered", logging.WARNING, fingerprint=new.fingerprint[:12], how="reloaded")
         if self.on_reload:
             self.on_reload("ok")
         if self.on_change and old.fingerprint != new.fingerprint:
@@ -115,7 +120,11 @@ class PolicyStore:
             except OSError as e:  # a directory being replaced (ConfigMap swap) may be briefly unreadable
                 log.warning("policy directory unreadable (%s); will look again", e)
                 continue
-            if fp not in (self.current.fingerprint, self._failed_fingerprint):
+            if fp == self.current.fingerprint and self.last_error is not None:
+                # the bad edit was reverted: the files are the running policy again, so its error no longer holds
+                self.last_error, self._failed_fingerprint = None, None
+                log_event("policy_recovered", logging.WARNING, fingerprint=fp[:12], how="reverted to the running policy")
+            elif fp not in (self.current.fingerprint, self._failed_fingerprint):
                 try:
                     self.reload()
                 except PolicyError:

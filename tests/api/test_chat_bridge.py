@@ -38,7 +38,7 @@ def _gateway(sims: ServerThread, usd_per_day: float, exporter: InMemorySpanExpor
 
 
 def _day(gw: Any) -> dict[str, Any]:
-    r = httpx.get(gw.urls[0] + "/admin/usage?tenant=tenant-a", headers=ADMIN)
+    r = httpx.get(gw.admin_url + "/admin/usage?tenant=tenant-a", headers=ADMIN)
     return r.json()["tenants"]["tenant-a"]["day"]  # type: ignore[no-any-return]
 
 
@@ -56,7 +56,7 @@ def test_bridged_requests_are_charged_traced_and_logged(sims: ServerThread) -> N
         assert day["spent_usd"] > 0 and day["reserved_usd"] == pytest.approx(0, abs=1e-12)
         assert day["prompt_tokens"] >= r.usage.input_tokens + m.usage.input_tokens > 0
 
-        log = httpx.get(gw.urls[0] + "/admin/decisions?limit=10", headers=ADMIN).json()["decisions"]
+        log = httpx.get(gw.admin_url + "/admin/decisions?limit=10", headers=ADMIN).json()["decisions"]
         assert len(log) == 2 and all(d["status"] == "200" and d["served_by"] == "p-0" for d in log)
         assert all(d["decision"]["chosen"] == "p-0" and d["decision"]["candidates"] for d in log)
 

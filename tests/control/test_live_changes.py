@@ -30,14 +30,19 @@ def pair(sims, redis_server):
                  tenants=[{"name": "tenant-a", "api_key_hashes": [hash_key(KEY_A)], "models": ["glm-5.2"],
                            "rate_limits": {"requests_per_minute": 60}}])
     gws = [start_gateway(cfg), start_gateway(cfg)]
-    yield [f"http://127.0.0.1:{g.ports[0]}" for g in gws]
+    CLIENT_OF.update({g.admin_url: g.urls[0] for g in gws})
+    yield [g.admin_url for g in gws]  # each instance's admin listener
     for g in gws:
         g.stop()
 
 
+CLIENT_OF: dict[str, str] = {}  # an instance's admin listener -> its client listener
+
+
 def limit_seen(base: str) -> str | None:
-    """The requests/min limit this instance enforces for tenant-a, as its response headers state it."""
-    r = httpx.post(f"{base}/v1/chat/completions", headers={"authorization": f"Bearer {KEY_A}"},
+    """The requests/min limit this instance (`base`: its admin listener) enforces for tenant-a, as its response
+    headers state it."""
+    r = httpx.post(f"{CLIENT_OF[base]}/v1/chat/completions", headers={"authorization": f"Bearer {KEY_A}"},
                    json={"model": "glm-5.2", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1})
     return r.headers.get("x-ratelimit-limit-requests")
 
@@ -174,7 +179,7 @@ def test_preview_of_a_weight_change_is_computed_from_recent_decisions(pair):
     """Weight 0 on pool q moves every recent decision that chose q (and nothing else); nothing is changed."""
     a, _ = pair
     for i in range(6):
-        httpx.post(f"{a}/v1/chat/completions", headers={"authorization": f"Bearer {KEY_A}"},
+        httpx.post(f"{CLIENT_OF[a]}/v1/chat/completions", headers={"authorization": f"Bearer {KEY_A}"},
                    json={"model": "glm-5.2", "messages": [{"role": "user", "content": f"preview {i} " * 50}],
                          "max_tokens": 1}).raise_for_status()
     decisions = httpx.get(f"{a}/admin/decisions", params={"limit": 500}, headers=ADM).json()["decisions"]
@@ -200,7 +205,8 @@ def test_policy_file_reload_is_audited_with_before_and_after(sims, tmp_path: Pat
                  policies={"dir": str(pol), "watch_interval_s": 0.1})
     cfg.pop("tenants")
     gw = start_gateway(cfg)
-    base = f"http://127.0.0.1:{gw.ports[0]}"
+    base = gw.admin_url
+    CLIENT_OF[base] = gw.urls[0]
     try:
         tenant["rate_limits"]["requests_per_minute"] = 90
         (pol / "tenants" / "tenant-a.yaml").write_text(yaml.safe_dump(tenant))

@@ -27,8 +27,8 @@ def _tenants():
             {"name": "tenant-b", "api_key_hashes": [hash_key(KEY_B)], "models": ["glm-5.2"]}]
 
 
-def _breaker_gauges(gw_url: str) -> list[str]:
-    text = httpx.get(gw_url + "/metrics").text
+def _breaker_gauges(admin_url: str) -> list[str]:
+    text = httpx.get(admin_url + "/metrics").text
     return [ln for ln in text.splitlines() if ln.startswith("gateway_replica_circuit_open{")]
 
 
@@ -65,9 +65,9 @@ def test_content_caused_failures_of_one_tenant_do_not_open_breakers_for_others()
                 assert r.http_response.status_code == 200
         states = gw.call(lambda: {t.name: t.breaker.state.value for t in gw.app.state.gateway.registry.targets})
         assert set(states.values()) == {"closed"}
-        gauges = _breaker_gauges(gw.urls[0])
+        gauges = _breaker_gauges(gw.admin_url)
         assert all(ln.endswith(" 0.0") for ln in gauges)
-        caused = [ln for ln in httpx.get(gw.urls[0] + "/metrics").text.splitlines()
+        caused = [ln for ln in httpx.get(gw.admin_url + "/metrics").text.splitlines()
                   if ln.startswith("gateway_request_caused_failures_total")]
         assert caused and float(caused[0].split()[-1]) >= 3
     finally:

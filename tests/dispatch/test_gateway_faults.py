@@ -125,7 +125,7 @@ def test_sigterm_lets_inflight_streams_finish(tmp_path):
     port = free_port()
     cfg_path = tmp_path / "gw.yaml"
     cfg_path.write_text(yaml.safe_dump(config([sglang_pool("p", sims.urls)])))
-    proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", "--config", str(cfg_path), "--port", str(port),
+    proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", "--config", str(cfg_path), "--port", str(port), "--admin-port", str(free_port()),
                              "--drain-delay", "0"],
                             env=env_without_proxies(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:

@@ -164,7 +164,7 @@ def test_auto_serves_on_the_decode_server_when_that_predicts_better():
         # running stream (the busy cases are routing/pd.py's unit tests)
         assert dict(pd_state(gw).branches) == {"unified_short": 1, "unified_cheaper": 1}
         assert sum(rk.rank.counters.requests for rk in pre[0].ranks) == 0
-        metrics = httpx.get(gw.urls[0] + "/metrics").text
+        metrics = httpx.get(gw.admin_url + "/metrics").text
         assert 'gateway_pd_decisions_total{branch="unified_short",pool="pd"} 1.0' in metrics
     finally:
         gw.stop()

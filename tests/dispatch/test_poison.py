@@ -60,9 +60,9 @@ def test_a_body_that_hangs_two_replicas_is_quarantined_and_ejects_none():
         assert ok.choices[0].message.content
         states = gw.call(lambda: {t.name: (t.breaker.state.value, t.healthy) for t in gw.app.state.gateway.registry.targets})
         assert all(s == ("closed", True) for s in states.values())
-        assert _metric(gw.urls[0], "gateway_poison_quarantined_total") == 1
-        assert _metric(gw.urls[0], "gateway_quarantine_refusals_total") == 1
-        refused = [ln for ln in httpx.get(gw.urls[0] + "/metrics").text.splitlines()
+        assert _metric(gw.admin_url, "gateway_poison_quarantined_total") == 1
+        assert _metric(gw.admin_url, "gateway_quarantine_refusals_total") == 1
+        refused = [ln for ln in httpx.get(gw.admin_url + "/metrics").text.splitlines()
                    if ln.startswith("gateway_requests_total{") and 'status="422"' in ln]
         assert refused and all('reason="quarantined"' in ln for ln in refused), refused
     finally:
@@ -88,7 +88,7 @@ def test_quarantine_is_shared_across_instances_through_redis():
             return statuses[-1] == 422
 
         wait_until(refused_on_gw2, timeout=5, what="the other instance to refuse the quarantined body")
-        assert _metric(gw2.urls[0], "gateway_poison_quarantined_total") == 0  # learned from Redis, not by itself
+        assert _metric(gw2.admin_url, "gateway_poison_quarantined_total") == 0  # learned from Redis, not by itself
     finally:
         gw1.stop()
         gw2.stop()
@@ -126,7 +126,7 @@ def test_a_hung_replica_is_ejected_within_seconds_not_a_first_byte_timeout_per_r
         # every stream completed on replica 1 (the ejection cut each wait short; the first-byte timeout is 600 s)
         assert all(o is not None and o[0] == 200 and o[1] == "p-1" and o[2] for o in out), out
         assert gw.call(lambda: gw.app.state.gateway.registry.get("p-0").breaker.reason) == "stalled"
-        assert _metric(gw.urls[0], 'gateway_replica_ejections_total{pool="p",reason="stalled",replica="p-0"}') == 1
+        assert _metric(gw.admin_url, 'gateway_replica_ejections_total{pool="p",reason="stalled",replica="p-0"}') == 1
         for i in range(4):  # no new request goes to the hung replica
             r = httpx.post(gw.urls[0] + "/v1/chat/completions", headers=AUTH, timeout=30,
                            json={"model": "glm-5.2", "messages": [{"role": "user", "content": f"after {i}"}], "max_tokens": 2})
@@ -160,7 +160,7 @@ def test_the_trial_after_a_stall_ejection_costs_stall_s_not_a_first_byte_timeout
                            json={"model": "glm-5.2", "messages": [{"role": "user", "content": f"later {i}"}], "max_tokens": 2})
             # a trial that waited out the 600 s first-byte timeout would raise a client timeout here
             assert r.status_code == 200 and r.headers["x-gateway-replica"] == "p-1", r.text
-        tried = _metric(gw.urls[0], 'gateway_upstream_errors_total{kind="stalled",pool="p",replica="p-0"}')
+        tried = _metric(gw.admin_url, 'gateway_upstream_errors_total{kind="stalled",pool="p",replica="p-0"}')
         assert tried >= 1  # at least one trial went to the hung replica and was cut at stall_s
     finally:
         gw.stop()
@@ -186,7 +186,7 @@ def test_one_slow_request_ejects_no_replica():
         assert all(o is not None and o[0] == 200 and o[2] for o in out), out
         states = gw.call(lambda: {t.name: t.breaker.state.value for t in gw.app.state.gateway.registry.targets})
         assert set(states.values()) == {"closed"}
-        assert _metric(gw.urls[0], "gateway_replica_ejections_total") == 0
+        assert _metric(gw.admin_url, "gateway_replica_ejections_total") == 0
     finally:
         gw.stop()
         sims.stop()

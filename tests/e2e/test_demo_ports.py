@@ -5,6 +5,7 @@ import socket
 import subprocess
 import sys
 
+import httpx
 from openai import OpenAI
 
 from tests.helpers import env_without_proxies, free_port, wait_http
@@ -27,7 +28,9 @@ def _end(proc: subprocess.Popen) -> None:
 
 def test_two_demos_side_by_side_both_serve():
     ports = [free_port(), free_port()]
-    procs = [_start("demo", "--port", str(p), "--time-scale", "20") for p in ports]
+    admin_ports = [free_port(), free_port()]  # explicit: each demo's API port + 1 may be the other's replica port
+    procs = [_start("demo", "--port", str(p), "--admin-port", str(ap), "--time-scale", "20")
+             for p, ap in zip(ports, admin_ports)]
     try:
         for p, proc in zip(ports, procs):
             wait_http(f"http://127.0.0.1:{p}/healthz", timeout=60, proc=proc)
@@ -35,6 +38,10 @@ def test_two_demos_side_by_side_both_serve():
             c = OpenAI(base_url=f"http://127.0.0.1:{p}/v1", api_key="sk-demo", max_retries=0)
             r = c.chat.completions.create(model="glm-5.2", messages=[{"role": "user", "content": "hi"}], max_tokens=3)
             assert r.choices[0].message.content
+        for ap in admin_ports:  # each demo's admin listener: /metrics and the admin API (the demo's token)
+            assert httpx.get(f"http://127.0.0.1:{ap}/metrics").status_code == 200
+            assert httpx.get(f"http://127.0.0.1:{ap}/admin/state",
+                             headers={"authorization": "Bearer admin-demo"}).status_code == 200
     finally:
         for proc in procs:
             _end(proc)

@@ -97,6 +97,21 @@ def test_overlays_render_and_validate_against_the_kubernetes_schemas(overlay):
     if cfg.routing.redis_password_env:  # prod: the password comes from the Secret, not the ConfigMap
         assert cfg.routing.redis_password_env in env and "@" not in (cfg.routing.redis_url or "")
     assert (overlay == "prod") == bool(cfg.routing.redis_password_env)
+    # the admin Service isolates: it alone reaches the admin listener (admin API, /metrics), which the config binds
+    # on the pod's address at the container's `admin` port; the client Service reaches the API port only, and
+    # Prometheus scrapes through the admin Service
+    services = {s["metadata"]["name"]: s for s in by_kind(docs, "Service")}
+    client_svc, admin_svc = services["inference-gateway"], services["inference-gateway-admin"]
+    assert [p["targetPort"] for p in client_svc["spec"]["ports"]] == ["http"]
+    assert [p["targetPort"] for p in admin_svc["spec"]["ports"]] == ["admin"]
+    assert admin_svc["spec"].get("type", "ClusterIP") == "ClusterIP"
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert ports["admin"] == cfg.admin.listen_port(ports["http"]) and cfg.admin.host == "0.0.0.0"
+    assert ports["http"] == int(c["args"][c["args"].index("--port") + 1])
+    labels = admin_svc["metadata"]["labels"]
+    assert sm["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    assert not sm["spec"]["selector"]["matchLabels"].items() <= client_svc["metadata"]["labels"].items()
+    assert sm["spec"]["endpoints"][0]["port"] == "admin" and sm["spec"]["endpoints"][0]["path"] == "/metrics"
 
 
 def test_compose_names_only_files_in_this_repo_and_public_images():

@@ -20,7 +20,7 @@ from tests.helpers import env_without_proxies, free_port, start_sims, wait_http,
 
 def cli(base: str, *args: str) -> dict:
     out = subprocess.run([sys.executable, "-m", "gateway.cli", "admin", "--url", base, "--token", "adm",
-                          "--actor", "oncall", *args], env=env_without_proxies(), capture_output=True, text=True,
+                          "--actor", "oncall", "-o", "json", *args], env=env_without_proxies(), capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
@@ -45,30 +45,32 @@ def test_rate_limit_raised_and_undone_through_the_cli_reaches_the_other_instance
                            "rate_limits": {"requests_per_minute": 2}}])
     path = tmp_path / "gw.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    ports = [free_port(), free_port()]
-    procs = [subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", "--config", str(path), "--port", str(p)],
+    ports, admin_ports = [free_port(), free_port()], [free_port(), free_port()]
+    procs = [subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", "--config", str(path), "--port", str(p),
+                               "--admin-port", str(ap)],
                               env=env_without_proxies(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-             for p in ports]
-    a, b = (f"http://127.0.0.1:{p}" for p in ports)
+             for p, ap in zip(ports, admin_ports)]
+    b = f"http://127.0.0.1:{ports[1]}"  # B's client port: what its clients see
+    admin_a, admin_b = (f"http://127.0.0.1:{p}" for p in admin_ports)
     try:
         for port, proc in zip(ports, procs):
             wait_http(f"http://127.0.0.1:{port}/healthz", proc=proc)
         wait_until(lambda: enforcing(b, 2, admitted=False), timeout=30, what="B refusing past 2 requests/min")
 
-        raised = cli(a, "tenant", "tenant-a", "--rpm", "600")
+        raised = cli(admin_a, "tenant", "tenant-a", "--rpm", "600")
         t0 = time.monotonic()
         wait_until(lambda: enforcing(b, 600, admitted=True), timeout=30, what="B admitting at 600/min")
         up = time.monotonic() - t0
         assert raised["before"]["rate_limits"]["requests_per_minute"] == 2
         assert raised["after"]["rate_limits"]["requests_per_minute"] == 600
 
-        undone = cli(a, "undo")
+        undone = cli(admin_a, "undo")
         t1 = time.monotonic()
         wait_until(lambda: enforcing(b, 2, admitted=False), timeout=30, what="B refusing again at 2/min")
         down = time.monotonic() - t1
         assert undone["undone"] == raised["audit_id"]
 
-        entries = {e["id"]: e for e in cli(b, "history")["entries"]}
+        entries = {e["id"]: e for e in cli(admin_b, "history")["entries"]}
         assert entries[raised["audit_id"]]["who"].endswith("(oncall)")
         assert entries[raised["audit_id"]]["undone_by"] == undone["audit_id"]
         assert entries[undone["audit_id"]]["before"]["rate_limits"]["requests_per_minute"] == 600

@@ -24,12 +24,13 @@ def test_three_serve_processes_share_placement_through_redis(redis_server, tmp_p
     path = tmp_path / "gw.yaml"
     path.write_text(yaml.safe_dump(cfg))
     ports = [free_port() for _ in range(3)]
+    admin_ports = [free_port() for _ in range(3)]
     procs = []
     try:
         for i, port in enumerate(ports):
             env = {**env_without_proxies(), "PYTHONHASHSEED": str(100 + i)}  # Python's own hash differs per process
             procs.append(subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", "--config", str(path),
-                                           "--port", str(port)], env=env, stdout=subprocess.DEVNULL,
+                                           "--port", str(port), "--admin-port", str(admin_ports[i])], env=env, stdout=subprocess.DEVNULL,
                                           stderr=subprocess.DEVNULL))
         for port, proc in zip(ports, procs):
             wait_http(f"http://127.0.0.1:{port}/healthz", proc=proc)
@@ -51,10 +52,10 @@ def test_three_serve_processes_share_placement_through_redis(redis_server, tmp_p
                 assert cached >= 4000  # the 4,500-token shared prefix came from that replica's cache
         assert len(placements) >= 2  # cold prefixes spread over the fleet, not all on one replica
 
-        r = httpx.post(f"http://127.0.0.1:{ports[0]}/admin/replicas/{sorted(placements)[0]}/drain",
+        r = httpx.post(f"http://127.0.0.1:{admin_ports[0]}/admin/replicas/{sorted(placements)[0]}/drain",
                        headers={"authorization": "Bearer adm"})
         assert r.status_code == 200
-        for port in ports[1:]:
+        for port in admin_ports[1:]:
             wait_until(lambda port=port: any(x["drained"] for x in httpx.get(f"http://127.0.0.1:{port}/admin/replicas",
                                                                    headers={"authorization": "Bearer adm"}).json()["replicas"]),
                        timeout=1.0, what=f"the drain on instance :{port}")

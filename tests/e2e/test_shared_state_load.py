@@ -98,7 +98,7 @@ def test_concurrent_burst_holds_budget_and_rate_limit_and_the_ledger_is_exact(fl
         assert rpm <= rated_ok <= rpm + elapsed * rpm / 60 + 1, (rated_ok, rpm, elapsed)
 
         def ledger(gw: Any) -> dict[str, Any]:
-            r = httpx.get(gw.urls[0] + "/admin/usage?tenant=budget", headers={"authorization": f"Bearer {ADMIN}"})
+            r = httpx.get(gw.admin_url + "/admin/usage?tenant=budget", headers={"authorization": f"Bearer {ADMIN}"})
             return r.json()["tenants"]["budget"]["day"]
 
         wait_until(lambda: ledger(a)["requests"] == len(served), timeout=10, what="every settlement in the ledger")
@@ -111,7 +111,7 @@ def test_concurrent_burst_holds_budget_and_rate_limit_and_the_ledger_is_exact(fl
         fell_back = [r.getMessage() for r in caplog.records if "fall back" in r.getMessage()]
         assert fell_back == []
         for gw in (a, b):
-            text = httpx.get(gw.urls[0] + "/metrics").text
+            text = httpx.get(gw.admin_url + "/metrics").text
             away = [ln for ln in text.splitlines() if ln.startswith("gateway_shared_state_fallbacks_total{")
                     and not ln.rstrip().endswith(" 0.0") and ('reason="away"' in ln or 'reason="unavailable"' in ln)]
             assert away == []

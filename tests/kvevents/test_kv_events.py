@@ -63,7 +63,7 @@ class Fleet:
 
     def metric(self, name: str, **labels: str) -> float:
         """Sum of the /metrics samples named `name` (counters end in _total) whose labels include `labels`."""
-        return sum(s.value for fam in text_string_to_metric_families(httpx.get(f"{self.url}/metrics").text)
+        return sum(s.value for fam in text_string_to_metric_families(httpx.get(f"{self.gw.admin_url}/metrics").text)
                    for s in fam.samples if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()))
 
     def engine_pages(self) -> dict[str, int]:

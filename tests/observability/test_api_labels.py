@@ -36,16 +36,16 @@ def stack():
     logger = logging.getLogger("gateway.requests")
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
-    yield {"gw": gw, "root": gw.urls[0], "log": handler}
+    yield {"gw": gw, "root": gw.urls[0], "admin": gw.admin_url, "log": handler}
     logger.removeHandler(handler)
     gw.stop()
     sims.stop()
 
 
-def _counts(root: str, name: str = "gateway_requests_total") -> dict[tuple[str, str], float]:
+def _counts(admin_url: str, name: str = "gateway_requests_total") -> dict[tuple[str, str], float]:
     """(api, status) -> count."""
     out: dict[tuple[str, str], float] = {}
-    for line in httpx.get(root + "/metrics").text.splitlines():
+    for line in httpx.get(admin_url + "/metrics").text.splitlines():
         if line.startswith(name + "{"):
             labels = dict(re.findall(r'(\w+)="([^"]*)"', line))
             key = (labels["api"], labels.get("status", ""))
@@ -58,8 +58,8 @@ def _delta(before: dict[tuple[str, str], float], after: dict[tuple[str, str], fl
 
 
 def test_each_api_counts_and_logs_under_its_own_label(stack):
-    root, log = stack["root"], stack["log"]
-    before = _counts(root)
+    root, adm, log = stack["root"], stack["admin"], stack["log"]
+    before = _counts(adm)
     oa = OpenAI(base_url=root + "/v1", api_key=KEY_A, max_retries=0)
     an = anthropic.Anthropic(base_url=root, api_key=KEY_A, max_retries=0)
     ids = []
@@ -80,11 +80,11 @@ def test_each_api_counts_and_logs_under_its_own_label(stack):
             model="glm-5.2", max_tokens=4, messages=[{"role": "user", "content": "hi"}])
     with pytest.raises(anthropic.BadRequestError):  # refused by the bridge before it: counted by the edge's refusals
         an.messages.create(model="glm-5.2", max_tokens=0, messages=[{"role": "user", "content": "hi"}])
-    wait_until(lambda: sum(_delta(before, _counts(root)).values()) == 8, what="8 requests counted")
-    assert _delta(before, _counts(root)) == {("chat", "200"): 1, ("completions", "200"): 1, ("responses", "200"): 2,
+    wait_until(lambda: sum(_delta(before, _counts(adm)).values()) == 8, what="8 requests counted")
+    assert _delta(before, _counts(adm)) == {("chat", "200"): 1, ("completions", "200"): 1, ("responses", "200"): 2,
                                              ("messages", "200"): 2, ("messages", "401"): 1, ("messages", "400"): 1}
-    latency = _counts(root, "gateway_request_duration_seconds_count")
-    ttft = _counts(root, "gateway_ttft_seconds_count")
+    latency = _counts(adm, "gateway_request_duration_seconds_count")
+    ttft = _counts(adm, "gateway_ttft_seconds_count")
     for api in ("chat", "completions", "responses", "messages"):
         assert latency.get((api, ""), 0) > 0 and ttft.get((api, ""), 0) > 0
     by_id = {line["request_id"]: line for line in log.lines}

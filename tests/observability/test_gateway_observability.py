@@ -45,7 +45,7 @@ def test_spans_logs_and_metrics_hold_no_secrets():
         assert attrs["gen_ai.provider.name"] == "sglang" and attrs["gen_ai.response.model"] == "zai-org/GLM-5.2"
         assert attrs["gen_ai.request.max_tokens"] == 3 and "gen_ai.usage.cache_read.input_tokens" in attrs
         assert server[0].status.status_code == StatusCode.UNSET
-        metrics = httpx.get(gw.urls[0] + "/metrics").text
+        metrics = httpx.get(gw.admin_url + "/metrics").text
         everything = " ".join(records) + str([dict(s.attributes) for s in spans]) + metrics
         assert len(records) == 2 and '"status":"200"' in records[0]
         assert KEY_A not in everything and "nightingale" not in everything

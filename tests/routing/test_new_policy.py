@@ -87,7 +87,7 @@ try:
     assert second.headers["x-gateway-route"] == "most_cached_hit"
     assert second.headers["x-gateway-replica"] == first.headers["x-gateway-replica"]
     # explain: the same decision, dry run, with the candidates' prefix matches
-    r = httpx.post(gw.urls[0] + "/admin/explain", json={"tenant": "tenant-a", "request": body},
+    r = httpx.post(gw.admin_url + "/admin/explain", json={"tenant": "tenant-a", "request": body},
                    headers={"authorization": "Bearer admin-secret"}, timeout=30)
     d = r.json()["decision"]
     assert d["branch"] == "most_cached_hit" and d["chosen"] == first.headers["x-gateway-replica"], d

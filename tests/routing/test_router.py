@@ -122,7 +122,7 @@ def test_stale_entry_corrected_after_replica_restart(fleet):
         h, r = send(gw, msgs)  # predicted warm, the engine says cold: the stale entries are dropped
         assert r.usage.prompt_tokens_details.cached_tokens == 0
         counted = 'gateway_prefix_index_corrections_total{pool="p"} 1.0'
-        wait_until(lambda: counted in httpx.get(gw.urls[0] + "/metrics").text, timeout=5, what="the correction counted")
+        wait_until(lambda: counted in httpx.get(gw.admin_url + "/metrics").text, timeout=5, what="the correction counted")
         _, r2 = send(gw, msgs)  # re-learned from this request's own insertion: warm again
         assert r2.usage.prompt_tokens_details.cached_tokens > 3000
     finally:
@@ -193,17 +193,17 @@ def test_explain_is_a_dry_run_with_inputs(fleet):
         msgs = long_prompt("explain")
         h, _ = send(gw, msgs)
         body = {"tenant": "tenant-a", "request": {"model": "glm-5.2", "messages": msgs}}
-        r = httpx.post(gw.urls[0] + "/admin/explain", json=body, headers={"authorization": "Bearer admin-secret"})
+        r = httpx.post(gw.admin_url + "/admin/explain", json=body, headers={"authorization": "Bearer admin-secret"})
         assert r.status_code == 200
         d = r.json()["decision"]
         assert d["branch"] == "prefix_hit" and d["chosen"] == h["x-gateway-replica"]
         assert len(d["candidates"]) == 4 and all("predicted_ttft_s" in c and c["regime"] == "free" for c in d["candidates"])
         assert max(c["cached_tokens"] for c in d["candidates"]) >= 2800
-        assert httpx.post(gw.urls[0] + "/admin/explain", json=body).status_code == 401
-        assert httpx.post(gw.urls[0] + "/admin/explain", json=body, headers={"authorization": "Bearer nope"}).status_code == 401
-        bad = httpx.post(gw.urls[0] + "/admin/explain", json={"tenant": "x"}, headers={"authorization": "Bearer admin-secret"})
+        assert httpx.post(gw.admin_url + "/admin/explain", json=body).status_code == 401
+        assert httpx.post(gw.admin_url + "/admin/explain", json=body, headers={"authorization": "Bearer nope"}).status_code == 401
+        bad = httpx.post(gw.admin_url + "/admin/explain", json={"tenant": "x"}, headers={"authorization": "Bearer admin-secret"})
         assert bad.status_code == 400
-        reps = httpx.get(gw.urls[0] + "/admin/replicas", headers={"authorization": "Bearer admin-secret"}).json()
+        reps = httpx.get(gw.admin_url + "/admin/replicas", headers={"authorization": "Bearer admin-secret"}).json()
         assert {r["name"] for r in reps["replicas"]} == {"p-0", "p-1", "p-2", "p-3"} and reps["prefix_index_entries"] > 0
     finally:
         gw.stop()
@@ -229,6 +229,6 @@ def test_unmeetable_sla_sheds_with_retry_after_or_spills(fleet):
         assert int(e.value.response.headers["retry-after"]) >= 1
         h, r = send(gw, long_prompt("spill"))
         assert h["x-gateway-route"] == "sla_miss_least_ttft" and r.usage.completion_tokens == 4
-        assert 'gateway_routing_decisions_total{branch="shed",model="glm-5.2"} 1.0' in httpx.get(gw.urls[0] + "/metrics").text
+        assert 'gateway_routing_decisions_total{branch="shed",model="glm-5.2"} 1.0' in httpx.get(gw.admin_url + "/metrics").text
     finally:
         gw.stop()

@@ -67,7 +67,7 @@ def test_burst_on_one_instance_admits_at_most_the_cap(hosted):
         check(responses, fake, 5)
         st = gw.app.state.gateway
         assert st.concurrency.inflight("capped") == 0  # every slot given back exactly once
-        gauge = httpx.get(gw.urls[0] + "/metrics").text
+        gauge = httpx.get(gw.admin_url + "/metrics").text
         assert 'gateway_inflight_requests{tenant="capped"} 0.0' in gauge
         # and the cap is usable again
         fake.delay = 0.0

@@ -38,7 +38,7 @@ def ask(gw: Any, name: str, i: int) -> tuple[int, dict[str, Any]]:
 
 
 def usage(gw: Any, name: str) -> dict[str, Any]:
-    r = httpx.get(gw.urls[0] + f"/admin/usage?tenant={name}", headers={"authorization": f"Bearer {ADMIN}"}, timeout=10)
+    r = httpx.get(gw.admin_url + f"/admin/usage?tenant={name}", headers={"authorization": f"Bearer {ADMIN}"}, timeout=10)
     return r.json()["tenants"][name]["day"]
 
 

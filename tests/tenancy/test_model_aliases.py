@@ -60,7 +60,7 @@ def test_aliases_answer_agent_model_names_with_the_served_model(gateway):
     r404 = httpx.post(gw.urls[0] + "/v1/chat/completions", headers={"authorization": f"Bearer {KEY}"},
                       json={"model": "llama-3", "messages": [{"role": "user", "content": "hi"}]})
     assert r404.status_code == 404
-    metrics = httpx.get(gw.urls[0] + "/metrics").text
+    metrics = httpx.get(gw.admin_url + "/metrics").text
     assert 'model="claude-sonnet-4-5"' not in metrics and 'model="glm-5.2"' in metrics
 
 

@@ -48,7 +48,7 @@ def chat(gw: Any, name: str, content: str = "hello", **kw: Any) -> Any:
 
 
 def admin(gw: Any, method: str, path: str, **kw: Any) -> httpx.Response:
-    return httpx.request(method, gw.urls[0] + path, headers=ADMIN_H, timeout=10, **kw)
+    return httpx.request(method, gw.admin_url + path, headers=ADMIN_H, timeout=10, **kw)
 
 
 @pytest.fixture(scope="module")
@@ -168,7 +168,7 @@ def test_policy_files_hot_reload_and_an_invalid_change_never_replaces_the_runnin
         wait_until(lambda: admin(gw, "GET", "/admin/policies").json()["tenants"] == 2, timeout=3)
         assert admin(gw, "GET", "/admin/policies").json()["last_error"] is None
         assert chat(gw, "c").parse().usage.completion_tokens == 2
-        assert 'gateway_policy_reloads_total{result="error"}' in httpx.get(gw.urls[0] + "/metrics").text
+        assert 'gateway_policy_reloads_total{result="error"}' in httpx.get(gw.admin_url + "/metrics").text
     finally:
         gw.stop()
     # and a gateway never starts on an invalid directory
@@ -333,7 +333,7 @@ def test_on_call_overrides_pool_weights_and_the_admin_surface(fleet, redis_serve
         wait_until(lambda: pool_of(b) == "p", timeout=5.0, what="the override lapsed by itself")
         # weight 0 through the CLI: the pool takes no new traffic
         env = {**env_without_proxies(), "GATEWAY_ADMIN_TOKEN": ADMIN}
-        cli = [sys.executable, "-m", "gateway.cli", "admin", "--url", a.urls[0], "--actor", "bob"]
+        cli = [sys.executable, "-m", "gateway.cli", "admin", "--url", a.admin_url, "--actor", "bob"]
         out = subprocess.run(cli + ["pool", "p", "--weight", "0"], env=env, capture_output=True, text=True, timeout=30)
         assert out.returncode == 0, out.stderr
         wait_until(lambda: pool_of(b) == "q", timeout=1.0)
@@ -349,7 +349,7 @@ def test_on_call_overrides_pool_weights_and_the_admin_surface(fleet, redis_serve
         assert admin(a, "PUT", "/admin/pools/p", json={"pricing": PER_TOKEN}).status_code == 400  # self-hosted pool
         assert admin(a, "PUT", "/admin/tenants/zz/override", json={"ttl_s": 5}).status_code == 404
         assert admin(a, "PUT", "/admin/tenants/a/override", json={"ttl_s": 5, "pin_pool": "zz"}).status_code == 400
-        assert httpx.get(a.urls[0] + "/admin/state").status_code == 401
+        assert httpx.get(a.admin_url + "/admin/state").status_code == 401
         # recent decisions with their explanation; usage from both instances in one ledger
         d = admin(b, "GET", "/admin/decisions?limit=3").json()["decisions"]
         assert len(d) == 3 and d[0]["decision"]["branch"] and d[0]["served_by"] in ("p-0", "q-0")

@@ -33,6 +33,7 @@ from starlette.responses import JSONResponse, Response
 from gateway.api.openai.body import read_body
 from gateway.api.openai.proxy import Exchange
 from gateway.api.openai.validation import parse_json, validate
+from gateway.api.ops import gateway_state
 from gateway.config import PerTokenPricing, error_location
 from gateway.control import history
 from gateway.control.state import PoolOverride, TenantOverride
@@ -54,8 +55,7 @@ M = TypeVar("M", bound=BaseModel)
 
 
 def _state(request: Request) -> AppState:
-    app = getattr(request.app.state, "main", request.app)  # the admin-only port's app reaches the main app's state
-    return app.state.gateway  # type: ignore[no-any-return]
+    return gateway_state(request)
 
 
 def _who(request: Request) -> str:

@@ -284,7 +284,7 @@ class Accounting:
             "error": ex.error[:200] if ex.error else None,
             # what the upstream's usage claimed that had to be corrected (usage.py KINDS): billed as corrected
             "usage_anomalies": ex.usage_anomalies or None,
-        })
+        }, span=ex.span)
 
 
 class _Ctx:

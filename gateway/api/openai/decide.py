@@ -50,4 +50,5 @@ async def decide(state: AppState, ex: Exchange) -> None:
     ex.headers["x-gateway-route"] = ex.decision.branch
     if ex.decision.branch == "shed":
         retry = ex.decision.inputs.retry_after_s or 1.0
-        raise NoCapacity("No replica can meet this key's TTFT target right now; retry shortly.", retry_after=retry)
+        raise state.control.name_override(ex.tenant.name, NoCapacity(
+            "No replica can meet this key's TTFT target right now; retry shortly.", retry_after=retry))

@@ -77,7 +77,11 @@ class Relay:
         assert ex.decision is not None and ex.rreq is not None
         # the attempt spans hang under the request span, passed explicitly: making it current would attach and
         # detach an OTel context on every request, tracing on or off
-        d = await self.state.dispatcher.open(ex.decision, ex.rreq, ex.parsed.body, ex.deadline, ex.tenant, parent=ex.span)
+        try:
+            d = await self.state.dispatcher.open(ex.decision, ex.rreq, ex.parsed.body, ex.deadline, ex.tenant,
+                                                 parent=ex.span)
+        except GatewayError as e:
+            raise self.state.control.name_override(ex.tenant.name, e) from None
         ex.dispatched = d
         ex.first_token_at = time.monotonic()
         ex.headers["x-gateway-pool"] = d.target.pool

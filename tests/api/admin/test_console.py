@@ -48,7 +48,7 @@ def fleet():
 
     with ThreadPoolExecutor(4) as pool:
         list(pool.map(one, range(36)))
-    yield base
+    yield gw.admin_url  # the console and the admin API: the admin listener
     gw.stop()
     sims.stop()
 

@@ -32,16 +32,18 @@ def sims():
 
 @pytest.fixture(scope="module")
 def gw(sims):
-    from gateway.app import create_app
+    from gateway.app import create_admin_app, create_app
     from gateway.config import parse_config
 
     cfg = config([sglang_pool("p", sims.urls)], admin={"token_hashes": [hash_key(ADMIN)]},
                  timeouts={"body_read": 0.5})
     app = create_app(parse_config(cfg))
-    st = ServerThread([app])
-    # the gateway's own listener (as `gateway serve` builds it): parser errors in the OpenAI shape
-    st.servers = [make_server(app, "127.0.0.1", st.ports[0], timeout_keep_alive=5, openai_errors=True)]
-    st.app = app
+    admin = create_admin_app(app)
+    st = ServerThread([app, admin])
+    # the gateway's own listeners (as `gateway serve` builds them): parser errors in the OpenAI shape
+    st.servers = [make_server(a, "127.0.0.1", p, timeout_keep_alive=5, openai_errors=True)
+                  for a, p in zip((app, admin), st.ports)]
+    st.app, st.admin_app, st.admin_url = app, admin, st.urls[1]
     st.start()
     yield st
     st.stop()
@@ -121,7 +123,7 @@ def test_deep_json_is_a_400_naming_the_limit(gw, stream):
 
 def _count(gw, reason: str) -> float:
     total = 0.0
-    for line in httpx.get(gw.urls[0] + "/metrics").text.splitlines():
+    for line in httpx.get(gw.admin_url + "/metrics").text.splitlines():
         if line.startswith("gateway_requests_total{") and f'reason="{reason}"' in line:
             total += float(line.rsplit(" ", 1)[1])
     return total
@@ -147,9 +149,9 @@ def test_malformed_content_length_gets_an_openai_error_not_plain_text(gw, bad_le
 def test_a_body_shorter_than_its_content_length_times_out_with_408(gw):
     """A client that declares 100 bytes and sends 10 gets a 408 after the body-read timeout, and the connection is
     closed (the 90 missing bytes are never read as the next request). The admin API reads bodies the same way."""
-    for path, auth in (("/v1/chat/completions", KEY_A), ("/admin/pools/p", ADMIN)):
+    for port, path, auth in ((gw.ports[0], "/v1/chat/completions", KEY_A), (gw.ports[1], "/admin/pools/p", ADMIN)):
         method = b"POST" if path.startswith("/v1") else b"PUT"
-        resp = _raw(gw.ports[0], method + b" " + path.encode() + b" HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+        resp = _raw(port, method + b" " + path.encode() + b" HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
                     + auth.encode() + b"\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"model\":1}",
                     timeout=30)
         status, headers, body = _split(resp)
@@ -190,7 +192,7 @@ def test_client_request_id_is_bounded(gw, rid, kept):
 
 
 def _admin(gw, method, path, **kw):
-    return httpx.request(method, gw.urls[0] + path, headers=ADMIN_H, timeout=10, **kw)
+    return httpx.request(method, gw.admin_url + path, headers=ADMIN_H, timeout=10, **kw)
 
 
 @pytest.mark.parametrize("method,path,body,param", [
@@ -234,32 +236,18 @@ def _admin_routes(app) -> list[tuple[str, str]]:
                   for m in r.methods or ())
 
 
-@pytest.fixture(scope="module")
-def admin_only(gw):
-    """The admin-only listener (`admin.port`), over the same instance as `gw`."""
-    from gateway.app import create_admin_app
-
-    app = create_admin_app(gw.app)
-    st = ServerThread([app]).start()
-    st.app = app
-    yield st
-    st.stop()
-
-
-@pytest.mark.parametrize("which", ["main", "admin_only"])
-def test_every_admin_route_is_401_without_the_admin_token(gw, admin_only, which):
-    """Every route under /admin, enumerated from the app (not listed here), refuses a caller without the admin token
-    or with a wrong one (a client API key is a wrong one), before reading its parameters or body: a route added
-    without auth fails this test."""
-    server = gw if which == "main" else admin_only
-    routes = _admin_routes(server.app)
+def test_every_admin_route_is_401_without_the_admin_token(gw):
+    """Every route under /admin on the admin listener, enumerated from the app (not listed here), refuses a caller
+    without the admin token or with a wrong one (a client API key is a wrong one), before reading its parameters or
+    body: a route added without auth fails this test."""
+    routes = _admin_routes(gw.admin_app)
     assert len(routes) >= 15 and ("GET", "/admin/state") in routes and ("POST", "/admin/explain") in routes
     wrong = [None, {"authorization": "Bearer not-the-admin-token"}, {"authorization": f"Bearer {KEY_A}"},
              {"authorization": f"Basic {ADMIN}"}, {"authorization": "Bearer"}]
     for method, template in routes:
         path = re.sub(r"\{[^}]+\}", "x", template)  # any value: auth comes before the path's own checks
         for headers in wrong:
-            r = httpx.request(method, server.urls[0] + path, headers=headers, json={"weight": 1}, timeout=10)
+            r = httpx.request(method, gw.admin_url + path, headers=headers, json={"weight": 1}, timeout=10)
             err = _openai_error(r, 401)
             assert err["code"] == "invalid_api_key" and "admin token" in err["message"], (method, path, headers)
 
@@ -267,7 +255,7 @@ def test_every_admin_route_is_401_without_the_admin_token(gw, admin_only, which)
 def test_the_admin_dependency_names_the_caller_in_the_audit_log(gw):
     """The router's dependency is also the handlers' source of the audit identity: the token's digest prefix plus
     the actor the caller names, never the token."""
-    r = httpx.delete(gw.urls[0] + "/admin/pools/p", headers={**ADMIN_H, "x-admin-actor": "edge-oncall"}, timeout=10)
+    r = httpx.delete(gw.admin_url + "/admin/pools/p", headers={**ADMIN_H, "x-admin-actor": "edge-oncall"}, timeout=10)
     assert r.status_code == 200, r.text
     last = _admin(gw, "GET", "/admin/audit?limit=1").json()["entries"][0]
     assert last["who"] == f"token:{hashlib.sha256(ADMIN.encode()).hexdigest()[:8]} (edge-oncall)"

@@ -272,7 +272,7 @@ def test_inband_upstream_error_mid_stream_is_an_error_event(stack):
 
 def test_metrics_endpoint(stack, client):
     client.chat.completions.create(model="glm-5.2", messages=MSG, max_tokens=2)
-    text = httpx.get(stack["gw"].urls[0] + "/metrics").text
+    text = httpx.get(stack["gw"].admin_url + "/metrics").text
     for name in ("gateway_requests_total", "gateway_ttft_seconds_bucket", "gateway_request_duration_seconds",
                  "gateway_inflight_requests", "gateway_tokens_total", "gateway_cost_usd_total",
                  "gateway_routing_decisions_total"):

@@ -62,17 +62,17 @@ def stack():
     lines = Lines()
     logger = logging.getLogger("gateway.requests")
     logger.addHandler(lines)
-    yield {"gw": gw, "sims": sims, "reps": reps, "fake": fake, "lines": lines, "url": gw.urls[0], "spans": spans}
+    yield {"gw": gw, "sims": sims, "reps": reps, "fake": fake, "lines": lines, "url": gw.urls[0], "admin": gw.admin_url, "spans": spans}
     logger.removeHandler(lines)
     gw.stop()
     hosted.stop()
     sims.stop()
 
 
-def metric(url: str, name: str, **labels: str) -> float:
+def metric(admin_url: str, name: str, **labels: str) -> float:
     """Sum of the samples of `name` whose labels include `labels`."""
     total = 0.0
-    for fam in text_string_to_metric_families(httpx.get(url + "/metrics").text):
+    for fam in text_string_to_metric_families(httpx.get(admin_url + "/metrics").text):
         for s in fam.samples:
             if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
                 total += s.value
@@ -132,13 +132,13 @@ def test_every_refusal_is_counted_with_a_reason_and_logged(stack):
     wait_until(lambda: all(any(ln["request_id"] == r.headers["x-request-id"] for ln in lines.records)
                            for r in sent.values()), what="a log line per refusal")
     for (status, reason), r in sent.items():
-        assert metric(u, "gateway_requests_total", status=status, reason=reason) >= 1, (status, reason)
+        assert metric(stack["admin"], "gateway_requests_total", status=status, reason=reason) >= 1, (status, reason)
         line = next(ln for ln in lines.records if ln["request_id"] == r.headers["x-request-id"])
         assert (line["status"], line["reason"]) == (status, reason)
-    unknown = [s for s in text_string_to_metric_families(httpx.get(u + "/metrics").text) if s.name == "gateway_requests"]
+    unknown = [s for s in text_string_to_metric_families(httpx.get(stack["admin"] + "/metrics").text) if s.name == "gateway_requests"]
     models = {s.labels["model"] for s in unknown[0].samples}
     assert models <= {"glm-5.2", "glm-hosted", "unknown", "none"}  # client-chosen names never become label values
-    everything = httpx.get(u + "/metrics").text + str(lines.records)
+    everything = httpx.get(stack["admin"] + "/metrics").text + str(lines.records)
     assert "sk-wrong-key-123" not in everything and "nightingale" not in everything
 
 
@@ -157,7 +157,7 @@ def test_refusals_on_every_other_endpoint_are_counted_and_logged(stack):
         ("400", "invalid_request", "v1/messages"): post(u, b'{"model": ', path="/v1/messages"),
         ("401", "auth", "v1/messages/count_tokens"): httpx.post(u + "/v1/messages/count_tokens", headers={"x-api-key": bad},
                                                                json={"model": "glm-5.2", "messages": []}),
-        ("401", "auth", "admin"): httpx.get(u + "/admin/state", headers={"authorization": f"Bearer {bad}"}),
+        ("401", "auth", "admin"): httpx.get(stack["admin"] + "/admin/state", headers={"authorization": f"Bearer {bad}"}),
     }
     for (status, _, _), r in sent.items():
         assert str(r.status_code) == status, (status, r.text)
@@ -166,13 +166,13 @@ def test_refusals_on_every_other_endpoint_are_counted_and_logged(stack):
     for (status, reason, endpoint), r in sent.items():
         line = [ln for ln in lines.records if ln["request_id"] == r.headers["x-request-id"]]
         assert len(line) == 1 and (line[0]["status"], line[0]["reason"], line[0]["endpoint"]) == (status, reason, endpoint)
-        assert metric(u, "gateway_requests_total", status=status, reason=reason) >= 1, (status, reason)
+        assert metric(stack["admin"], "gateway_requests_total", status=status, reason=reason) >= 1, (status, reason)
     # a refusal the chat path made for a bridged request (bad model) is logged once, by the chat path
     r = post(u, {"model": "no-such", "input": "x"}, path="/v1/responses")
     assert r.status_code == 404
     wait_until(lambda: any(ln["request_id"] == r.headers["x-request-id"] for ln in lines.records), what="its log line")
     assert len([ln for ln in lines.records if ln["request_id"] == r.headers["x-request-id"]]) == 1
-    everything = httpx.get(u + "/metrics").text + str(lines.records)
+    everything = httpx.get(stack["admin"] + "/metrics").text + str(lines.records)
     assert bad not in everything
 
 
@@ -181,7 +181,7 @@ def test_upstream_usage_is_clamped_counted_and_never_fatal(stack):
     clamped; the anomaly is counted per pool and kind; the request is accounted like any other."""
     u, fake, lines = stack["url"], stack["fake"], stack["lines"]
     fake.usage = {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8, "prompt_tokens_details": {"cached_tokens": -64}}
-    before = metric(u, "gateway_upstream_usage_anomalies_total", pool="h", kind="negative")
+    before = metric(stack["admin"], "gateway_upstream_usage_anomalies_total", pool="h", kind="negative")
     try:
         c = OpenAI(base_url=u + "/v1", api_key=KEY_A, max_retries=0)
         r = c.chat.completions.with_raw_response.create(model="glm-hosted", messages=MSG, max_tokens=3)
@@ -190,7 +190,7 @@ def test_upstream_usage_is_clamped_counted_and_never_fatal(stack):
                                                 stream_options={"include_usage": True}))
         assert chunks[-1].usage.prompt_tokens_details.cached_tokens == 0
         rid = r.headers["x-request-id"]
-        wait_until(lambda: metric(u, "gateway_upstream_usage_anomalies_total", pool="h", kind="negative") == before + 2,
+        wait_until(lambda: metric(stack["admin"], "gateway_upstream_usage_anomalies_total", pool="h", kind="negative") == before + 2,
                    what="both anomalies counted")
         line = next(ln for ln in lines.records if ln["request_id"] == rid)
         assert line["status"] == "200" and line["cached_tokens"] == 0 and line["prompt_tokens"] == 5
@@ -208,7 +208,7 @@ def test_an_upstream_claiming_a_trillion_tokens_is_billed_at_the_request_bound(s
 
     u, fake, lines = stack["url"], stack["fake"], stack["lines"]
     fake.usage = {"prompt_tokens": 10**12, "completion_tokens": 10**12, "total_tokens": 2 * 10**12}
-    before = {k: metric(u, "gateway_upstream_usage_anomalies_total", pool="h", kind=k)
+    before = {k: metric(stack["admin"], "gateway_upstream_usage_anomalies_total", pool="h", kind=k)
               for k in ("prompt_over_bound", "completion_over_bound")}
     try:
         body = chat(model="glm-hosted", max_tokens=5)
@@ -228,7 +228,7 @@ def test_an_upstream_claiming_a_trillion_tokens_is_billed_at_the_request_bound(s
     assert line["cost_usd"] == pytest.approx(billed, abs=1e-8) and line["completion_tokens"] == 5
     assert {"prompt_over_bound", "completion_over_bound"} <= set(line["usage_anomalies"])
     for k, v in before.items():
-        assert metric(u, "gateway_upstream_usage_anomalies_total", pool="h", kind=k) == v + 1
+        assert metric(stack["admin"], "gateway_upstream_usage_anomalies_total", pool="h", kind=k) == v + 1
 
 
 @pytest.mark.parametrize("raw", [b"garbage line\n\n", b"event: ping\n\n", b"data: not json\n\n"])
@@ -257,11 +257,11 @@ def test_token_metrics_add_up(stack):
     """type = uncached_prompt | cached_prompt | completion are disjoint: summing by type is the upstream's total."""
     u = stack["url"]
     kinds = ("uncached_prompt", "cached_prompt", "completion")
-    before = {k: metric(u, "gateway_tokens_total", pool="h", type=k) for k in kinds}
+    before = {k: metric(stack["admin"], "gateway_tokens_total", pool="h", type=k) for k in kinds}
     r = post(u, chat(model="glm-hosted"))
     assert r.status_code == 200
     usage = r.json()["usage"]  # the fake's: 7 prompt (2 cached), 3 completion
-    after = {k: metric(u, "gateway_tokens_total", pool="h", type=k) for k in kinds}
+    after = {k: metric(stack["admin"], "gateway_tokens_total", pool="h", type=k) for k in kinds}
     delta = {k: after[k] - before[k] for k in kinds}
     assert delta == {"uncached_prompt": 5, "cached_prompt": 2, "completion": 3}
     assert sum(delta.values()) == usage["total_tokens"]
@@ -274,7 +274,7 @@ def test_a_failing_accounting_step_changes_no_response_and_skips_no_other_step(s
     u, gw, lines = stack["url"], stack["gw"], stack["lines"]
     m = gw.app.state.gateway.metrics
     real = m.cost
-    failures = metric(u, "gateway_accounting_failures_total", step="metrics")
+    failures = metric(stack["admin"], "gateway_accounting_failures_total", step="metrics")
     m.cost = Broken()
     try:
         with httpx.Client(base_url=u, headers={"authorization": f"Bearer {KEY_A}"}, timeout=20) as c:
@@ -285,7 +285,7 @@ def test_a_failing_accounting_step_changes_no_response_and_skips_no_other_step(s
             assert s.status_code == 200 and body.endswith(b"data: [DONE]\n\n")
             r3 = c.post("/v1/chat/completions", json=chat())  # the same keep-alive connection
             assert r3.status_code == 200
-        wait_until(lambda: metric(u, "gateway_accounting_failures_total", step="metrics") >= failures + 3,
+        wait_until(lambda: metric(stack["admin"], "gateway_accounting_failures_total", step="metrics") >= failures + 3,
                    what="the failures counted")
         ids = {r1.headers["x-request-id"], s.headers["x-request-id"], r3.headers["x-request-id"]}
         wait_until(lambda: ids <= {ln["request_id"] for ln in lines.records}, what="still logged")
@@ -309,7 +309,7 @@ def test_upstream_rejection_is_logged_with_who_answered(stack):
     wait_until(lambda: any(ln["request_id"] == rid for ln in lines.records), what="logged")
     line = next(ln for ln in lines.records if ln["request_id"] == rid)
     assert (line["pool"], line["replica"], line["attempts"], line["reason"]) == ("h", "h", 1, "upstream_rejected")
-    assert metric(u, "gateway_requests_total", pool="h", status="400", reason="upstream_rejected") >= 1
+    assert metric(stack["admin"], "gateway_requests_total", pool="h", status="400", reason="upstream_rejected") >= 1
     # the request span: SERVER, error status, the provider and model as served; the attempt span is its child
     gw = stack["gw"]
     gw.call(lambda: gw.app.state.gateway.tracer_provider.force_flush())
@@ -325,9 +325,9 @@ def test_upstream_rejection_is_logged_with_who_answered(stack):
 def test_sla_is_judged_for_non_streamed_requests_too(stack):
     """Non-streamed responses count towards SLA attainment (TTFT estimated as response time minus decode time)."""
     u = stack["url"]
-    before = metric(u, "gateway_sla_requests_total", tenant="tenant-a")
+    before = metric(stack["admin"], "gateway_sla_requests_total", tenant="tenant-a")
     assert post(u, chat(max_tokens=5)).status_code == 200
-    assert metric(u, "gateway_sla_requests_total", tenant="tenant-a") == before + 1
+    assert metric(stack["admin"], "gateway_sla_requests_total", tenant="tenant-a") == before + 1
 
 
 def test_stream_cost_is_in_the_final_usage_chunk(stack):
@@ -477,7 +477,7 @@ def test_a_client_that_leaves_while_sending_its_body_is_counted_not_an_error(sta
     """A client gone before its body arrived is a client_disconnect (499) in the metrics and the log, never an
     'unhandled error' with a traceback."""
     u, lines = stack["url"], stack["lines"]
-    before = metric(u, "gateway_requests_total", status="499", reason="client_disconnect")
+    before = metric(stack["admin"], "gateway_requests_total", status="499", reason="client_disconnect")
     host, port = u.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port))) as s:
         s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
@@ -487,5 +487,5 @@ def test_a_client_that_leaves_while_sending_its_body_is_counted_not_an_error(sta
     wait_until(lambda: any(ln["request_id"] == "gone-early-1" for ln in lines.records), what="logged")
     line = next(ln for ln in lines.records if ln["request_id"] == "gone-early-1")
     assert (line["status"], line["reason"]) == ("499", "client_disconnect")
-    assert metric(u, "gateway_requests_total", status="499", reason="client_disconnect") == before + 1
+    assert metric(stack["admin"], "gateway_requests_total", status="499", reason="client_disconnect") == before + 1
     assert not [r for r in caplog.records if r.name == "gateway.errors"]

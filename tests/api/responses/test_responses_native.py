@@ -35,7 +35,7 @@ def stack():
                           {"name": "tenant-d", "api_key_hashes": [hash_key("sk-test-fallback")],
                            "models": ["glm-native"], "fallback_pools": ["bridged"]}])
     gw = start_gateway(cfg)
-    yield {"gw": gw, "fake": fake, "chat_only": chat_only, "base": gw.urls[0] + "/v1", "root": gw.urls[0]}
+    yield {"gw": gw, "fake": fake, "chat_only": chat_only, "base": gw.urls[0] + "/v1", "root": gw.urls[0], "admin": gw.admin_url}
     gw.stop()
     up.stop()
 
@@ -48,8 +48,8 @@ def client(stack):
     return OpenAI(base_url=stack["base"], api_key=KEY_A, max_retries=0)
 
 
-def _metric(root: str, name: str, **labels: str) -> float:
-    text = httpx.get(root + "/metrics").text
+def _metric(admin_url: str, name: str, **labels: str) -> float:
+    text = httpx.get(admin_url + "/metrics").text
     total = 0.0
     for line in text.splitlines():
         if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
@@ -58,8 +58,8 @@ def _metric(root: str, name: str, **labels: str) -> float:
 
 
 def test_non_stream_is_forwarded_to_the_pools_responses_endpoint(stack, client):
-    cached_before = _metric(stack["root"], "gateway_tokens_total", pool="hosted", type="cached_prompt")
-    cost_before = _metric(stack["root"], "gateway_cost_usd_total", pool="hosted", tenant="tenant-a")
+    cached_before = _metric(stack["admin"], "gateway_tokens_total", pool="hosted", type="cached_prompt")
+    cost_before = _metric(stack["admin"], "gateway_cost_usd_total", pool="hosted", tenant="tenant-a")
     r = client.responses.with_raw_response.create(model="glm-native", input="Hello", instructions="Be brief.")
     resp = r.parse()
     [body] = stack["fake"].bodies
@@ -69,9 +69,9 @@ def test_non_stream_is_forwarded_to_the_pools_responses_endpoint(stack, client):
     assert resp.usage.input_tokens == 7 and resp.usage.input_tokens_details.cached_tokens == 2
     assert r.headers["x-gateway-replica"] == "hosted" and float(r.headers["x-gateway-cost-usd"]) > 0
     # accounted by the chat path's accounting: Responses usage mapped (cached_tokens included)
-    assert _metric(stack["root"], "gateway_tokens_total", pool="hosted", type="cached_prompt") == cached_before + 2
+    assert _metric(stack["admin"], "gateway_tokens_total", pool="hosted", type="cached_prompt") == cached_before + 2
     # priced like a chat request: 5 uncached + 2 cached input, 3 output tokens
-    assert _metric(stack["root"], "gateway_cost_usd_total", pool="hosted", tenant="tenant-a") == pytest.approx(
+    assert _metric(stack["admin"], "gateway_cost_usd_total", pool="hosted", tenant="tenant-a") == pytest.approx(
         cost_before + (5 * 1.0 + 2 * 0.5 + 3 * 2.0) / 1e6)
     assert client.responses.retrieve(resp.id).output_text == "hi there friend"
     assert client.responses.delete(resp.id) is None

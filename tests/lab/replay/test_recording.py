@@ -77,8 +77,8 @@ def test_on_call_starts_and_stops_a_recording_through_the_admin_api(tmp_path: Pa
     cfg = config([sglang_pool("p", sims.urls)], admin={"token_hashes": [hash_key(ADMIN)]},
                  recording={"path": str(out), "autostart": False})
     gw = start_gateway(cfg)
-    base = gw.urls[0]
-    client = OpenAI(base_url=base + "/v1", api_key=KEY_A, max_retries=0)
+    base = gw.admin_url
+    client = OpenAI(base_url=gw.urls[0] + "/v1", api_key=KEY_A, max_retries=0)
 
     def chat(n: int) -> None:
         for i in range(n):
@@ -107,7 +107,7 @@ def test_on_call_starts_and_stops_a_recording_through_the_admin_api(tmp_path: Pa
         assert out.read_text() == ""  # a new recording
         chat(1)
         wait_until(lambda: len(out.read_text().splitlines()) == 1, 10, "the new recording's first line")
-        cli = [sys.executable, "-m", "gateway.cli", "admin", "--url", base, "--actor", "oncall", "recording"]
+        cli = [sys.executable, "-m", "gateway.cli", "admin", "--url", base, "--actor", "oncall", "recording", "-o", "json"]
         env = {**env_without_proxies(), "GATEWAY_ADMIN_TOKEN": ADMIN}
         shown = subprocess.run(cli, env=env, capture_output=True, text=True, timeout=30)
         assert shown.returncode == 0 and json.loads(shown.stdout)["recording"] is True
@@ -123,7 +123,7 @@ def test_on_call_starts_and_stops_a_recording_through_the_admin_api(tmp_path: Pa
     # no recording.path in the config: the admin API cannot start one (it never picks a file)
     gw2 = start_gateway(config([sglang_pool("p", sims.urls)], admin={"token_hashes": [hash_key(ADMIN)]}))
     try:
-        r = httpx.post(gw2.urls[0] + "/admin/recording/start", headers=ADMIN_H)
+        r = httpx.post(gw2.admin_url + "/admin/recording/start", headers=ADMIN_H)
         assert r.status_code == 409 and r.json()["error"]["param"] == "recording.path"
     finally:
         gw2.stop()

@@ -120,7 +120,7 @@ def test_admin_addresses_one_rank_and_flushes_every_rank_of_a_server():
     gw = start_gateway(cfg_for([pool]))
     st = lambda: gw.app.state.gateway  # noqa: E731
     run = lambda coro: asyncio.run_coroutine_threadsafe(coro, gw.loop).result(5)  # noqa: E731
-    post = lambda path: httpx.post(gw.urls[0] + path, headers=ADMIN_H, timeout=10)  # noqa: E731
+    post = lambda path: httpx.post(gw.admin_url + path, headers=ADMIN_H, timeout=10)  # noqa: E731
     try:
         r = post("/admin/replicas/p-0/dp1/drain")
         assert r.status_code == 200 and r.json() == {"replica": "p-0/dp1", "drained": True}
