@@ -28,8 +28,10 @@ from gateway.control.plane import ControlPlane
 from gateway.control.store import MemoryControlStore, RedisControlStore
 from gateway.dispatch.dispatcher import Dispatcher
 from gateway.dispatch.feedback import Feedback
+from gateway.dispatch.outliers import LatencyOutliers
 from gateway.dispatch.pd import PdBackend
 from gateway.dispatch.quarantine import Quarantine
+from gateway.dispatch.replica_stats import ReplicaStats
 from gateway.kvevents.setup import build as build_precise
 from gateway.observability.logging import setup_logging
 from gateway.observability.metrics import GatewayMetrics
@@ -124,7 +126,10 @@ def create_app(config: GatewayConfig, *, span_exporter: Any = None, transport: h
         corrector = engine.corrector
         router = PipelineRouter(registry, index, loads, engine, on_lookup=metrics.routing_lookup.observe)
         # the one writer of the index and load: request outcomes, the poller's facts, flushes, KV events
-        feedback = Feedback(index, loads, engine, metrics, rc, reservations=router.reservations, approximate=approximate)
+        outliers = LatencyOutliers(config.outlier_detection, ReplicaStats(config.outlier_detection.window_s),
+                                   lambda: registry.by_pool, metrics=metrics, corrector=corrector)
+        feedback = Feedback(index, loads, engine, metrics, rc, reservations=router.reservations, approximate=approximate,
+                            outliers=outliers)
         if precise is not None:
             precise.manager.feedback = feedback
         recorder = TraceRecorder(config.recording, rc.chunk_tokens)  # off unless recording.path is set
