@@ -125,8 +125,10 @@ def create_app(config: GatewayConfig, *, span_exporter: Any = None, transport: h
         engine = build_engine(rc)  # one routing engine: the decision and the feedback rules (routing/engine.py)
         corrector = engine.corrector
         router = PipelineRouter(registry, index, loads, engine, on_lookup=metrics.routing_lookup.observe)
-        # the one writer of the index and load: request outcomes, the poller's facts, flushes, KV events
-        outliers = LatencyOutliers(config.outlier_detection, ReplicaStats(config.outlier_detection.window_s),
+        # the one writer of the index and load: request outcomes, the poller's facts, flushes, KV events; it also
+        # records what each replica was observed to do, for the latency outlier detector
+        od = config.outlier_detection
+        outliers = LatencyOutliers(od, ReplicaStats(od.window_s, recent=od.min_samples),
                                    lambda: registry.by_pool, metrics=metrics, corrector=corrector)
         feedback = Feedback(index, loads, engine, metrics, rc, reservations=router.reservations, approximate=approximate,
                             outliers=outliers)

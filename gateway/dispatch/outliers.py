@@ -33,7 +33,7 @@ import math
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.config import OutlierDetection
@@ -54,10 +54,12 @@ class Ejection:
     since: float
     until: float
     count: int  # ejections in a row (the length's multiplier)
+    signals: dict[str, float] = field(default_factory=dict)  # every reason it was an outlier on -> x its peers
 
     def as_dict(self, now: float) -> dict[str, Any]:
         return {"reason": self.reason, "value": round(self.value, 4), "peers_median": round(self.peers, 4),
                 "times_peers": round(self.value / self.peers, 2) if self.peers > 0 else None,
+                "signals": {k: round(v, 2) for k, v in self.signals.items()},
                 "for_s": round(max(0.0, now - self.since), 1), "remaining_s": round(max(0.0, self.until - now), 1),
                 "ejections_in_a_row": self.count}
 
@@ -132,7 +134,7 @@ class LatencyOutliers:
         cfg = self.cfg
         factors = {"latency_ttft": cfg.ttft_factor, "latency_itl": cfg.itl_factor}
         worst: tuple[float, Any, str, float, float] | None = None  # (times peers, target, reason, value, peers)
-        flagged: set[str] = set()
+        flagged: dict[str, dict[str, float]] = {}  # replica -> reason -> x its peers
         for reason, values in self._statistics(targets).items():
             if len(values) < cfg.min_hosts:
                 continue
@@ -142,7 +144,7 @@ class LatencyOutliers:
                     continue
                 peers = statistics.median([x for name, x in values.items() if name != t.name])
                 if peers > 0 and v > factors[reason] * peers:
-                    flagged.add(t.name)
+                    flagged.setdefault(t.name, {})[reason] = v / peers
                     if worst is None or v / peers > worst[0]:
                         worst = (v / peers, t, reason, v, peers)
         for t in targets:
@@ -174,14 +176,15 @@ class LatencyOutliers:
             tr.held = f"{out} of {len(targets)} replicas already out of routing (max_ejection_percent " \
                       f"{cfg.max_ejection_percent:g})"
             return
-        self._eject(t, reason, value, peers, now)
+        self._eject(t, reason, value, peers, now, flagged[t.name])
 
-    def _eject(self, t: Any, reason: str, value: float, peers: float, now: float) -> None:
+    def _eject(self, t: Any, reason: str, value: float, peers: float, now: float, signals: dict[str, float]) -> None:
         tr = self._track[t.name]
         tr.count += 1
         tr.streak, tr.held = 0, ""
         length = min(self.cfg.max_ejection_s, self.cfg.base_ejection_s * tr.count)
-        e = self.ejections[t.name] = Ejection(t.name, t.pool, reason, value, peers, now, now + length, tr.count)
+        e = self.ejections[t.name] = Ejection(t.name, t.pool, reason, value, peers, now, now + length, tr.count,
+                                              dict(signals))
         t.state.ejected = True
         if self.metrics is not None:
             self.metrics.ejections.labels(t.pool, t.name, reason).inc()
@@ -191,6 +194,7 @@ class LatencyOutliers:
                     "(ejection %d in a row)", t.name, t.pool, length, what, value, value / peers, peers, e.count,
                     extra={"event": "replica_ejected", "replica": t.name, "pool": t.pool, "reason": reason,
                            "value": round(value, 4), "peers_median": round(peers, 4), "ejected_s": length,
+                           "signals": {k: round(v, 2) for k, v in signals.items()},
                            "ejections_in_a_row": e.count})
 
     def _return(self, t: Any, e: Ejection, now: float) -> None:

@@ -2,7 +2,8 @@
 router's prediction), inter-token latency, and attempt outcomes (ok, error, timeout). Fed by dispatch feedback, read
 by the latency outlier detector (`outliers.py`), `/admin/state` and explain. The clock is injected.
 
-The residual is observed TTFT / the prediction corrected for the pool (not for the replica itself): how much slower
+`view` summarises the whole window and, apart, the last `recent` observations (what the outlier detector judges: a
+replica slowed a few seconds ago still has a window median from before). The residual is observed TTFT / the prediction corrected for the pool (not for the replica itself): how much slower
 this replica is than the pool's model says, which is comparable across replicas whatever their load. Observations are
 kept per replica, at most `max_samples` of each kind, so memory is bounded whatever the traffic.
 """
@@ -28,6 +29,8 @@ class ReplicaView:
     ttft_residual_p50: float | None  # observed / predicted (pool-corrected): 1 is as the pool's model says
     itl_samples: int
     itl_p50_s: float | None
+    recent_ttft_residual_p50: float | None  # over the last `recent` only: what the outlier detector judges
+    recent_itl_p50_s: float | None
     attempts: int
     error_rate: float | None
     timeout_rate: float | None
@@ -35,7 +38,9 @@ class ReplicaView:
     def as_dict(self) -> dict[str, float | int | None]:
         return {"ttft_samples": self.ttft_samples, "ttft_p50_s": _r(self.ttft_p50_s, 4),
                 "ttft_p95_s": _r(self.ttft_p95_s, 4), "ttft_residual_p50": _r(self.ttft_residual_p50, 3),
-                "itl_samples": self.itl_samples, "itl_p50_s": _r(self.itl_p50_s, 5), "attempts": self.attempts,
+                "itl_samples": self.itl_samples, "itl_p50_s": _r(self.itl_p50_s, 5),
+                "recent_ttft_residual_p50": _r(self.recent_ttft_residual_p50, 3),
+                "recent_itl_p50_s": _r(self.recent_itl_p50_s, 5), "attempts": self.attempts,
                 "error_rate": _r(self.error_rate, 4), "timeout_rate": _r(self.timeout_rate, 4)}
 
 
@@ -56,9 +61,10 @@ def _quantile(values: list[float], q: float) -> float:
 
 
 class ReplicaStats:
-    def __init__(self, window_s: float = 20.0, max_samples: int = 512,
+    def __init__(self, window_s: float = 20.0, max_samples: int = 512, recent: int = 8,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.window_s = window_s
+        self.recent_n = recent  # the outlier detector's min_samples: its view of "now"
         self.max_samples = max_samples
         self.clock = clock
         self._w: dict[str, _Window] = {}
@@ -104,14 +110,16 @@ class ReplicaStats:
     def view(self, name: str) -> ReplicaView:
         w = self._w.get(name)
         if w is None:
-            return ReplicaView(0, None, None, None, 0, None, 0, None, None)
+            return ReplicaView(0, None, None, None, 0, None, None, None, 0, None, None)
         self._trim(w)
         ttfts = [x[1] for x in w.ttft]
         residuals = [x[2] for x in w.ttft]
         itls = [x[1] for x in w.itl]
         kinds = [x[1] for x in w.outcomes]
         n = len(kinds)
+        recent_res, recent_itl = residuals[-self.recent_n:], itls[-self.recent_n:]
         return ReplicaView(
             len(ttfts), statistics.median(ttfts) if ttfts else None, _quantile(ttfts, 0.95) if ttfts else None,
             statistics.median(residuals) if residuals else None, len(itls), statistics.median(itls) if itls else None,
+            statistics.median(recent_res) if recent_res else None, statistics.median(recent_itl) if recent_itl else None,
             n, kinds.count("error") / n if n else None, kinds.count("timeout") / n if n else None)

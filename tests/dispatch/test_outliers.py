@@ -187,6 +187,15 @@ def test_replica_stats_window_and_rates():
     s.itl("r", 0.05)
     v = s.view("r")
     assert (v.attempts, v.error_rate, v.timeout_rate, v.ttft_residual_p50, v.itl_p50_s) == (4, 0.25, 0.25, 2.0, 0.05)
+    for _ in range(10):
+        s.ttft("r", 1.0, 1.0)
+    v = s.view("r")
+    assert (v.ttft_residual_p50, v.recent_ttft_residual_p50) == (1.0, 1.0) and v.ttft_samples == 11
+    s = ReplicaStats(window_s=10.0, recent=3, clock=clock)
+    for ratio in (1.0, 1.0, 1.0, 1.0, 6.0, 6.0, 6.0):  # slowed a moment ago: the window's median is from before
+        s.ttft("r", ratio, 1.0)
+    v = s.view("r")
+    assert (v.ttft_residual_p50, v.recent_ttft_residual_p50) == (1.0, 6.0)
     clock.now += 11.0
     v = s.view("r")
     assert (v.attempts, v.ttft_samples, v.error_rate) == (0, 0, None)
