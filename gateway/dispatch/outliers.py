@@ -16,9 +16,10 @@ ejected for `base_ejection_s` x the number of ejections in a row (capped at `max
   `max_ejection_percent` of them, with at least one allowed once the pool has `min_hosts`: a fleet-wide slowdown makes
   no replica an outlier, and a pool is never emptied by this module.
 - Probes back in: when the ejection ends the replica is routable again on a clean slate (its window and its own TTFT
-  correction forgotten), so it gets its share and fresh evidence; still slow, it is ejected again after
-  `min_samples` requests for longer. Each evaluation that finds it well after `base_ejection_s` back takes one off the
-  count.
+  correction forgotten), so it gets its share and fresh evidence. Like a half-open breaker's trial it is on
+  probation: judged on its first `probe_samples` requests and in one evaluation, so a still-slow replica costs a few
+  slow requests per probe rather than `min_samples` — it is ejected again, for longer. It leaves probation once judged
+  clean on `min_samples`; each evaluation that finds it well after `base_ejection_s` back takes one off the count.
 - Only the worst outlier of a pool is ejected per evaluation, so the floor counts what is really out.
 
 Each ejection and return is a structured log event (`replica_ejected`, `replica_returned`), a counter
@@ -70,6 +71,7 @@ class _Track:
     count: int = 0  # ejections in a row
     back_at: float = -math.inf  # when it last returned (or the count last decayed)
     held: str = ""  # why an outlier was not ejected (the floor), for admin state
+    probation: bool = False  # back from an ejection and not yet judged clean on min_samples
 
 
 class LatencyOutliers:
@@ -118,11 +120,12 @@ class LatencyOutliers:
 
     def _statistics(self, targets: Sequence[Any]) -> dict[str, dict[str, float]]:
         """reason -> replica -> its statistic, for routable replicas with enough recent observations."""
-        n = self.cfg.min_samples
         out: dict[str, dict[str, float]] = {r: {} for r in REASONS}
         for t in targets:
             if t.name in self.ejections or not t.routable():
                 continue
+            tr = self._track.get(t.name)
+            n = self.cfg.probe_samples if tr is not None and tr.probation else self.cfg.min_samples
             ttft, itl = self.stats.recent(t.name, n)
             if len(ttft) >= n:
                 out["latency_ttft"][t.name] = statistics.median(ttft)
@@ -153,13 +156,15 @@ class LatencyOutliers:
                 tr.streak += 1
             elif t.name not in self.ejections:
                 tr.streak, tr.held = 0, ""
+                if tr.probation and min(map(len, self.stats.recent(t.name, cfg.min_samples))) >= cfg.min_samples:
+                    tr.probation = False  # judged clean on a full sample: an ordinary replica again
                 if tr.count and now - tr.back_at >= cfg.base_ejection_s:
                     tr.count, tr.back_at = tr.count - 1, now  # well behaved for a while: the next ejection is shorter
         if worst is None:
             return
         _, t, reason, value, peers = worst
         tr = self._track[t.name]
-        if tr.streak < cfg.consecutive:
+        if tr.streak < (1 if tr.probation else cfg.consecutive):
             return
         allowed = math.floor(len(targets) * cfg.max_ejection_percent / 100)
         if cfg.max_ejection_percent > 0 and len(targets) >= cfg.min_hosts:
@@ -203,7 +208,8 @@ class LatencyOutliers:
         self.stats.reset(t.name)  # judged again on what it does from now on
         if self.corrector is not None:
             self.corrector.reset_replica(t.name)  # offered its share again: the probe
-        self._track.setdefault(t.name, _Track()).back_at = now
+        tr = self._track.setdefault(t.name, _Track())
+        tr.back_at, tr.probation = now, True
         if self.metrics is not None:
             self.metrics.replica_ejected.labels(t.pool, t.name).set(0)
         log.info("replica %s of pool %s back in routing after %.0f s ejected (%s)", t.name, t.pool, now - e.since,

@@ -155,7 +155,7 @@ def test_it_returns_on_a_clean_slate_and_a_still_slow_replica_is_ejected_again_f
     assert f.clock.now - first.since == pytest.approx(CFG.base_ejection_s, abs=1.0)
     assert f.stats.view("r2").ttft_samples == 0 and f.corrector.replica_factor("r2") == 1.0  # the probe: its share
     assert f.metric("gateway_replica_ejected", pool="p", replica="r2") == 0
-    while not f.ejected():  # still slow: back out after min_samples and `consecutive` evaluations
+    while not f.ejected():  # still slow: back out on its probe (probe_samples, one evaluation)
         f.second(slow={"r2": 6.0})
     second = f.det.ejected("r2")
     assert second.count == 2 and second.until - second.since == 2 * CFG.base_ejection_s
@@ -199,3 +199,27 @@ def test_replica_stats_window_and_rates():
     clock.now += 11.0
     v = s.view("r")
     assert (v.attempts, v.ttft_samples, v.error_rate) == (0, 0, None)
+
+
+def test_a_probe_back_in_costs_a_few_requests_not_a_full_sample():
+    """Back from an ejection the replica is on probation: a still-slow one is ejected again on its first
+    probe_samples requests, in one evaluation; one judged clean on min_samples leaves probation."""
+    f = Fleet()
+    while not f.ejected():
+        f.second(slow={"r2": 6.0})
+    while f.ejected():
+        f.second()
+    served = 0
+    while not f.ejected():
+        for t in f.targets:  # one request each per step, so the count of slow ones is exact
+            f.stats.ttft(t.name, 6.0 if t.name == "r2" else 1.0, 1.0)
+            f.stats.itl(t.name, 0.02)
+        served += 1
+        f.clock.now += CFG.interval_s
+        f.det.tick()
+    assert served == CFG.probe_samples < CFG.min_samples
+    while f.ejected():
+        f.second()
+    for _ in range(5):
+        f.second()  # recovered: 4 requests a second, judged clean on min_samples
+    assert not f.det._track["r2"].probation
