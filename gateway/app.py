@@ -28,8 +28,10 @@ from gateway.control.plane import ControlPlane
 from gateway.control.store import MemoryControlStore, RedisControlStore
 from gateway.dispatch.dispatcher import Dispatcher
 from gateway.dispatch.feedback import Feedback
+from gateway.dispatch.outliers import LatencyOutliers
 from gateway.dispatch.pd import PdBackend
 from gateway.dispatch.quarantine import Quarantine
+from gateway.dispatch.replica_stats import ReplicaStats
 from gateway.kvevents.setup import build as build_precise
 from gateway.observability.logging import setup_logging
 from gateway.observability.metrics import GatewayMetrics
@@ -123,8 +125,13 @@ def create_app(config: GatewayConfig, *, span_exporter: Any = None, transport: h
         engine = build_engine(rc)  # one routing engine: the decision and the feedback rules (routing/engine.py)
         corrector = engine.corrector
         router = PipelineRouter(registry, index, loads, engine, on_lookup=metrics.routing_lookup.observe)
-        # the one writer of the index and load: request outcomes, the poller's facts, flushes, KV events
-        feedback = Feedback(index, loads, engine, metrics, rc, reservations=router.reservations, approximate=approximate)
+        # the one writer of the index and load: request outcomes, the poller's facts, flushes, KV events; it also
+        # records what each replica was observed to do, for the latency outlier detector
+        od = config.outlier_detection
+        outliers = LatencyOutliers(od, ReplicaStats(od.window_s, recent=od.min_samples),
+                                   lambda: registry.by_pool, metrics=metrics, corrector=corrector)
+        feedback = Feedback(index, loads, engine, metrics, rc, reservations=router.reservations, approximate=approximate,
+                            outliers=outliers)
         if precise is not None:
             precise.manager.feedback = feedback
         recorder = TraceRecorder(config.recording, rc.chunk_tokens)  # off unless recording.path is set

@@ -72,6 +72,33 @@ class CircuitBreaker(_Strict):
     cooldown_s: float = Field(default=5.0, gt=0)
 
 
+class OutlierDetection(_Strict):
+    """Latency outlier ejection (dispatch/outliers.py), Envoy's outlier detection applied to TTFT and inter-token
+    latency: a replica far slower than its pool's peers is taken out of routing for a while."""
+
+    enabled: bool = True
+    interval_s: float = Field(default=2.0, gt=0, le=300, description="how often a pool's replicas are compared")
+    window_s: float = Field(default=20.0, gt=0, le=3600, description="observations older than this are forgotten")
+    min_samples: int = Field(default=8, ge=1, le=10_000, description="observations a replica (and each peer) needs "
+                             "in the window before it is judged or judged against")
+    probe_samples: int = Field(default=3, ge=1, le=10_000, description="observations a replica back from an "
+                               "ejection is judged on (it is already suspect, like a half-open breaker's trial)")
+    min_hosts: int = Field(default=3, ge=2, le=1000, description="replicas with enough samples a pool needs before "
+                           "any is ejected (a peer median needs peers)")
+    ttft_factor: float = Field(default=2.5, gt=1, description="eject when the replica's median TTFT residual "
+                               "(observed / predicted) is this many times its peers' median")
+    itl_factor: float = Field(default=2.5, gt=1, description="eject when the replica's median inter-token latency is "
+                              "this many times its peers' median")
+    consecutive: int = Field(default=2, ge=1, le=100, description="evaluations in a row the replica must be an "
+                             "outlier (it stays far above, not one bad moment)")
+    base_ejection_s: float = Field(default=30.0, gt=0, le=86_400, description="first ejection's length; each "
+                                   "further one in a row is longer by this much")
+    max_ejection_s: float = Field(default=300.0, gt=0, le=86_400)
+    max_ejection_percent: float = Field(default=25.0, ge=0, le=100, description="of a pool's replicas that may be "
+                                        "out of routing at once (ejected, unhealthy, drained or breaker open) for a "
+                                        "further ejection; at least one when the pool has min_hosts")
+
+
 class HealthChecks(_Strict):
     interval_s: float = Field(default=5.0, gt=0)
     timeout_s: float = Field(default=5.0, gt=0)  # SGLang's /health takes ~1 s by design
@@ -208,6 +235,7 @@ class GatewayConfig(_Strict):
     timeouts: Timeouts = Timeouts()
     retry: RetryPolicy = RetryPolicy()
     circuit_breaker: CircuitBreaker = CircuitBreaker()
+    outlier_detection: OutlierDetection = OutlierDetection()
     health: HealthChecks = HealthChecks()
     observability: Observability = Observability()
     routing: Routing = Routing()

@@ -39,6 +39,11 @@ log = logging.getLogger("gateway.preflight")
 OLDEST = (0, 5, 9)
 
 
+# the most DP ranks a server is believed to have: each becomes a target and a replica label value in the metrics, so a
+# server reporting dp_size 10^6 must not make a million (real deployments: up to a few dozen per server)
+MAX_RANKS = 256
+
+
 @dataclass
 class Finding:
     check: str
@@ -74,7 +79,7 @@ class ServerFacts:
         prio = d.get("enable_priority_scheduling")
         cache = d.get("enable_cache_report")
         dpv = d.get("default_priority_value")
-        return cls(version=str(d.get("version") or ""), ranks=dp * attn,
+        return cls(version=str(d.get("version") or ""), ranks=min(dp * attn, MAX_RANKS),
                    dp_attention=bool(d.get("enable_dp_attention")) or attn > 1,
                    max_total_num_tokens=num("max_total_num_tokens"), page_size=num("page_size"),
                    context_length=num("context_length"), max_req_input_len=num("max_req_input_len"),

@@ -71,6 +71,7 @@ class TargetState:
     pricing: Pricing | None  # ControlPlane.apply (on-call price override; else the config's)
     weight: float = 1.0  # ControlPlane.apply (the pool's; 0 takes no new traffic, else routing cost is divided by it)
     drained: bool = False  # ControlPlane.apply
+    ejected: bool = False  # LatencyOutliers (dispatch/outliers.py: far slower than its peers, for a while)
     healthy: bool = True  # HealthChecker (probes; a refused connection the dispatcher reports via `unreachable`)
     health_failures: int = 0  # HealthChecker
     credentials_rejected: bool = False  # HealthChecker (its probe answered 401/403: up, but not with the pool's key)
@@ -122,7 +123,7 @@ class Target:
 
     def routable(self) -> bool:
         s = self.state
-        return s.healthy and not s.drained and s.weight > 0 and s.breaker.available()
+        return s.healthy and not s.drained and not s.ejected and s.weight > 0 and s.breaker.available()
 
     # -- the live state, read-only here (writers: TargetState) -------------------------------------------------
     @property
@@ -311,7 +312,7 @@ class UpstreamRegistry:
         """A new rank's state: what is about the server or the pool carries over; its own load, breaker and errors
         start fresh."""
         return dataclasses.replace(server, breaker=CircuitBreaker(self._cb.failure_threshold, self._cb.cooldown_s),
-                                   engine_load=None, health_failures=0, last_error="",
+                                   engine_load=None, health_failures=0, last_error="", ejected=False,
                                    misconfigured=list(server.misconfigured))
 
 

@@ -138,6 +138,8 @@ class Dispatcher:
             except AttemptFailed as e:
                 self.feedback.finished(attempt, failed=True)
                 tries.errors.append(e)
+                if classify(e) is not Cause.REQUEST:  # the request's own fault says nothing about the replica
+                    self.feedback.outcome(target, "timeout" if e.timeout else "error")
                 if probing_stalled and e.timeout:  # still hung: open again; says nothing about this body
                     target.breaker.trip("stalled")
                     self.metrics.upstream_errors.labels(target.pool, target.name, "stalled").inc()
@@ -152,6 +154,7 @@ class Dispatcher:
                 target.breaker.release()  # cancelled (client gone): no verdict on the replica
                 raise
             target.breaker.success()
+            self.feedback.outcome(target, "ok")
             for t in tries.suspect_5xx:  # the body worked here: those 5xx were the replicas'
                 t.breaker.failure(None)
             return Dispatched(target, opened, tries.count, attempt)

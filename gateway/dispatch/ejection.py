@@ -10,7 +10,8 @@ keeps answering someone; a hung one answers no one. One slow request alone never
 are not outliers. Non-streamed attempts do not count as evidence (their first byte is the whole answer) but are
 failed over with the rest when the replica is ejected: every attempt waiting on it gets its first-byte wait cut short.
 
-State is this module's, keyed by target name; it needs no background task (a timer per attempt checks).
+State is this module's, keyed by target name; it needs no background task (a timer per attempt checks). A replica
+that answers, only slowly, is `outliers.py`'s (latency outlier ejection against its peers).
 """
 
 from __future__ import annotations

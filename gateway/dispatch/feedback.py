@@ -17,6 +17,10 @@ Events from outside the request path:
   engine's KV capacity bounds the index's entries per replica;
 - flushes (the admin API here, the control plane from other instances): the replica's entries are dropped;
 - KV events (precise/hybrid): a rank's cleared or removed blocks correct the approximate index under the precise one.
+
+Per replica it also records what was observed — TTFT against the prediction, inter-token latency, each attempt's
+outcome — in `ReplicaStats` and the `gateway_replica_*` metrics, and lets the latency outlier detector
+(`outliers.py`) judge the pool on it.
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ from collections.abc import Coroutine, Sequence
 from typing import Any, Protocol
 
 from gateway.config import Routing
+from gateway.dispatch.outliers import LatencyOutliers
+from gateway.dispatch.replica_stats import ReplicaStats
 from gateway.observability.metrics import GatewayMetrics
 from gateway.prefix.index import PrefixIndex
 from gateway.routing.engine import Attempt, Effect, IndexDrop, IndexWrite, LoadDelta, RoutingEngine
@@ -39,7 +45,8 @@ __all__ = ["Attempt", "Feedback", "apply_sync"]
 
 class Feedback:
     def __init__(self, index: PrefixIndex, loads: LoadTracker, engine: RoutingEngine, metrics: GatewayMetrics,
-                 cfg: Routing, reservations: Reservations | None = None, approximate: PrefixIndex | None = None) -> None:
+                 cfg: Routing, reservations: Reservations | None = None, approximate: PrefixIndex | None = None,
+                 outliers: LatencyOutliers | None = None) -> None:
         self.reservations = reservations  # the router's decision-time claims, dropped once the dispatch is counted
         self.index = index
         self.approximate = approximate or index  # what KV events correct: the index under the precise one
@@ -52,6 +59,18 @@ class Feedback:
         # run on every request (pools and replicas are few and fixed)
         self._share: dict[tuple[str, str], Any] = {}
         self._cached: dict[str, tuple[Any, Any]] = {}
+        self._replica: dict[str, tuple[Any, Any, Any, Any]] = {}  # name -> (ttft, itl, predicted, correction)
+        self.outliers = outliers
+        self.stats = outliers.stats if outliers is not None else ReplicaStats()
+
+    def _replica_metrics(self, pool: str, name: str) -> tuple[Any, Any, Any, Any]:
+        m = self._replica.get(name)
+        if m is None:
+            mm = self.metrics
+            m = self._replica[name] = (mm.replica_ttft.labels(pool, name), mm.replica_itl.labels(pool, name),
+                                       mm.replica_ttft_predicted.labels(pool, name),
+                                       mm.replica_correction.labels(pool, name))
+        return m
 
     def _background(self, coro: Coroutine[Any, Any, Any]) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -87,11 +106,36 @@ class Feedback:
         if share is None:
             share = self._share[(a.pool, a.name)] = self.metrics.replica_share.labels(a.pool, a.name)
         share.inc()
+        if a.ttft > 0:
+            self._replica_metrics(a.pool, a.name)[2].set(a.ttft)
 
     def first_token(self, a: Attempt, observed_ttft: float | None) -> None:
         self._apply(self.engine.first_token(a, observed_ttft))
         if observed_ttft is not None and a.ttft_raw > 0:
             self.metrics.sla.labels(a.req.tenant, "met" if observed_ttft <= a.req.ttft_sla_s else "missed").inc()
+            ttft, _, _, correction = self._replica_metrics(a.pool, a.name)
+            ttft.observe(observed_ttft)
+            corrector = self.engine.corrector
+            correction.set(corrector.replica_factor(a.name))
+            # the residual against the pool's prediction, not the replica's own: comparable across its peers
+            self.stats.ttft(a.name, observed_ttft, a.ttft_raw * corrector.get(a.pool, a.regime))
+            self._judge()
+
+    def itl(self, a: Attempt, seconds_per_token: float) -> None:
+        """A served stream's mean inter-token latency (first token to the end, over the tokens after the first)."""
+        if seconds_per_token <= 0:
+            return
+        self._replica_metrics(a.pool, a.name)[1].observe(seconds_per_token)
+        self.stats.itl(a.name, seconds_per_token)
+        self._judge()
+
+    def outcome(self, target: Any, kind: str) -> None:
+        """One attempt's end as far as the replica is concerned: ok | error | timeout."""
+        self.stats.outcome(target.name, kind)
+
+    def _judge(self) -> None:
+        if self.outliers is not None:
+            self.outliers.tick()
 
     def usage(self, a: Attempt, reported_cached: int | None) -> None:
         if reported_cached is None or not (a.info and a.info.prefix_cache):

@@ -17,6 +17,8 @@ def api_for_path(path: str) -> str:
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1, 1.5, 2, 3, 5, 7.5, 10, 20, 40, 80, 160, 320)
 
+ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1, 2.5)
+
 
 class GatewayMetrics:
     def __init__(self) -> None:
@@ -81,6 +83,21 @@ class GatewayMetrics:
                                                ["pool"], registry=r)
         self.ejections = Counter("gateway_replica_ejections", "Replicas taken out of routing by the dispatcher",
                                  ["pool", "replica", "reason"], registry=r)
+        # per replica: the replica label is bounded by the configuration (its replicas, and the DP ranks each server
+        # reports, capped by preflight.MAX_RANKS), never by traffic
+        self.replica_ttft = Histogram("gateway_replica_ttft_seconds", "Time to first token observed per replica "
+                                      "(streams, from the gateway's admission)", ["pool", "replica"],
+                                      buckets=LATENCY_BUCKETS, registry=r)
+        self.replica_itl = Histogram("gateway_replica_itl_seconds", "Mean inter-token latency of each served stream, "
+                                     "per replica", ["pool", "replica"], buckets=ITL_BUCKETS, registry=r)
+        self.replica_ttft_predicted = Gauge("gateway_replica_ttft_predicted_seconds", "The router's predicted TTFT for "
+                                            "the last request dispatched to the replica", ["pool", "replica"],
+                                            registry=r)
+        self.replica_correction = Gauge("gateway_replica_ttft_correction", "The replica's own learned TTFT correction "
+                                        "(1: as its pool; 6: six times slower than the pool's model)",
+                                        ["pool", "replica"], registry=r)
+        self.replica_ejected = Gauge("gateway_replica_ejected", "1 while the replica is ejected as a latency outlier",
+                                     ["pool", "replica"], registry=r)
         self.breaker_open = Gauge("gateway_replica_circuit_open", "1 while the circuit breaker is open", ["pool", "replica"], registry=r)
 
     def render(self) -> bytes:

@@ -1,4 +1,4 @@
-"""TTFT prediction per replica (pure), and its online correction per pool.
+"""TTFT prediction per replica (pure), and its online correction per pool and per replica.
 
     TTFT = (base + (queued prefill tokens + this request's uncached tokens) / prefill rate + slot wait) x correction
 
@@ -14,11 +14,19 @@
   is full the wait depends on when running requests finish, which the model knows only on average (measured on the
   virtual clock at 1.5x load: observed/predicted p95 1.3 with a free slot, 5.6 without). One correction for both
   would either miss the SLA when full or spill needlessly when not, so each regime learns its own.
+- Per replica: a second EWMA, of observed / (prediction x the pool's correction), multiplies the pool's. A replica
+  that runs slower than its peers (a throttled GPU, a noisy neighbour: a gray failure, not dead, just slow) sees its
+  own predictions rise within a few dozen of its requests, so the policy's SLA check moves new load off it; the pool's
+  correction learns from observed / (prediction x the replica's), so one slow replica does not raise its peers'.
+  A replica factor nothing observes decays back towards 1 (half-life `replica_half_life_s`): a replica routing left
+  alone is offered traffic again, which is how it shows it has recovered.
 """
 
 from __future__ import annotations
 
 import math
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from gateway.settings.pools import PoolTiming
@@ -53,10 +61,13 @@ def predict_ttft(t: PoolTiming, load: LoadView, uncached_tokens: int, correction
 
 
 class TtftCorrector:
-    """Per (pool, regime) EWMA of observed/predicted TTFT (mean, and spread when `z` > 0)."""
+    """Per (pool, regime) EWMA of observed/predicted TTFT (mean, and spread when `z` > 0), times a per-replica EWMA
+    of what is left (`per_replica`)."""
 
     def __init__(self, alpha: float = 0.05, lo: float = 0.5, hi: float = 3.0, z: float = 0.0,
-                 split_regimes: bool = True) -> None:
+                 split_regimes: bool = True, per_replica: bool = True, replica_alpha: float = 0.1,
+                 replica_lo: float = 0.5, replica_hi: float = 10.0, replica_half_life_s: float = 30.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.alpha = alpha
         self.split_regimes = split_regimes  # False: one correction per pool (the ablation in tests)
         self.lo = lo
@@ -65,24 +76,62 @@ class TtftCorrector:
         self.factor: dict[tuple[str, str], float] = {}  # what predictions are multiplied by, per (pool, regime)
         self._mean: dict[tuple[str, str], float] = {}
         self._var: dict[tuple[str, str], float] = {}
+        self.per_replica = per_replica
+        self.replica_alpha = replica_alpha
+        # wider than the pool's clamp: a replica 6x slower than its peers must be able to say so
+        self.replica_lo, self.replica_hi = replica_lo, replica_hi
+        self.replica_half_life_s = replica_half_life_s
+        self.clock = clock
+        self._replica: dict[str, tuple[float, float, int]] = {}  # name -> (factor, when last observed, observations)
 
-    def get(self, pool: str, regime_: str = FREE) -> float:
-        """What a prediction for this pool in this regime is multiplied by (the regime's prior until it is seen)."""
+    def get(self, pool: str, regime_: str = FREE, replica: str | None = None) -> float:
+        """What a prediction for this pool in this regime (on this replica) is multiplied by (the regime's prior
+        until it is seen)."""
         if not self.split_regimes:
             regime_ = FREE
-        return self.factor.get((pool, regime_), PRIOR[regime_])
+        f = self.factor.get((pool, regime_), PRIOR[regime_])
+        return f * self.replica_factor(replica) if replica is not None else f
 
-    def observe(self, pool: str, predicted_uncorrected: float, observed: float, regime_: str = FREE) -> None:
+    def replica_factor(self, replica: str) -> float:
+        """The replica's own factor, decayed towards 1 for the time nothing has observed it."""
+        entry = self._replica.get(replica)
+        if entry is None or not self.per_replica:
+            return 1.0
+        factor, at, _ = entry
+        age = max(0.0, self.clock() - at)
+        return 1.0 + (factor - 1.0) * math.pow(0.5, age / self.replica_half_life_s)
+
+    def replica_observations(self, replica: str) -> int:
+        entry = self._replica.get(replica)
+        return entry[2] if entry else 0
+
+    def reset_replica(self, replica: str) -> None:
+        """Forget what was learned about a replica (it comes back from an ejection on a clean slate)."""
+        self._replica.pop(replica, None)
+
+    def observe(self, pool: str, predicted_uncorrected: float, observed: float, regime_: str = FREE,
+                replica: str | None = None) -> None:
         if predicted_uncorrected <= 0 or observed <= 0:
             return
         key = (pool, regime_ if self.split_regimes else FREE)
-        ratio = min(self.hi, max(self.lo, observed / predicted_uncorrected))
+        own = self.replica_factor(replica) if replica is not None else 1.0
+        pool_mean = self._mean.get(key, PRIOR[key[1]])  # the mean, not the planning quantile: residuals centre on 1
+        ratio = min(self.hi, max(self.lo, observed / (predicted_uncorrected * own)))
         mean = self._mean.get(key, PRIOR[key[1]])
         d = ratio - mean
         mean = min(self.hi, max(self.lo, mean + self.alpha * d))
         var = (1 - self.alpha) * (self._var.get(key, 0.0) + self.alpha * d * d)  # EW variance (West's update)
         self._mean[key], self._var[key] = mean, var
         self.factor[key] = min(self.hi, max(self.lo, mean + self.z * math.sqrt(var)))
+        if replica is not None and self.per_replica:
+            residual = observed / (predicted_uncorrected * pool_mean)  # what the pool's correction does not explain
+            residual = min(self.replica_hi, max(self.replica_lo, residual))
+            n = self.replica_observations(replica)
+            # in log space: a geometric mean, so the full-batch regime's heavy tail (one wait 5x the model) moves a
+            # replica's factor as much as one 5x faster request would, not far more; a replica slow on every
+            # request moves it all the same
+            f = math.exp(math.log(own) + self.replica_alpha * (math.log(residual) - math.log(own)))
+            self._replica[replica] = (min(self.replica_hi, max(self.replica_lo, f)), self.clock(), n + 1)
 
 
 DRAIN_SHARE = 0.5  # of the prefill rate: long contexts prefill slower, and co-batched requests finish together

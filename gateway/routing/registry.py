@@ -8,6 +8,8 @@ below; config validation, prefix data, `gateway replay --policy` and the explain
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from functools import reduce
 from importlib import import_module
 from operator import or_
@@ -62,9 +64,14 @@ def build_policy(params: PolicyParams, ctx: PolicyContext) -> Policy:
     return spec(params.type).make(params, ctx)
 
 
+def build_corrector(cfg: Routing, clock: Callable[[], float] = time.monotonic) -> TtftCorrector:
+    return TtftCorrector(z=cfg.ttft_quantile_z, per_replica=cfg.replica_correction,
+                         replica_half_life_s=cfg.replica_correction_half_life_s, clock=clock)
+
+
 def build_engine(cfg: Routing, corrector: TtftCorrector | None = None) -> RoutingEngine:
     policy = build_policy(cfg.policy, PolicyContext(chunk_tokens=cfg.chunk_tokens))
     return RoutingEngine(policy, uses_prefix=spec(cfg.policy.type).uses_prefix, chunk_tokens=cfg.chunk_tokens,
-                         corrector=corrector or TtftCorrector(z=cfg.ttft_quantile_z),
+                         corrector=corrector or build_corrector(cfg),
                          speculative_ttl_s=cfg.speculative_ttl_s, residency_ttl_s=cfg.residency_ttl_s,
                          queue_drain=cfg.queue_drain, shortest_prefill_first=cfg.shortest_prefill_first)

@@ -60,6 +60,10 @@ class Routing(_Strict):
     ttft_sla_ms: float = Field(default=2220, gt=0, description="default TTFT target (p95) per request")
     ttft_quantile_z: float = Field(default=0.5, ge=0, le=4, description="plan against mean + z std of the TTFT "
                                    "correction (per load regime): higher spills earlier near the knee and costs more")
+    replica_correction: bool = Field(default=True, description="learn a TTFT correction per replica on top of the "
+                                     "pool's, so a replica slower than its peers is predicted (and routed) as such")
+    replica_correction_half_life_s: float = Field(default=30.0, gt=0, le=3600, description="a replica's own "
+                                                  "correction decays towards 1 while nothing observes it")
     shortest_prefill_first: bool = Field(default=True, description="within a tenant class, the priority sent to "
                                          "SGLang servers that schedule by it rises as a request's uncached prefill "
                                          "shrinks, so cached turns are not queued behind long cold prompts")

@@ -108,6 +108,10 @@ class Rank:
         self.counters = RankCounters()
         self.rng = random.Random(seed * 1000 + dp_rank)
         self.slow_factor = 1.0  # fault: every forward k times slower
+        # faults (/_sim/fault kind "slow"): prefill forwards alone k times slower (TTFT), or decode forwards alone
+        # (inter-token latency): a gray failure, the replica answers everything, just late
+        self.prefill_slow = 1.0
+        self.decode_slow = 1.0
         self.forward_sleep = 0.0  # fault: seconds added to every forward (SGLang /slow_down)
         self.paused = False  # fault: frozen scheduler (SGLang /pause_generation in_place)
 
@@ -224,7 +228,7 @@ class Rank:
         if step is None and self.running:
             b = len(self.running)
             model = self.cfg.timing.decode_time(b)
-            step = Step("decode", self._realise(model), model, batch=list(self.running))
+            step = Step("decode", self._realise(model * self.decode_slow), model, batch=list(self.running))
         return step
 
     def _plan_prefill(self, now: float) -> Step | None:
@@ -262,7 +266,7 @@ class Rank:
         if not picks:
             return None
         model = cfg.timing.prefill_time(chunks)
-        return Step("prefill", self._realise(model), model, picks=picks)
+        return Step("prefill", self._realise(model * self.prefill_slow), model, picks=picks)
 
     def _admit(self, req: SimRequest, now: float) -> bool:
         cfg, cache = self.cfg, self.cache

@@ -128,7 +128,9 @@ class Fleet:
         self.instances = []
         for _ in range(instances):
             index, loads = shared_state if shared else (make_index(), MemoryLoadTracker())
-            self.instances.append(Instance(build_engine(routing, corrector() if corrector else None), index, loads))
+            engine = build_engine(routing, corrector() if corrector else None)
+            engine.corrector.clock = clock  # a replica's own correction decays on the virtual clock, not the wall's
+            self.instances.append(Instance(engine, index, loads))
         self.on_decision = on_decision
         self.records: list[Record] = []
         self.on_arrival: Callable[[], None] | None = None  # progress hook
@@ -274,7 +276,7 @@ def run_fleet(policy: str, nodes: int, rate_per_node: float, duration: float = 1
               groups_per_node: int = 16, b200_replicas: int = 0, gateways: int = 1, shared: bool = True,
               sla_s: float = 2.22, warm: bool = True, quantile_z: float = DEFAULT_Z,
               split_regimes: bool = True, recompute_weight: float | None = None,
-              shortest_prefill_first: bool | None = None) -> FleetResult:
+              shortest_prefill_first: bool | None = None, replica_correction: bool = True) -> FleetResult:
     params: dict[str, Any] = {"type": policy}
     if recompute_weight is not None:
         params["recompute_weight"] = recompute_weight
@@ -283,7 +285,8 @@ def run_fleet(policy: str, nodes: int, rate_per_node: float, duration: float = 1
         routing = routing.model_copy(update={"shortest_prefill_first": shortest_prefill_first})
     targets = mi355x_targets(nodes * 2, b200_replicas)
     fleet = Fleet(targets, routing, gateways, shared, seed,
-                  corrector=lambda: TtftCorrector(z=quantile_z, split_regimes=split_regimes))
+                  corrector=lambda: TtftCorrector(z=quantile_z, split_regimes=split_regimes,
+                                                  per_replica=replica_correction))
     infos = {i.name: i for i in fleet.infos}
     rng = random.Random(seed)
     nrng = np.random.default_rng(seed)

@@ -542,7 +542,18 @@ class SimServer:
             kind = body.get("kind")
             if kind == "clear":
                 self.replica.faults.clear()
+                self._slow(1.0, 1.0)
                 return _json({"faults": []})
+            if kind == "slow":  # lasting, until cleared: {"phase": "prefill"|"decode"|"both", "factor": k}
+                phase, factor = body.get("phase", "both"), body.get("factor")
+                if phase not in ("prefill", "decode", "both"):
+                    raise ValueError("phase must be prefill, decode or both")
+                if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 < factor <= 1000:
+                    raise ValueError("factor must be a number in (0, 1000]")
+                rank = self.replica.ranks[0].rank
+                self._slow(float(factor) if phase != "decode" else rank.prefill_slow,
+                           float(factor) if phase != "prefill" else rank.decode_slow)
+                return _json({"slow": {"prefill": float(rank.prefill_slow), "decode": float(rank.decode_slow)}})
             if kind == "restart":
                 asyncio.get_running_loop().create_task(self.replica.restart(float(body.get("startup_seconds", 0.0))))
                 return _json({"restarting": True})
@@ -556,6 +567,10 @@ class SimServer:
             return _err(400, str(e), "BadRequestError")
         self.replica.faults.append(f)
         return _json({"faults": [f.__dict__ for f in self.replica.faults]})
+
+    def _slow(self, prefill: float, decode: float) -> None:
+        for r in self.replica.ranks:
+            r.rank.prefill_slow, r.rank.decode_slow = prefill, decode
 
     async def tokenize(self, request: Request) -> Response:
         """/v1/tokenize (0.5.13+): `prompt` (a string or strings) or `messages` (+ `tools`, templated as a chat)."""

@@ -122,13 +122,14 @@ def test_compose_names_only_files_in_this_repo_and_public_images():
             cmd = svc["command"]
             build_parser(cmd).parse_args(cmd)  # a real `gateway` subcommand with valid flags (SystemExit otherwise)
         else:  # public and pinned, never :latest
-            assert re.fullmatch(r"[a-z0-9./-]+:[0-9][\w.-]*", image), f"{name}: {image}"
+            assert re.fullmatch(r"[a-z0-9./-]+:v?[0-9][\w.-]*", image), f"{name}: {image}"  # v2.55.1: Prometheus' tags
         if "build" in svc:
             assert (DEPLOY / svc["build"]["context"] / svc["build"]["dockerfile"]).is_file()
         for vol in svc.get("volumes", []):
             src = vol.split(":")[0]
             assert (DEPLOY / src).exists() or src in (compose.get("volumes") or {}), f"{name}: {src}"
-    assert {"redis", "sim-mi355x", "sim-b200", "gateway-1", "gateway-2", "otel-collector"} <= set(compose["services"])
+    assert {"redis", "sim-mi355x", "sim-b200", "gateway-1", "gateway-2", "otel-collector", "prometheus",
+            "grafana"} <= set(compose["services"])
     redis = compose["services"]["redis"]  # budgets live in Redis: it persists (AOF) on a named volume
     assert redis["command"][redis["command"].index("--appendonly") + 1] == "yes"
     assert any(v.split(":")[0] in (compose.get("volumes") or {}) for v in redis["volumes"])
@@ -156,15 +157,81 @@ def exported_metric_names() -> set[str]:
     return {fam.name + sfx for fam in GatewayMetrics().registry.collect() for sfx in suffixes[fam.type]}
 
 
-def test_dashboard_queries_only_metrics_the_gateway_exports():
+def engine_metric_names() -> set[str]:
+    """The `sglang:*` series a (simulated) SGLang server exports: the simulator follows real SGLang's names."""
+    from gateway_lab.sim.metrics import ReplicaMetrics
+    from gateway_lab.sim.profiles import profile
+    from gateway_lab.sim.replica import Replica
+
+    suffixes = {"counter": ("_total", ""), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
+    registry = ReplicaMetrics(Replica(profile("mi355x-glm52-tp4"))).registry
+    return {fam.name + sfx for fam in registry.collect() for sfx in suffixes[fam.type]}
+
+
+def test_dashboard_queries_only_metrics_the_gateway_and_the_engines_export():
     dash = json.loads((DEPLOY / "k8s" / "base" / "grafana-dashboard.json").read_text())
+    panels = [p for p in dash["panels"] if p["type"] != "row"]
     exported = exported_metric_names()
-    exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
+    exprs = [t["expr"] for p in panels for t in p["targets"]]
     used = {m for e in exprs for m in re.findall(r"\b(gateway_[a-z_]+)", e)}
     assert used and used <= exported, used - exported
-    titles = " ".join(p["title"] for p in dash["panels"]).lower()
-    for topic in ("ttft", "hit rate", "sla", "cost", "branch"):
-        assert topic in titles
+    engine = {m for e in exprs for m in re.findall(r"\b(sglang:[a-z_]+)", e)}
+    assert engine and engine <= engine_metric_names(), engine - engine_metric_names()
+    titles = " ".join(p["title"] for p in panels).lower()
+    for topic in ("ttft", "hit rate", "sla", "cost", "branch", "by tenant", "by replica", "ejected", "breaker",
+                  "engine", "inter-token"):
+        assert topic in titles, topic
+    # the per-replica truth of a gray failure is on it: observed and predicted TTFT, the correction, ejections
+    for metric in ("gateway_replica_ttft_seconds_bucket", "gateway_replica_ttft_correction", "gateway_replica_ejected",
+                   "gateway_replica_ejections_total", "gateway_replica_itl_seconds_bucket"):
+        assert metric in used, metric
+    variables = {v["name"]: v for v in dash["templating"]["list"]}
+    assert {"datasource", "tenant", "pool", "instance"} <= set(variables)
+    for name in ("tenant", "pool", "instance"):  # every gateway panel filters by them where the metric has the label
+        assert "label_values(gateway_" in variables[name]["query"]["query"]
+    for p in panels:
+        for t in p["targets"]:
+            if "gateway_" in t["expr"]:
+                assert "$instance" in t["expr"], p["title"]
+            if "tenant" in p["title"].lower() and "gateway_" in t["expr"]:
+                assert "$tenant" in t["expr"], p["title"]
+    ids = [p["id"] for p in dash["panels"]]
+    assert len(ids) == len(set(ids))
+
+
+def test_compose_prometheus_scrapes_the_gateways_and_engines_and_grafana_shows_the_dashboard():
+    """The local stack's Prometheus scrapes every gateway and engine the compose file runs (hosts are its services,
+    ports the ones they listen on), and Grafana is provisioned with that Prometheus and the shipped dashboard."""
+    compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
+    services = compose["services"]
+    prom_svc, grafana = services["prometheus"], services["grafana"]
+    prom = yaml.safe_load((DEPLOY / "compose" / "prometheus.yaml").read_text())
+    mounted = {v.split(":")[1]: v.split(":")[0] for v in prom_svc["volumes"]}
+    config_path = next(a.split("=", 1)[1] for a in prom_svc["command"] if a.startswith("--config.file="))
+    assert (DEPLOY / mounted[config_path]).resolve() == (DEPLOY / "compose" / "prometheus.yaml").resolve()
+    jobs = {j["job_name"]: [t for sc in j["static_configs"] for t in sc["targets"]] for j in prom["scrape_configs"]}
+    gateways = {name for name, svc in services.items() if svc.get("command", [None])[0] == "serve"}
+    assert {t.split(":")[0] for t in jobs["gateway"]} == gateways
+    for t in jobs["gateway"]:
+        cmd = services[t.split(":")[0]]["command"]
+        assert t.split(":")[1] == cmd[cmd.index("--port") + 1]
+    engines: set[str] = set()
+    for name, svc in services.items():
+        cmd = svc.get("command") or []
+        if cmd and cmd[0] == "sim":  # a simulator process serves --replicas servers on consecutive ports
+            first, n = int(cmd[cmd.index("--port") + 1]), int(cmd[cmd.index("--replicas") + 1])
+            engines |= {f"{name}:{first + i}" for i in range(n)}
+    assert set(jobs["sglang"]) == engines
+    ds = yaml.safe_load((DEPLOY / "compose" / "grafana" / "datasources.yaml").read_text())["datasources"][0]
+    assert ds["type"] == "prometheus" and ds["url"] == "http://prometheus:9090" and ds["isDefault"]
+    assert "127.0.0.1:9090:9090" in prom_svc["ports"] and "127.0.0.1:3000:3000" in grafana["ports"]
+    gmounts = {v.split(":")[1]: v.split(":")[0] for v in grafana["volumes"]}
+    provider = yaml.safe_load((DEPLOY / "compose" / "grafana" / "dashboards.yaml").read_text())["providers"][0]
+    dash_dir = provider["options"]["path"]
+    shipped = [(DEPLOY / src).resolve() for dst, src in gmounts.items() if dst.startswith(dash_dir + "/")]
+    assert shipped == [(DEPLOY / "k8s" / "base" / "grafana-dashboard.json").resolve()]
+    assert any(dst.startswith("/etc/grafana/provisioning/datasources/") for dst in gmounts)
+    assert any(dst.startswith("/etc/grafana/provisioning/dashboards/") for dst in gmounts)
 
 
 def test_sglang_recipes_carry_the_flags_the_fitted_profile_assumes():

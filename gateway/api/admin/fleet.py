@@ -1,7 +1,8 @@
 """What the console's overview and tenant pages show, in one call each (same token as the rest of `/admin`).
 
 GET /admin/fleet     pools and replicas: health, breaker, drain, queue (prefill tokens waiting, requests in flight),
-                     predicted TTFT, and over this instance's recent requests: share served, observed TTFT (streams),
+                     predicted TTFT (with the replica's own correction), latency outlier ejection and why, and over
+                     this instance's recent requests: share served, observed TTFT (streams),
                      cache hit rate (cached / prompt tokens, from the upstream's usage); `slow` marks a replica whose
                      observed TTFT is far above its pool's median
 GET /admin/tenants   per tenant: spend vs budget, requests and tokens in the last minute vs the rate limits, SLA
@@ -18,7 +19,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, Query, Request
 from starlette.responses import JSONResponse, Response
 
-from gateway.api.admin.routes import _proxy, _state, require_admin
+from gateway.api.admin.routes import _proxy, _replica_truth, _state, require_admin
 from gateway.api.openai.exchange import RecentDecision
 from gateway.prediction.ttft import LoadView, predict_ttft, regime
 from gateway.routing.engine import merged_load
@@ -62,7 +63,10 @@ async def fleet(request: Request, uncached_tokens: int = Query(8000, ge=0, le=10
                 "circuit": t.breaker.state.value, "last_error": t.last_error, "misconfigured": list(t.state.misconfigured),
                 "queued_prefill_tokens": round(load.queued_prefill_tokens), "inflight": round(load.inflight, 1),
                 "predicted_ttft_s": round(predict_ttft(t.timing, load, uncached_tokens)
-                                          * st.corrector.get(t.pool, regime(t.timing, load)), 3),
+                                          * st.corrector.get(t.pool, regime(t.timing, load), t.name), 3),
+                # its own learned TTFT correction and, if it is out as a latency outlier, why (dispatch/outliers.py)
+                "ttft_correction": round(st.corrector.replica_factor(t.name), 3),
+                "outlier": _replica_truth(st, t.name)["outlier"],
                 "served": s["requests"], "share": round(s["requests"] / total, 3),
                 "observed_ttft_s": round(statistics.median(ttfts), 3) if len(ttfts) >= MIN_SAMPLES else None,
                 "ttft_samples": len(ttfts),

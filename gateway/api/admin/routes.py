@@ -2,7 +2,8 @@
 stored in Redis, audited (who, what, when), and applied by every instance within a second (pub/sub). The token is
 checked once, by `require_admin`, a dependency of the whole router (so no route can be added without it).
 
-GET  /admin/state                          pools, replicas (health, circuit, load, predicted TTFT, index size), overrides
+GET  /admin/state                          pools, replicas (health, circuit, load, predicted TTFT, observed TTFT/ITL
+                                           and error rates, own TTFT correction, outlier ejection), overrides
 POST /admin/replicas/{name}/drain|undrain  stop / resume new traffic to a replica (in-flight requests finish); name:
                                            a server (all its DP ranks) or one rank (`p-0/dp1`)
 POST /admin/replicas/{name}/flush-prefix   forget the router's prefix entries for a replica (a server: every rank)
@@ -122,6 +123,17 @@ def _replica(st: AppState, name: str) -> Any:
 
 
 # -- state --------------------------------------------------------------------------------------------------------
+def _replica_truth(st: AppState, name: str) -> dict[str, Any]:
+    """What the replica was observed to do (the outlier window), its own learned TTFT correction, and whether it is
+    ejected as a latency outlier and why."""
+    outliers = st.feedback.outliers
+    if outliers is not None:
+        outliers.tick()  # an ejection that ended while no traffic came is shown as ended
+    return {"ttft_correction": round(st.corrector.replica_factor(name), 3),
+            "observed": st.feedback.stats.view(name).as_dict(),
+            "outlier": outliers.status(name) if outliers is not None else {"ejected": None}}
+
+
 @router.get("/state")
 async def state(request: Request, uncached_tokens: int = Query(8000, ge=0, le=10_000_000)) -> Response:
     """`predicted_ttft_s`: for a request with `uncached_tokens` to prefill, on this instance's view of the load."""
@@ -132,11 +144,11 @@ async def state(request: Request, uncached_tokens: int = Query(8000, ge=0, le=10
         reps = []
         for t in st.registry.by_pool[pool.name]:
             load = merged_load(tracked.get(t.name, LoadView()), t.engine_load)
-            ttft = predict_ttft(t.timing, load, uncached_tokens) * st.corrector.get(t.pool, regime(t.timing, load))
+            ttft = predict_ttft(t.timing, load, uncached_tokens) * st.corrector.get(t.pool, regime(t.timing, load), t.name)
             reps.append({"name": t.name, "healthy": t.healthy, "drained": t.drained, "routable": t.routable(),
                          "circuit": t.breaker.state.value, "incarnation": t.incarnation, "last_error": t.last_error,
                          "queued_prefill_tokens": round(load.queued_prefill_tokens), "inflight": round(load.inflight, 1),
-                         "predicted_ttft_s": round(ttft, 3)})
+                         "predicted_ttft_s": round(ttft, 3), **_replica_truth(st, t.name)})
         first = st.registry.head(pool.name)
         assert first is not None  # every configured pool has at least one target
         pools.append({"name": pool.name, "kind": pool.kind, "weight": first.weight,
@@ -288,7 +300,8 @@ async def explain(request: Request) -> Response:
     rreq = proxy.routing_request(ex)
     decision = await st.router.decide(rreq, route, dry_run=True)
     return JSONResponse({"tenant": tenant.name, "model": parsed.model, "prompt_tokens": parsed.prompt_tokens,
-                         "pools": route.pools, "sla_ms": rreq.ttft_sla_s * 1000, "decision": decision.explain()})
+                         "pools": route.pools, "sla_ms": rreq.ttft_sla_s * 1000, "decision": decision.explain(),
+                         "replicas": {name: _replica_truth(st, name) for name in decision.features}})
 
 
 # -- policies, audit, usage ---------------------------------------------------------------------------------------

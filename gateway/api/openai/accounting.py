@@ -212,11 +212,23 @@ class Accounting:
         m.latency.labels(model, pool, tenant, c.api).observe(c.now - ex.started)
         if ex.first_token_at is not None:
             m.ttft.labels(model, pool, tenant, c.api).observe(ex.first_token_at - ex.started)
+        self._itl(c)
         if ex.usage:
             m.tokens.labels(model, pool, tenant, "uncached_prompt").inc(c.prompt - c.cached)
             m.tokens.labels(model, pool, tenant, "cached_prompt").inc(c.cached)
             m.tokens.labels(model, pool, tenant, "completion").inc(c.completion)
             m.cost.labels(model, pool, tenant).inc(c.cost)
+
+    def _itl(self, c: _Ctx) -> None:
+        """A served stream's mean inter-token latency, for its replica: the time from the first token to the end over
+        the tokens after the first (per choice: n choices decode side by side)."""
+        ex, d = c.ex, c.ex.dispatched
+        if not ex.parsed.stream or ex.reason != "ok" or d is None or ex.first_token_at is None:
+            return
+        n = ex.parsed.body.get("n")
+        per_choice = c.completion / (n if isinstance(n, int) and n > 1 else 1)
+        if per_choice >= 2:
+            self.state.feedback.itl(d.attempt, (c.now - ex.first_token_at) / (per_choice - 1))
 
     def _sla(self, c: _Ctx) -> None:
         """Streams are judged on their observed TTFT (dispatch feedback). A non-streamed response has no first

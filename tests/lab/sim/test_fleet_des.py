@@ -47,8 +47,10 @@ def test_no_spill_fleet_near_capacity_stays_out_of_overload():
 def test_shortest_prefill_first_keeps_the_seed_that_tipped_out_of_overload():
     """Seed 3 tipped even with the recompute priced (93.4% within SLA) while turns waited behind cold 20k-token
     prefills queued first; with the gateway's prefill levels (the default) the engines take the cached turns first and
-    it holds (99.7%; over seeds 0-7 every seed >= 99.3%, docs/routing.md)."""
-    fcfs = run_fleet("prefix_sla_cost", 4, 0.95 * 2.4, 120, 3, shortest_prefill_first=False)
-    sjf = run_fleet("prefix_sla_cost", 4, 0.95 * 2.4, 120, 3)
+    it holds (99.7%; over seeds 0-7 every seed >= 99.3%, docs/routing.md). Measured without the per-replica TTFT
+    correction, which alone also keeps this seed out of overload (99.7% first come, first served): each replica's own
+    factor sees its queue of cold prefills and moves turns off it, so the ablation isolates the prefill levels."""
+    fcfs = run_fleet("prefix_sla_cost", 4, 0.95 * 2.4, 120, 3, shortest_prefill_first=False, replica_correction=False)
+    sjf = run_fleet("prefix_sla_cost", 4, 0.95 * 2.4, 120, 3, replica_correction=False)
     assert sjf.within_sla >= 0.99 > 0.95 > fcfs.within_sla
     assert sjf.hit_rate > fcfs.hit_rate

@@ -205,6 +205,23 @@ def test_context_too_long_is_400():
         st.stop()
 
 
+def test_slow_fault_slows_one_phase_until_cleared(sims):
+    """The gray-failure switch: prefill alone (TTFT) or decode alone (inter-token latency) k times slower, lasting
+    until `clear`; the other phase keeps its speed."""
+    st, reps = sims
+    u = st.urls[1]
+    ranks = [r.rank for r in reps[1].ranks]
+    try:
+        assert httpx.post(f"{u}/_sim/fault", json={"kind": "slow", "phase": "decode", "factor": 6}).json() == \
+            {"slow": {"prefill": 1.0, "decode": 6.0}}
+        assert httpx.post(f"{u}/_sim/fault", json={"kind": "slow", "phase": "prefill", "factor": 4}).json() == \
+            {"slow": {"prefill": 4.0, "decode": 6.0}}
+        assert all((r.prefill_slow, r.decode_slow) == (4.0, 6.0) for r in ranks)
+    finally:
+        httpx.post(f"{u}/_sim/fault", json={"kind": "clear"}).raise_for_status()
+    assert all((r.prefill_slow, r.decode_slow) == (1.0, 1.0) for r in ranks)
+
+
 def test_bad_input_on_control_and_info_endpoints(sims):
     st, _ = sims
     u = st.urls[0]
@@ -214,6 +231,10 @@ def test_bad_input_on_control_and_info_endpoints(sims):
     assert httpx.post(f"{u}/_sim/config", json={"slow_factor": -1}).status_code == 400
     assert httpx.post(f"{u}/_sim/config", content=b"{x").status_code == 400
     assert httpx.post(f"{u}/_sim/fault", json={"kind": "meteor"}).status_code == 400
+    for bad in ({"phase": "vision", "factor": 6}, {"phase": "prefill", "factor": 0}, {"phase": "decode", "factor": True},
+                {"phase": "both", "factor": 1e9}, {"phase": "both", "factor": "6"}):
+        r = httpx.post(f"{u}/_sim/fault", json={"kind": "slow", **bad})
+        assert r.status_code == 400 and ("factor" in r.text or "phase" in r.text), bad
     assert httpx.post(f"{u}/abort_request", content=b"nope", headers={"content-type": "application/json"}).status_code == 400
     assert httpx.get(f"{u}/no/such/path").status_code == 404
     assert httpx.get(f"{u}/v1/chat/completions").status_code == 405

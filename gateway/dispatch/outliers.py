@@ -1,0 +1,217 @@
+"""Latency outlier ejection: a replica far slower than its pool's peers is taken out of routing for a while, Envoy's
+outlier detection applied to time to first token and inter-token latency (`outlier_detection` in the config).
+
+A gray failure — a replica not dead, not erroring, just slow (a throttled GPU, a bad NIC, a noisy neighbour) — passes
+every health check and keeps its share. The per-replica TTFT correction (`prediction/ttft.py`) already moves new load
+off it as its predictions rise; this module is the backstop for what the prediction does not cover (decode slowness,
+which TTFT does not see) and what on-call should be told about.
+
+Every `interval_s` (checked on each observation; no background task), per pool: each replica's statistic is the
+median of its last `min_samples` observations in the window — the TTFT residual (observed / predicted for the pool,
+`replica_stats.py`) and the inter-token latency. A replica whose statistic is more than `ttft_factor` (`itl_factor`)
+times the median of its peers' — with at least `min_hosts` replicas judged — for `consecutive` evaluations in a row is
+ejected for `base_ejection_s` x the number of ejections in a row (capped at `max_ejection_s`).
+
+- Floor: an ejection never takes a pool's replicas out of routing (ejected, unhealthy, drained, breaker open) beyond
+  `max_ejection_percent` of them, with at least one allowed once the pool has `min_hosts`: a fleet-wide slowdown makes
+  no replica an outlier, and a pool is never emptied by this module.
+- Probes back in: when the ejection ends the replica is routable again on a clean slate (its window and its own TTFT
+  correction forgotten), so it gets its share and fresh evidence. Like a half-open breaker's trial it is on
+  probation: judged on its first `probe_samples` requests and in one evaluation, so a still-slow replica costs a few
+  slow requests per probe rather than `min_samples` — it is ejected again, for longer. It leaves probation once judged
+  clean on `min_samples`; each evaluation that finds it well after `base_ejection_s` back takes one off the count.
+- Only the worst outlier of a pool is ejected per evaluation, so the floor counts what is really out.
+
+Each ejection and return is a structured log event (`replica_ejected`, `replica_returned`), a counter
+(`gateway_replica_ejections{reason="latency_ttft|latency_itl"}`) and a gauge (`gateway_replica_ejected`), and shows in
+`/admin/state` with why. State is this module's; the target's `ejected` flag is its one write to the target.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.config import OutlierDetection
+from gateway.dispatch.replica_stats import ReplicaStats
+
+log = logging.getLogger("gateway.outliers")
+
+REASONS = ("latency_ttft", "latency_itl")
+
+
+@dataclass
+class Ejection:
+    replica: str
+    pool: str
+    reason: str  # latency_ttft | latency_itl
+    value: float  # the replica's statistic (TTFT residual, or ITL in seconds)
+    peers: float  # its peers' median of the same
+    since: float
+    until: float
+    count: int  # ejections in a row (the length's multiplier)
+    signals: dict[str, float] = field(default_factory=dict)  # every reason it was an outlier on -> x its peers
+
+    def as_dict(self, now: float) -> dict[str, Any]:
+        return {"reason": self.reason, "value": round(self.value, 4), "peers_median": round(self.peers, 4),
+                "times_peers": round(self.value / self.peers, 2) if self.peers > 0 else None,
+                "signals": {k: round(v, 2) for k, v in self.signals.items()},
+                "for_s": round(max(0.0, now - self.since), 1), "remaining_s": round(max(0.0, self.until - now), 1),
+                "ejections_in_a_row": self.count}
+
+
+@dataclass
+class _Track:
+    streak: int = 0  # evaluations in a row found an outlier
+    count: int = 0  # ejections in a row
+    back_at: float = -math.inf  # when it last returned (or the count last decayed)
+    held: str = ""  # why an outlier was not ejected (the floor), for admin state
+    probation: bool = False  # back from an ejection and not yet judged clean on min_samples
+
+
+class LatencyOutliers:
+    def __init__(self, cfg: OutlierDetection, stats: ReplicaStats,
+                 by_pool: Callable[[], Mapping[str, Sequence[Any]]], *, metrics: Any = None, corrector: Any = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        """`by_pool`: pool -> its targets (each with `name`, `pool`, `state.ejected` and `routable()`); `corrector`:
+        the TTFT corrector whose per-replica factor a returning replica sheds."""
+        self.cfg = cfg
+        self.stats = stats
+        self.by_pool = by_pool
+        self.metrics = metrics
+        self.corrector = corrector
+        self.clock = clock
+        self.ejections: dict[str, Ejection] = {}  # replica -> its current ejection
+        self._track: dict[str, _Track] = {}
+        self._last = -math.inf
+
+    # -- reading ---------------------------------------------------------------------------------------------------
+    def ejected(self, name: str) -> Ejection | None:
+        return self.ejections.get(name)
+
+    def status(self, name: str) -> dict[str, Any]:
+        now = self.clock()
+        e = self.ejections.get(name)
+        tr = self._track.get(name)
+        out: dict[str, Any] = {"ejected": e.as_dict(now) if e else None}
+        if tr is not None and tr.held and e is None:
+            out["held_by_floor"] = tr.held
+        return out
+
+    # -- evaluating ------------------------------------------------------------------------------------------------
+    def tick(self) -> None:
+        """Evaluate if `interval_s` has passed since the last evaluation (called on every observation)."""
+        if self.cfg.enabled and self.clock() - self._last >= self.cfg.interval_s:
+            self.evaluate()
+
+    def evaluate(self) -> None:
+        now = self._last = self.clock()
+        for pool, targets in self.by_pool().items():
+            for t in targets:
+                e = self.ejections.get(t.name)
+                if e is not None and now >= e.until:
+                    self._return(t, e, now)
+            self._judge(pool, targets, now)
+
+    def _statistics(self, targets: Sequence[Any]) -> dict[str, dict[str, float]]:
+        """reason -> replica -> its statistic, for routable replicas with enough recent observations."""
+        out: dict[str, dict[str, float]] = {r: {} for r in REASONS}
+        for t in targets:
+            if t.name in self.ejections or not t.routable():
+                continue
+            tr = self._track.get(t.name)
+            n = self.cfg.probe_samples if tr is not None and tr.probation else self.cfg.min_samples
+            ttft, itl = self.stats.recent(t.name, n)
+            if len(ttft) >= n:
+                out["latency_ttft"][t.name] = statistics.median(ttft)
+            if len(itl) >= n:
+                out["latency_itl"][t.name] = statistics.median(itl)
+        return out
+
+    def _judge(self, pool: str, targets: Sequence[Any], now: float) -> None:
+        cfg = self.cfg
+        factors = {"latency_ttft": cfg.ttft_factor, "latency_itl": cfg.itl_factor}
+        worst: tuple[float, Any, str, float, float] | None = None  # (times peers, target, reason, value, peers)
+        flagged: dict[str, dict[str, float]] = {}  # replica -> reason -> x its peers
+        for reason, values in self._statistics(targets).items():
+            if len(values) < cfg.min_hosts:
+                continue
+            for t in targets:
+                v = values.get(t.name)
+                if v is None:
+                    continue
+                peers = statistics.median([x for name, x in values.items() if name != t.name])
+                if peers > 0 and v > factors[reason] * peers:
+                    flagged.setdefault(t.name, {})[reason] = v / peers
+                    if worst is None or v / peers > worst[0]:
+                        worst = (v / peers, t, reason, v, peers)
+        for t in targets:
+            tr = self._track.setdefault(t.name, _Track())
+            if t.name in flagged:
+                tr.streak += 1
+            elif t.name not in self.ejections:
+                tr.streak, tr.held = 0, ""
+                if tr.probation and min(map(len, self.stats.recent(t.name, cfg.min_samples))) >= cfg.min_samples:
+                    tr.probation = False  # judged clean on a full sample: an ordinary replica again
+                if tr.count and now - tr.back_at >= cfg.base_ejection_s:
+                    tr.count, tr.back_at = tr.count - 1, now  # well behaved for a while: the next ejection is shorter
+        if worst is None:
+            return
+        _, t, reason, value, peers = worst
+        tr = self._track[t.name]
+        if tr.streak < (1 if tr.probation else cfg.consecutive):
+            return
+        allowed = math.floor(len(targets) * cfg.max_ejection_percent / 100)
+        if cfg.max_ejection_percent > 0 and len(targets) >= cfg.min_hosts:
+            allowed = max(1, allowed)
+        out = sum(1 for x in targets if x.name in self.ejections or not x.routable())
+        if out + 1 > allowed:
+            if not tr.held:
+                log.warning("replica %s of pool %s is a latency outlier (%s %.3g, %.1fx its peers' %.3g) but not "
+                            "ejected: %d of %d replicas are already out of routing (max_ejection_percent %g)",
+                            t.name, pool, reason, value, value / peers, peers, out, len(targets),
+                            cfg.max_ejection_percent,
+                            extra={"event": "replica_ejection_held", "replica": t.name, "pool": pool,
+                                   "reason": reason, "out_of_routing": out, "replicas": len(targets)})
+            tr.held = f"{out} of {len(targets)} replicas already out of routing (max_ejection_percent " \
+                      f"{cfg.max_ejection_percent:g})"
+            return
+        self._eject(t, reason, value, peers, now, flagged[t.name])
+
+    def _eject(self, t: Any, reason: str, value: float, peers: float, now: float, signals: dict[str, float]) -> None:
+        tr = self._track[t.name]
+        tr.count += 1
+        tr.streak, tr.held = 0, ""
+        length = min(self.cfg.max_ejection_s, self.cfg.base_ejection_s * tr.count)
+        e = self.ejections[t.name] = Ejection(t.name, t.pool, reason, value, peers, now, now + length, tr.count,
+                                              dict(signals))
+        t.state.ejected = True
+        if self.metrics is not None:
+            self.metrics.ejections.labels(t.pool, t.name, reason).inc()
+            self.metrics.replica_ejected.labels(t.pool, t.name).set(1)
+        what = "TTFT residual" if reason == "latency_ttft" else "inter-token latency"
+        log.warning("replica %s of pool %s ejected for %.0f s: its %s %.3g is %.1fx its peers' median %.3g "
+                    "(ejection %d in a row)", t.name, t.pool, length, what, value, value / peers, peers, e.count,
+                    extra={"event": "replica_ejected", "replica": t.name, "pool": t.pool, "reason": reason,
+                           "value": round(value, 4), "peers_median": round(peers, 4), "ejected_s": length,
+                           "signals": {k: round(v, 2) for k, v in signals.items()},
+                           "ejections_in_a_row": e.count})
+
+    def _return(self, t: Any, e: Ejection, now: float) -> None:
+        del self.ejections[t.name]
+        t.state.ejected = False
+        self.stats.reset(t.name)  # judged again on what it does from now on
+        if self.corrector is not None:
+            self.corrector.reset_replica(t.name)  # offered its share again: the probe
+        tr = self._track.setdefault(t.name, _Track())
+        tr.back_at, tr.probation = now, True
+        if self.metrics is not None:
+            self.metrics.replica_ejected.labels(t.pool, t.name).set(0)
+        log.info("replica %s of pool %s back in routing after %.0f s ejected (%s)", t.name, t.pool, now - e.since,
+                 e.reason, extra={"event": "replica_returned", "replica": t.name, "pool": t.pool, "reason": e.reason,
+                                  "ejected_s": round(now - e.since, 1)})

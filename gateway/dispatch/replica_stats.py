@@ -1,0 +1,125 @@
+"""What each replica was observed to do, over a sliding window: time to first token (and its residual against the
+router's prediction), inter-token latency, and attempt outcomes (ok, error, timeout). Fed by dispatch feedback, read
+by the latency outlier detector (`outliers.py`), `/admin/state` and explain. The clock is injected.
+
+`view` summarises the whole window and, apart, the last `recent` observations (what the outlier detector judges: a
+replica slowed a few seconds ago still has a window median from before). The residual is observed TTFT / the prediction corrected for the pool (not for the replica itself): how much slower
+this replica is than the pool's model says, which is comparable across replicas whatever their load. Observations are
+kept per replica, at most `max_samples` of each kind, so memory is bounded whatever the traffic.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+OUTCOMES = ("ok", "error", "timeout")
+
+
+@dataclass(frozen=True)
+class ReplicaView:
+    """One replica's window, summarised (None: nothing observed in the window)."""
+
+    ttft_samples: int
+    ttft_p50_s: float | None
+    ttft_p95_s: float | None
+    ttft_residual_p50: float | None  # observed / predicted (pool-corrected): 1 is as the pool's model says
+    itl_samples: int
+    itl_p50_s: float | None
+    recent_ttft_residual_p50: float | None  # over the last `recent` only: what the outlier detector judges
+    recent_itl_p50_s: float | None
+    attempts: int
+    error_rate: float | None
+    timeout_rate: float | None
+
+    def as_dict(self) -> dict[str, float | int | None]:
+        return {"ttft_samples": self.ttft_samples, "ttft_p50_s": _r(self.ttft_p50_s, 4),
+                "ttft_p95_s": _r(self.ttft_p95_s, 4), "ttft_residual_p50": _r(self.ttft_residual_p50, 3),
+                "itl_samples": self.itl_samples, "itl_p50_s": _r(self.itl_p50_s, 5),
+                "recent_ttft_residual_p50": _r(self.recent_ttft_residual_p50, 3),
+                "recent_itl_p50_s": _r(self.recent_itl_p50_s, 5), "attempts": self.attempts,
+                "error_rate": _r(self.error_rate, 4), "timeout_rate": _r(self.timeout_rate, 4)}
+
+
+def _r(v: float | None, digits: int) -> float | None:
+    return None if v is None else round(v, digits)
+
+
+@dataclass
+class _Window:
+    ttft: deque[tuple[float, float, float]]  # (at, observed s, residual)
+    itl: deque[tuple[float, float]]  # (at, seconds per token)
+    outcomes: deque[tuple[float, str]] = field(default_factory=deque)
+
+
+def _quantile(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+class ReplicaStats:
+    def __init__(self, window_s: float = 20.0, max_samples: int = 512, recent: int = 8,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.window_s = window_s
+        self.recent_n = recent  # the outlier detector's min_samples: its view of "now"
+        self.max_samples = max_samples
+        self.clock = clock
+        self._w: dict[str, _Window] = {}
+
+    def _window(self, name: str) -> _Window:
+        w = self._w.get(name)
+        if w is None:
+            n = self.max_samples
+            w = self._w[name] = _Window(deque(maxlen=n), deque(maxlen=n), deque(maxlen=n))
+        return w
+
+    def ttft(self, name: str, observed_s: float, predicted_s: float) -> None:
+        if observed_s <= 0 or predicted_s <= 0:
+            return
+        self._window(name).ttft.append((self.clock(), observed_s, observed_s / predicted_s))
+
+    def itl(self, name: str, seconds_per_token: float) -> None:
+        if seconds_per_token > 0:
+            self._window(name).itl.append((self.clock(), seconds_per_token))
+
+    def outcome(self, name: str, kind: str) -> None:
+        """`kind`: ok | error | timeout (one attempt's end, as far as the replica is concerned)."""
+        self._window(name).outcomes.append((self.clock(), kind))
+
+    def reset(self, name: str) -> None:
+        """Forget a replica's window (it comes back from an ejection and is judged on fresh evidence)."""
+        self._w.pop(name, None)
+
+    def _trim(self, w: _Window) -> None:
+        cut = self.clock() - self.window_s
+        for dq in (w.ttft, w.itl, w.outcomes):
+            while dq and dq[0][0] < cut:
+                dq.popleft()
+
+    def recent(self, name: str, n: int) -> tuple[list[float], list[float]]:
+        """The last `n` TTFT residuals and inter-token latencies in the window (fewer if fewer were seen)."""
+        w = self._w.get(name)
+        if w is None:
+            return [], []
+        self._trim(w)
+        return [x[2] for x in list(w.ttft)[-n:]], [x[1] for x in list(w.itl)[-n:]]
+
+    def view(self, name: str) -> ReplicaView:
+        w = self._w.get(name)
+        if w is None:
+            return ReplicaView(0, None, None, None, 0, None, None, None, 0, None, None)
+        self._trim(w)
+        ttfts = [x[1] for x in w.ttft]
+        residuals = [x[2] for x in w.ttft]
+        itls = [x[1] for x in w.itl]
+        kinds = [x[1] for x in w.outcomes]
+        n = len(kinds)
+        recent_res, recent_itl = residuals[-self.recent_n:], itls[-self.recent_n:]
+        return ReplicaView(
+            len(ttfts), statistics.median(ttfts) if ttfts else None, _quantile(ttfts, 0.95) if ttfts else None,
+            statistics.median(residuals) if residuals else None, len(itls), statistics.median(itls) if itls else None,
+            statistics.median(recent_res) if recent_res else None, statistics.median(recent_itl) if recent_itl else None,
+            n, kinds.count("error") / n if n else None, kinds.count("timeout") / n if n else None)

@@ -1,0 +1,225 @@
+"""Latency outlier ejection on a virtual clock: a replica far slower than its peers (TTFT residual or inter-token
+latency) is ejected after consecutive evaluations, never below the floor of healthy capacity, returns after its
+ejection on a clean slate, and is ejected again, for longer, if it is still slow."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import pytest
+
+from gateway.config import OutlierDetection
+from gateway.dispatch.outliers import LatencyOutliers
+from gateway.dispatch.replica_stats import ReplicaStats
+from gateway.observability.metrics import GatewayMetrics
+from gateway.prediction.ttft import FREE, TtftCorrector
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass
+class State:
+    ejected: bool = False
+    drained: bool = False
+
+
+@dataclass(eq=False)
+class FakeTarget:
+    """What the detector reads of a target: name, pool, the routable() answer and the ejected flag it writes."""
+
+    name: str
+    pool: str = "p"
+    state: State = field(default_factory=State)
+
+    def routable(self) -> bool:
+        return not self.state.ejected and not self.state.drained
+
+
+CFG = OutlierDetection(interval_s=1.0, window_s=20.0, min_samples=8, min_hosts=3, ttft_factor=2.5, itl_factor=2.5,
+                       consecutive=2, base_ejection_s=30.0, max_ejection_s=300.0, max_ejection_percent=25.0)
+
+
+class Fleet:
+    def __init__(self, n: int = 4, cfg: OutlierDetection = CFG) -> None:
+        self.clock = Clock()
+        self.stats = ReplicaStats(cfg.window_s, clock=self.clock)
+        self.targets = [FakeTarget(f"r{i}") for i in range(n)]
+        self.metrics = GatewayMetrics()
+        self.corrector = TtftCorrector(clock=self.clock)
+        self.det = LatencyOutliers(cfg, self.stats, lambda: {"p": self.targets}, metrics=self.metrics,
+                                   corrector=self.corrector, clock=self.clock)
+
+    def second(self, slow: dict[str, float] | None = None, itl_slow: dict[str, float] | None = None) -> None:
+        """One virtual second: each routable replica serves 4 requests (TTFT residual 1, ITL 20 ms, times the
+        given factors), then the detector ticks."""
+        for t in self.targets:
+            if not t.routable():
+                continue
+            for _ in range(4):
+                self.stats.ttft(t.name, 1.0 * (slow or {}).get(t.name, 1.0), 1.0)
+                self.stats.itl(t.name, 0.02 * (itl_slow or {}).get(t.name, 1.0))
+                self.stats.outcome(t.name, "ok")
+        self.clock.now += 1.0
+        self.det.tick()
+
+    def ejected(self) -> set[str]:
+        return {t.name for t in self.targets if t.state.ejected}
+
+    def metric(self, name: str, **labels: str) -> float | None:
+        return self.metrics.registry.get_sample_value(name, labels)
+
+
+def test_a_ttft_outlier_is_ejected_after_consecutive_evaluations_and_logged(caplog):
+    f = Fleet()
+    for _ in range(5):
+        f.second()
+    assert f.ejected() == set()
+    with caplog.at_level(logging.INFO, logger="gateway.outliers"):
+        seconds = 0
+        while not f.ejected():
+            f.second(slow={"r2": 6.0})
+            seconds += 1
+            assert seconds < 10
+    assert f.ejected() == {"r2"}
+    assert seconds >= CFG.consecutive  # one bad evaluation is not "stays far above"
+    e = f.det.ejected("r2")
+    assert e is not None and e.reason == "latency_ttft" and e.value / e.peers == pytest.approx(6.0)
+    status = f.det.status("r2")["ejected"]
+    assert status["reason"] == "latency_ttft" and status["times_peers"] == pytest.approx(6.0)
+    assert status["remaining_s"] == pytest.approx(CFG.base_ejection_s, abs=1.0)
+    assert f.metric("gateway_replica_ejections_total", pool="p", replica="r2", reason="latency_ttft") == 1
+    assert f.metric("gateway_replica_ejected", pool="p", replica="r2") == 1
+    events = [r for r in caplog.records if getattr(r, "event", None) == "replica_ejected"]
+    assert len(events) == 1 and events[0].replica == "r2" and events[0].reason == "latency_ttft"
+
+
+def test_an_itl_outlier_is_ejected_though_its_ttft_is_fine():
+    f = Fleet()
+    for _ in range(10):
+        f.second(itl_slow={"r1": 6.0})
+    assert f.ejected() == {"r1"}
+    assert f.det.ejected("r1").reason == "latency_itl"
+
+
+def test_a_fleet_wide_slowdown_ejects_no_one():
+    """Everyone 6x slower is not an outlier: the comparison is against peers, not against a fixed target."""
+    f = Fleet()
+    for _ in range(20):
+        f.second(slow={t.name: 6.0 for t in f.targets}, itl_slow={t.name: 6.0 for t in f.targets})
+    assert f.ejected() == set()
+
+
+def test_the_floor_holds_whatever_the_outliers():
+    """Two slow replicas of four with max_ejection_percent 25: one is ejected, the other is held (and says why) —
+    the pool keeps three quarters of its replicas in routing."""
+    f = Fleet()
+    for _ in range(15):
+        f.second(slow={"r0": 6.0, "r1": 8.0})
+    assert f.ejected() == {"r1"}  # the worst first
+    held = f.det.status("r0")
+    assert held["ejected"] is None and "already out of routing" in held["held_by_floor"]
+
+
+def test_a_drained_replica_counts_against_the_floor():
+    f = Fleet()
+    f.targets[3].state.drained = True  # on-call took one out already: 1 of 4 is the most that may be out
+    for _ in range(15):
+        f.second(slow={"r0": 6.0})
+    assert f.ejected() == set()
+
+
+def test_too_few_peers_eject_no_one():
+    f = Fleet(n=2)
+    for _ in range(15):
+        f.second(slow={"r0": 6.0})
+    assert f.ejected() == set()
+
+
+def test_it_returns_on_a_clean_slate_and_a_still_slow_replica_is_ejected_again_for_longer():
+    f = Fleet()
+    for _ in range(5):
+        f.corrector.observe("p", 1.0, 6.0, FREE, "r2")
+    while not f.ejected():
+        f.second(slow={"r2": 6.0})
+    first = f.det.ejected("r2")
+    assert first.until - first.since == CFG.base_ejection_s
+    while f.ejected():  # no traffic reaches it while ejected
+        f.second()
+    assert f.clock.now - first.since == pytest.approx(CFG.base_ejection_s, abs=1.0)
+    assert f.stats.view("r2").ttft_samples == 0 and f.corrector.replica_factor("r2") == 1.0  # the probe: its share
+    assert f.metric("gateway_replica_ejected", pool="p", replica="r2") == 0
+    while not f.ejected():  # still slow: back out on its probe (probe_samples, one evaluation)
+        f.second(slow={"r2": 6.0})
+    second = f.det.ejected("r2")
+    assert second.count == 2 and second.until - second.since == 2 * CFG.base_ejection_s
+
+
+def test_a_recovered_replica_stays_in():
+    f = Fleet()
+    while not f.ejected():
+        f.second(slow={"r2": 6.0})
+    for _ in range(int(CFG.base_ejection_s) + 30):  # the fault cleared while it was out
+        f.second()
+    assert f.ejected() == set()
+    assert f.stats.view("r2").ttft_samples > 0
+
+
+def test_disabled_ejects_nothing():
+    f = Fleet(cfg=CFG.model_copy(update={"enabled": False}))
+    for _ in range(15):
+        f.second(slow={"r0": 6.0})
+    assert f.ejected() == set()
+
+
+def test_replica_stats_window_and_rates():
+    clock = Clock()
+    s = ReplicaStats(window_s=10.0, clock=clock)
+    for kind in ("ok", "ok", "error", "timeout"):
+        s.outcome("r", kind)
+    s.ttft("r", 2.0, 1.0)
+    s.itl("r", 0.05)
+    v = s.view("r")
+    assert (v.attempts, v.error_rate, v.timeout_rate, v.ttft_residual_p50, v.itl_p50_s) == (4, 0.25, 0.25, 2.0, 0.05)
+    for _ in range(10):
+        s.ttft("r", 1.0, 1.0)
+    v = s.view("r")
+    assert (v.ttft_residual_p50, v.recent_ttft_residual_p50) == (1.0, 1.0) and v.ttft_samples == 11
+    s = ReplicaStats(window_s=10.0, recent=3, clock=clock)
+    for ratio in (1.0, 1.0, 1.0, 1.0, 6.0, 6.0, 6.0):  # slowed a moment ago: the window's median is from before
+        s.ttft("r", ratio, 1.0)
+    v = s.view("r")
+    assert (v.ttft_residual_p50, v.recent_ttft_residual_p50) == (1.0, 6.0)
+    clock.now += 11.0
+    v = s.view("r")
+    assert (v.attempts, v.ttft_samples, v.error_rate) == (0, 0, None)
+
+
+def test_a_probe_back_in_costs_a_few_requests_not_a_full_sample():
+    """Back from an ejection the replica is on probation: a still-slow one is ejected again on its first
+    probe_samples requests, in one evaluation; one judged clean on min_samples leaves probation."""
+    f = Fleet()
+    while not f.ejected():
+        f.second(slow={"r2": 6.0})
+    while f.ejected():
+        f.second()
+    served = 0
+    while not f.ejected():
+        for t in f.targets:  # one request each per step, so the count of slow ones is exact
+            f.stats.ttft(t.name, 6.0 if t.name == "r2" else 1.0, 1.0)
+            f.stats.itl(t.name, 0.02)
+        served += 1
+        f.clock.now += CFG.interval_s
+        f.det.tick()
+    assert served == CFG.probe_samples < CFG.min_samples
+    while f.ejected():
+        f.second()
+    for _ in range(5):
+        f.second()  # recovered: 4 requests a second, judged clean on min_samples
+    assert not f.det._track["r2"].probation

@@ -1,0 +1,94 @@
+"""The TTFT correction per replica: a replica slower than its peers is predicted (and so routed) as such within a few
+dozen of its requests, without raising its peers' predictions, and one nothing observes drifts back to its pool."""
+
+import pytest
+
+from gateway.config import PoolTiming
+from gateway.prediction.ttft import FREE, LoadView, TtftCorrector
+from gateway.routing.features import TargetInfo, build_candidates
+from gateway.routing.policies import prefix_sla_cost
+from gateway.routing.policy import PolicyContext
+from gateway.routing.request import RoutingRequest
+
+T = PoolTiming()
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def fleet(c: TtftCorrector, clock: Clock, slow: str, ratio: float, n: int, replicas: int = 4) -> None:
+    """`n` rounds of one observation per replica: `slow` takes `ratio` x the raw prediction, the others 1x."""
+    for _ in range(n):
+        clock.now += 0.1
+        for i in range(replicas):
+            name = f"r{i}"
+            c.observe("p", 1.0, ratio if name == slow else 1.0, FREE, name)
+
+
+def test_a_slow_replica_is_learned_apart_from_its_peers():
+    """6x slower on every request: its own factor rises to ~6 while the peers stay ~1 and the pool's correction is
+    not dragged up by it (that would slow the whole pool's predictions and spill healthy traffic)."""
+    clock = Clock()
+    c = TtftCorrector(alpha=0.05, clock=clock)
+    fleet(c, clock, "r3", 1.0, 50)
+    fleet(c, clock, "r3", 6.0, 60)
+    assert c.get("p", FREE, "r3") == pytest.approx(6.0, rel=0.15)
+    for healthy in ("r0", "r1", "r2"):
+        assert c.get("p", FREE, healthy) == pytest.approx(1.0, abs=0.25)
+    assert c.get("p", FREE) < 1.6  # the pool's own factor
+
+
+def test_the_slow_replica_rises_within_a_few_dozen_of_its_requests():
+    """With replica_alpha 0.1 the factor passes 3x after ~20 slow requests (seconds at a few requests a second)."""
+    clock = Clock()
+    c = TtftCorrector(clock=clock)
+    fleet(c, clock, "r3", 1.0, 20)
+    seen = 0
+    while c.replica_factor("r3") < 3.0:
+        fleet(c, clock, "r3", 6.0, 1)
+        seen += 1
+        assert seen < 40
+    assert seen >= 5  # not one request: a single slow answer is not a slow replica
+
+
+def test_an_unobserved_replica_decays_back_and_a_reset_forgets():
+    clock = Clock()
+    c = TtftCorrector(replica_half_life_s=30.0, clock=clock)
+    fleet(c, clock, "r3", 6.0, 80)
+    high = c.replica_factor("r3")
+    assert high > 4
+    clock.now += 30.0  # one half-life with no traffic to it
+    assert c.replica_factor("r3") == pytest.approx(1 + (high - 1) / 2)
+    c.reset_replica("r3")
+    assert c.replica_factor("r3") == 1.0
+
+
+def test_off_it_is_one_correction_per_pool():
+    clock = Clock()
+    c = TtftCorrector(per_replica=False, clock=clock)
+    fleet(c, clock, "r3", 6.0, 80)
+    assert c.get("p", FREE, "r3") == c.get("p", FREE, "r0") == c.get("p", FREE)
+
+
+def test_routing_moves_new_requests_off_the_slow_replica():
+    """The policy reads the corrected prediction: with the slow replica's factor learned, a cold request whose SLA
+    the slow replica would miss goes to a healthy one even when the slow one is the least loaded."""
+    clock = Clock()
+    c = TtftCorrector(clock=clock)
+    fleet(c, clock, "r0", 1.0, 20)
+    fleet(c, clock, "r0", 6.0, 60)
+    infos = [TargetInfo(f"r{i}", f"r{i}@0", "p", T, None, None) for i in range(4)]
+    loads = {"r0": LoadView(0, 0), **{f"r{i}": LoadView(4000, 4) for i in range(1, 4)}}
+    req = RoutingRequest("x", "t", "m", "chat/completions", True, 6000, 100, ttft_sla_s=2.0)
+    cands = build_candidates(req, infos, {}, loads, c.get, 256)
+    by = {x.name: x for x in cands}
+    assert by["r0"].ttft > 2.0 > max(by[f"r{i}"].ttft for i in range(1, 4))
+    assert by["r0"].ttft_raw < by["r1"].ttft_raw  # the least loaded by the model alone
+    d = prefix_sla_cost.PrefixSlaCost(prefix_sla_cost.Params(), PolicyContext(chunk_tokens=256))(req, cands)
+    assert d.chosen.name != "r0"
+    assert by["r0"].explain()["ttft_correction"] == pytest.approx(c.get("p", FREE, "r0"), rel=0.01)
