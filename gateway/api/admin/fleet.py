@@ -1,7 +1,7 @@
 """What the console's overview and tenant pages show, in one call each (same token as the rest of `/admin`).
 
 GET /admin/fleet     pools and replicas: health, breaker, drain, queue (prefill tokens waiting, requests in flight),
-                     predicted TTFT, and over this instance's recent requests: share served, observed TTFT (streams),
+                     KV-cache use (the engine's /v1/loads), predicted TTFT, and over this instance's recent requests: share served, observed TTFT (streams),
                      cache hit rate (cached / prompt tokens, from the upstream's usage); `slow` marks a replica whose
                      observed TTFT is far above its pool's median
 GET /admin/tenants   per tenant: spend vs budget, requests and tokens in the last minute vs the rate limits, SLA
@@ -61,6 +61,7 @@ async def fleet(request: Request, uncached_tokens: int = Query(8000, ge=0, le=10
                 "name": t.name, "healthy": t.healthy, "drained": t.drained, "routable": t.routable(),
                 "circuit": t.breaker.state.value, "last_error": t.last_error, "misconfigured": list(t.state.misconfigured),
                 "queued_prefill_tokens": round(load.queued_prefill_tokens), "inflight": round(load.inflight, 1),
+                "kv_usage": round(t.state.kv_usage, 3) if t.state.kv_usage is not None else None,
                 "predicted_ttft_s": round(predict_ttft(t.timing, load, uncached_tokens)
                                           * st.corrector.get(t.pool, regime(t.timing, load)), 3),
                 "served": s["requests"], "share": round(s["requests"] / total, 3),
