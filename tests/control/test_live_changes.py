@@ -215,3 +215,25 @@ def test_policy_file_reload_is_audited_with_before_and_after(sims, tmp_path: Pat
         assert httpx.post(f"{base}/admin/undo", headers=ADM, json={"id": e["id"]}).status_code == 409
     finally:
         gw.stop()
+
+
+def test_an_admin_reload_is_audited_under_the_admin(sims, tmp_path: Path):
+    """`gateway admin reload` (no watcher in time to see the edit first): the entry names the admin who asked."""
+    sim_st, _ = sims
+    pol = tmp_path / "policies"
+    (pol / "tenants").mkdir(parents=True)
+    tenant = {"api_key_hashes": [hash_key(KEY_A)], "models": ["glm-5.2"], "priority": "low"}
+    (pol / "tenants" / "tenant-a.yaml").write_text(yaml.safe_dump(tenant))
+    cfg = config([sglang_pool("p", [f"http://127.0.0.1:{sim_st.ports[0]}"])], admin={"token_hashes": [hash_key("adm")]},
+                 policies={"dir": str(pol), "watch_interval_s": 3600})
+    cfg.pop("tenants")
+    gw = start_gateway(cfg)
+    base = f"http://127.0.0.1:{gw.ports[0]}"
+    try:
+        (pol / "tenants" / "tenant-a.yaml").write_text(yaml.safe_dump({**tenant, "priority": "high"}))
+        assert httpx.post(f"{base}/admin/policies/reload", headers=ADM).status_code == 200
+        wait_until(lambda: any(e["what"] == "policy_reload" for e in audit(base)), timeout=10, what="the reload audited")
+        e = next(e for e in audit(base) if e["what"] == "policy_reload")
+        assert e["who"].endswith("(alice)") and e["after"] == {"tenant-a": {"priority": "high"}}
+    finally:
+        gw.stop()

@@ -146,6 +146,7 @@ async def state(request: Request, uncached_tokens: int = Query(8000, ge=0, le=10
                          "drained": sorted(cs.drained),
                          "pool_overrides": {k: v.model_dump(mode="json") for k, v in cs.pools.items()},
                          "tenant_overrides": {k: v.model_dump(mode="json") for k, v in cs.live_tenants().items()},
+                         "tenant_policies": {k: v.model_dump(mode="json") for k, v in cs.policies.items() if v.fields},
                          "control_applied_at": st.control.applied_at, "policies": st.policies.status()})
 
 
