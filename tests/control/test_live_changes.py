@@ -228,7 +228,7 @@ def test_an_admin_reload_is_audited_under_the_admin(sims, tmp_path: Path):
                  policies={"dir": str(pol), "watch_interval_s": 3600})
     cfg.pop("tenants")
     gw = start_gateway(cfg)
-    base = f"http://127.0.0.1:{gw.ports[0]}"
+    base = getattr(gw, "admin_url", None) or f"http://127.0.0.1:{gw.ports[0]}"  # the admin API's listener
     try:
         (pol / "tenants" / "tenant-a.yaml").write_text(yaml.safe_dump({**tenant, "priority": "high"}))
         assert httpx.post(f"{base}/admin/policies/reload", headers=ADM).status_code == 200
