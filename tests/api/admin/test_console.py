@@ -66,7 +66,8 @@ def test_the_overview_names_the_slow_replica(fleet):
     f = httpx.get(f"{fleet}/admin/fleet", headers=ADM).json()
     reps = {r["name"]: r for r in f["pools"][0]["replicas"]}
     assert [n for n, r in reps.items() if r["slow"]] == ["p-2"], reps
-    assert all(r["observed_ttft_s"] is not None and r["served"] > 0 for r in reps.values())
+    assert all(r["observed_ttft_s"] is not None and r["predicted_served_ttft_s"] is not None and r["served"] > 0
+               for r in reps.values())
     # the engines' KV-cache use, as their /v1/loads reports it (polled, so waited for)
     wait_until(lambda: all(0 <= (r["kv_usage"] if r["kv_usage"] is not None else -1) <= 1 for r in
                            httpx.get(f"{fleet}/admin/fleet", headers=ADM).json()["pools"][0]["replicas"]),
