@@ -354,6 +354,7 @@ async def recording_action(request: Request, action: Literal["start", "stop"], w
     if rec is None or rec.path is None:
         raise Conflict("Recording needs recording.path in this instance's config; the admin API never picks a file.",
                        param="recording.path")
+    was = rec.enabled
     if action == "start":
         if rec.enabled:
             raise Conflict(f"Already recording to {rec.path} ({rec.requests} requests); stop it first (a start "
@@ -363,7 +364,8 @@ async def recording_action(request: Request, action: Literal["start", "stop"], w
         rec.stop()
     try:
         await st.control.store.audit({"at": time.time(), "who": who, "what": f"recording_{action}",
-                                      "path": str(rec.path), "requests": rec.requests})
+                                      "path": str(rec.path), "requests": rec.requests,
+                                      "before": {"recording": was}, "after": {"recording": rec.enabled}})
     except StoreUnavailable:
         pass  # the recording itself is local and already switched; the audit entry is best effort while Redis is away
     return JSONResponse(rec.status())
