@@ -146,6 +146,37 @@ def test_concurrent_changes_from_two_instances_one_wins_both_audited(pair):
     httpx.delete(f"{a}/admin/tenants/tenant-a/policy", headers=ADM).raise_for_status()
 
 
+def test_concurrent_pool_changes_chain_their_before_and_after(pair):
+    """Two instances set one pool's weight at once: both land, one after the other, and the later one's before is
+    the earlier one's after — so the history reads as a chain and undoing the later puts back the earlier's value,
+    never the value both started from."""
+    a, b = pair
+    go = threading.Barrier(2)
+    answers: list[httpx.Response] = []
+
+    def put(base: str, w: float) -> None:
+        go.wait()
+        answers.append(httpx.put(f"{base}/admin/pools/q", headers=ADM, json={"weight": w}))
+
+    threads = [threading.Thread(target=put, args=(a, 0.25)), threading.Thread(target=put, args=(b, 0.75))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [r.status_code for r in answers] == [200, 200]
+    ids = sorted(r.json()["audit_id"] for r in answers)
+    log = {e["id"]: e for e in audit(a)}
+    first, second = log[ids[0]], log[ids[1]]
+    assert first["before"] == {"override": None}
+    assert second["before"] == first["after"]  # no stale before: the compare-and-set saw the first write
+    assert httpx.post(f"{a}/admin/undo", headers=ADM, json={"id": first["id"]}).status_code == 409  # replaced since
+    assert httpx.post(f"{b}/admin/undo", headers=ADM, json={"id": second["id"]}).status_code == 200
+    state = httpx.get(f"{a}/admin/state", headers=ADM).json()
+    assert state["pool_overrides"]["q"] == first["after"]["override"]
+    assert httpx.post(f"{a}/admin/undo", headers=ADM, json={"id": first["id"]}).status_code == 200
+    assert "q" not in httpx.get(f"{a}/admin/state", headers=ADM).json()["pool_overrides"]
+
+
 def test_undo_refuses_when_a_later_change_replaced_the_value(pair):
     a, _ = pair
     first = httpx.patch(f"{a}/admin/tenants/tenant-a/policy", headers=ADM, json={"max_concurrent": 5}).json()
