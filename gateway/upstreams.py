@@ -77,6 +77,7 @@ class TargetState:
     credentials_rejected: bool = False  # HealthChecker (its probe answered 401/403: up, but not with the pool's key)
     last_error: str = ""  # Dispatcher (the last failed attempt's message, for /admin/state)
     engine_load: LoadView | None = None  # EnginePoller (the engine's own /v1/loads row)
+    kv_usage: float | None = None  # EnginePoller (/v1/loads `token_usage`, 0..1; None: not reported)
     # -- SGLang server facts: EnginePoller, through UpstreamRegistry.set_ranks (/server_info and the preflight) --
     incarnation: str = "0"  # the simulator's restart id; a new one drops the old prefix entries
     version: str = ""  # SGLang release ("" until known)

@@ -112,6 +112,7 @@ class EnginePoller:
                 rows = _rows_get_load(r.json()) if r.status_code == 200 else None
             else:
                 rows = _rows_v1_loads(r.json()) if r.status_code == 200 else None
+                _assign_kv(targets, _kv_usage(r.json()) if r.status_code == 200 else None)
             self._reachable[server] = True
             self._refused.discard(server)
             _assign(targets, rows)
@@ -122,7 +123,7 @@ class EnginePoller:
             else:
                 self._refused.discard(server)
             for x in targets:
-                x.state.engine_load = None
+                x.state.engine_load = x.state.kv_usage = None
 
     async def _preflight(self, server: str, t: Target) -> list[Target] | None:
         pool = self.pools.get(t.pool)
@@ -190,6 +191,28 @@ def _assign(targets: list[Target], rows: list[tuple[int, LoadView]] | None) -> N
                                            sum(v.inflight for _, v in rows))
         else:
             t.state.engine_load = next((v for r, v in rows if r == t.dp_rank), None)
+
+
+def _kv_usage(data: dict[str, Any]) -> dict[int, float]:
+    """Rank -> the engine's KV-cache use (`token_usage`, 0..1, clamped: an engine's number is bounded before it is
+    shown), for the console; ranks that do not report it are left out."""
+    out = {}
+    for i, x in enumerate(data.get("loads") or []):
+        u = x.get("token_usage")
+        if isinstance(u, (int, float)) and u == u:
+            out[int(x.get("dp_rank", i))] = min(max(float(u), 0.0), 1.0)
+    return out
+
+
+def _assign_kv(targets: list[Target], usage: dict[int, float] | None) -> None:
+    """Each rank target its rank's use; a server-wide target the mean over its ranks."""
+    for t in targets:
+        if not usage:
+            t.state.kv_usage = None
+        elif t.dp_rank is None:
+            t.state.kv_usage = sum(usage.values()) / len(usage)
+        else:
+            t.state.kv_usage = usage.get(t.dp_rank)
 
 
 def _rows_v1_loads(data: dict[str, Any]) -> list[tuple[int, LoadView]]:

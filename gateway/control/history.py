@@ -3,6 +3,7 @@ undone, and what a policy file reload changed."""
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable
 from typing import Any
 
@@ -50,7 +51,9 @@ def pick(log: list[dict[str, Any]], entry_id: int | None) -> dict[str, Any]:
 
 def _policy(t: Tenant) -> dict[str, Any]:
     d = t.model_dump(mode="json", exclude={"api_key_hashes"})
-    d["api_keys"] = len(t.api_key_hashes)  # how many keys, never their digests
+    # how many keys and a tag of the set (so a rotation shows), never the digests themselves
+    tag = hashlib.sha256("".join(sorted(t.api_key_hashes)).encode()).hexdigest()[:8]
+    d["api_keys"] = f"{len(t.api_key_hashes)} (set {tag})"
     return d
 
 

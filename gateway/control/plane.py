@@ -132,38 +132,49 @@ class ControlPlane:
 
     async def drain(self, who: str, replica: str, drained: bool, *, expect: bool | None = None,
                     undo_of: int | None = None) -> dict[str, Any]:
-        before = replica in (await self.store.load()).drained
-        if expect is not None and before != expect:
-            raise Conflict(f"{replica} is {'drained' if before else 'not drained'} now; it changed since.",
-                           param="replica")
-        return await self.change(who, "drain" if drained else "undrain", {"replica": replica},
-                                 self.store.set_drained(replica, drained), before={"drained": before},
-                                 after={"drained": drained},
+        """`expect` (an undo): the drained flag the change being undone set; refused if it no longer stands. The flag
+        a drain replaced is read in the same step that writes it, so two concurrent drains audit true befores."""
+        if expect is not None and (replica in (await self.store.load()).drained) != expect:
+            raise Conflict(f"{replica} is {'not drained' if expect else 'drained'} now; it changed since.",
+                           param="id")
+        before = await self.store.set_drained(replica, drained)
+        return await self.change(who, "drain" if drained else "undrain", {"replica": replica}, None,
+                                 before={"drained": before}, after={"drained": drained},
                                  undo={"kind": "drain", "replica": replica, "drained": before}, undo_of=undo_of)
 
     async def set_pool(self, who: str, pool: str, override: PoolOverride | None, *, expect: Any = history.ANY,
                        undo_of: int | None = None) -> dict[str, Any]:
-        cur = (await self.store.load()).pools.get(pool)
-        before = cur.model_dump(mode="json") if cur else None
+        """Compare-and-set on the override read: of two instances changing a pool at once, the second writes over
+        the first's value and audits it as its before (nothing lost, undo stays exact)."""
         after = override.model_dump(mode="json") if override else None
-        if expect is not history.ANY and before != expect:
-            raise Conflict(f"Pool {pool!r}'s override changed since; it is now {before}.", param="pool")
-        return await self.change(who, "pool", {"pool": pool, "override": after}, self.store.set_pool(pool, override),
-                                 before={"override": before}, after={"override": after},
-                                 undo={"kind": "pool", "pool": pool, "override": before}, undo_of=undo_of)
+        for _ in range(CAS_ATTEMPTS):
+            cur = (await self.store.load()).pools.get(pool)
+            before = cur.model_dump(mode="json") if cur else None
+            if expect is not history.ANY and before != expect:
+                raise Conflict(f"Pool {pool!r}'s override changed since; it is now {before}.", param="id")
+            if await self.store.cas_pool(pool, cur, override):
+                return await self.change(who, "pool", {"pool": pool, "override": after}, None,
+                                         before={"override": before}, after={"override": after},
+                                         undo={"kind": "pool", "pool": pool, "override": before}, undo_of=undo_of)
+        raise Conflict(f"Pool {pool!r} is being changed by others faster than this change could apply; retry.",
+                       param="pool", retry_after=1)
 
     async def override_tenant(self, who: str, tenant: str, override: TenantOverride | None, *,
                               expect: Any = history.ANY, undo_of: int | None = None) -> dict[str, Any]:
-        cur = (await self.store.load()).tenants.get(tenant)  # lapsed overrides are not loaded: None
-        before = cur.model_dump(mode="json") if cur else None
         after = override.model_dump(mode="json") if override else None
-        if expect is not history.ANY and before != expect:
-            raise Conflict(f"Tenant {tenant!r}'s override changed (or lapsed) since; it is now {before}.",
-                           param="tenant")
-        return await self.change(who, "tenant_override", {"tenant": tenant, "override": after},
-                                 self.store.set_tenant(tenant, override), before={"override": before},
-                                 after={"override": after},
-                                 undo={"kind": "tenant_override", "tenant": tenant, "override": before}, undo_of=undo_of)
+        for _ in range(CAS_ATTEMPTS):
+            cur = (await self.store.load()).tenants.get(tenant)  # lapsed overrides are not loaded: None
+            before = cur.model_dump(mode="json") if cur else None
+            if expect is not history.ANY and before != expect:
+                raise Conflict(f"Tenant {tenant!r}'s override changed (or lapsed) since; it is now {before}.",
+                               param="id")
+            if await self.store.cas_tenant(tenant, cur, override):
+                return await self.change(who, "tenant_override", {"tenant": tenant, "override": after}, None,
+                                         before={"override": before}, after={"override": after},
+                                         undo={"kind": "tenant_override", "tenant": tenant, "override": before},
+                                         undo_of=undo_of)
+        raise Conflict(f"Tenant {tenant!r}'s override is being changed by others faster than this change could "
+                       "apply; retry.", param="tenant", retry_after=1)
 
     async def set_policy(self, who: str, tenant: str, fields: dict[str, Any], *, if_version: int | None = None,
                          replace: bool = False, undo_of: int | None = None) -> dict[str, Any]:
@@ -196,14 +207,11 @@ class ControlPlane:
             changed = live_policy.diff(live_policy.view(before_t), live_policy.view(after_t))
             return await self.change(
                 who, "tenant_policy", {"tenant": tenant, "version": stored.version, "fields": fields},
-                self._noop(), before={k: v[0] for k, v in changed.items()}, after={k: v[1] for k, v in changed.items()},
+                None, before={k: v[0] for k, v in changed.items()}, after={k: v[1] for k, v in changed.items()},
                 undo={"kind": "tenant_policy", "tenant": tenant, "fields": cur.fields, "expect": new_fields},
                 undo_of=undo_of)
         raise Conflict(f"Tenant {tenant!r} is being changed by others faster than this change could apply; retry.",
                        param="tenant", retry_after=1)
-
-    async def _noop(self) -> None:
-        """The write already happened (compare-and-set); `change` only audits and announces."""
 
     async def _refused(self, who: str, tenant: str, fields: dict[str, Any], seen: int, now: int | None) -> None:
         await self.store.audit({"at": time.time(), "who": who, "what": "tenant_policy_refused", "tenant": tenant,

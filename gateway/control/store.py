@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
 import redis.asyncio as aioredis
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, WatchError
 
 from gateway.control.state import ControlState, LivePolicy, PoolOverride, TenantOverride
 
@@ -29,9 +29,12 @@ AUDIT_MAX = 10_000
 
 class ControlStore(Protocol):
     async def load(self) -> ControlState: ...
-    async def set_drained(self, replica: str, drained: bool) -> None: ...
-    async def set_pool(self, pool: str, override: PoolOverride | None) -> None: ...
-    async def set_tenant(self, tenant: str, override: TenantOverride | None) -> None: ...
+    async def set_drained(self, replica: str, drained: bool) -> bool:
+        """Set the flag; returns whether it was set before (read and written in one step)."""
+    async def cas_pool(self, pool: str, expected: PoolOverride | None, new: PoolOverride | None) -> bool:
+        """Write a pool's override iff it is still `expected`; False when another writer changed it first."""
+    async def cas_tenant(self, tenant: str, expected: TenantOverride | None, new: TenantOverride | None) -> bool:
+        """As cas_pool, for a tenant's override (a lapsed override counts as none)."""
     async def cas_policy(self, tenant: str, expected_version: int, fields: dict[str, Any]) -> LivePolicy | None:
         """Write a tenant's live policy change iff its stored version is still `expected_version` (0: none yet);
         the stored value, or None when another writer got there first."""
@@ -64,14 +67,23 @@ class MemoryControlStore:
         return ControlState(drained=frozenset(self._drained), pools=dict(self._pools), tenants=dict(self._tenants),
                             policies=dict(self._policies))
 
-    async def set_drained(self, replica: str, drained: bool) -> None:
+    async def set_drained(self, replica: str, drained: bool) -> bool:
+        was = replica in self._drained
         (self._drained.add if drained else self._drained.discard)(replica)
+        return was
 
-    async def set_pool(self, pool: str, override: PoolOverride | None) -> None:
-        _put(self._pools, pool, override)
+    async def cas_pool(self, pool: str, expected: PoolOverride | None, new: PoolOverride | None) -> bool:
+        if self._pools.get(pool) != expected:  # no await between the check and the write
+            return False
+        _put(self._pools, pool, new)
+        return True
 
-    async def set_tenant(self, tenant: str, override: TenantOverride | None) -> None:
-        _put(self._tenants, tenant, override)
+    async def cas_tenant(self, tenant: str, expected: TenantOverride | None, new: TenantOverride | None) -> bool:
+        cur = self._tenants.get(tenant)
+        if (cur if cur is not None and cur.active() else None) != expected:
+            return False
+        _put(self._tenants, tenant, new)
+        return True
 
     async def cas_policy(self, tenant: str, expected_version: int, fields: dict[str, Any]) -> LivePolicy | None:
         cur = self._policies.get(tenant)
@@ -139,7 +151,7 @@ class RedisControlStore:
             raise StoreUnavailable(f"shared control state unavailable: {type(e).__name__}") from e
 
     async def load(self) -> ControlState:
-        async def read() -> tuple[Any, Any, Any]:
+        async def read() -> tuple[Any, ...]:
             pipe = self.r.pipeline(transaction=False)
             pipe.smembers(f"{self.p}ctl:drained")
             pipe.hgetall(f"{self.p}ctl:pools")
@@ -155,24 +167,49 @@ class RedisControlStore:
                             tenants={k: v for k, v in live.items() if v.active(now)},
                             policies={k.decode(): LivePolicy.model_validate_json(v) for k, v in policies.items()})
 
-    async def set_drained(self, replica: str, drained: bool) -> None:
+    async def set_drained(self, replica: str, drained: bool) -> bool:
         key = f"{self.p}ctl:drained"
-        await self._do(self.r.sadd(key, replica) if drained else self.r.srem(key, replica))
+        changed = await self._do(self.r.sadd(key, replica) if drained else self.r.srem(key, replica))
+        return (not drained) if int(changed) else drained  # SADD/SREM count only what they changed
 
-    async def set_pool(self, pool: str, override: PoolOverride | None) -> None:
-        await self._hput(f"{self.p}ctl:pools", pool, override)
+    async def cas_pool(self, pool: str, expected: PoolOverride | None, new: PoolOverride | None) -> bool:
+        return await self._cas(f"{self.p}ctl:pools", pool, PoolOverride, expected, new)
 
-    async def set_tenant(self, tenant: str, override: TenantOverride | None) -> None:
-        await self._hput(f"{self.p}ctl:tenants", tenant, override)
+    async def cas_tenant(self, tenant: str, expected: TenantOverride | None, new: TenantOverride | None) -> bool:
+        return await self._cas(f"{self.p}ctl:tenants", tenant, TenantOverride, expected, new)
+
+    async def _cas(self, key: str, field: str, model: type[PoolOverride] | type[TenantOverride],
+                   expected: PoolOverride | TenantOverride | None, new: PoolOverride | TenantOverride | None) -> bool:
+        """WATCH the hash, compare the field's value (parsed, so the comparison is by value), write in MULTI; a write
+        by anyone else in between aborts the transaction (WatchError) and the caller re-reads."""
+        async def attempt() -> bool:
+            async with self.r.pipeline(transaction=True) as pipe:
+                await pipe.watch(key)
+                raw = await pipe.hget(key, field)
+                cur = model.model_validate_json(raw) if raw else None
+                if isinstance(cur, TenantOverride) and not cur.active():
+                    cur = None
+                if cur != expected:
+                    await pipe.unwatch()  # type: ignore[no-untyped-call]  # redis-py leaves it unannotated
+                    return False
+                pipe.multi()  # type: ignore[no-untyped-call]  # redis-py leaves it unannotated
+                if new is None:
+                    pipe.hdel(key, field)
+                else:
+                    pipe.hset(key, field, new.model_dump_json())
+                try:
+                    await pipe.execute()
+                except WatchError:
+                    return False
+                return True
+
+        return await self._do(attempt())  # type: ignore[no-any-return]
 
     async def cas_policy(self, tenant: str, expected_version: int, fields: dict[str, Any]) -> LivePolicy | None:
         new = LivePolicy(fields=fields, version=expected_version + 1)
         ok = await self._do(self.r.eval(_CAS, 1, f"{self.p}ctl:policy", tenant, str(expected_version),
                                         new.model_dump_json()))
         return new if int(ok) == 1 else None
-
-    async def _hput(self, key: str, field: str, v: PoolOverride | TenantOverride | None) -> None:
-        await self._do(self.r.hdel(key, field) if v is None else self.r.hset(key, field, v.model_dump_json()))
 
     async def publish(self, event: dict[str, Any]) -> None:
         await self._do(self.r.publish(self.channel, json.dumps(event)))

@@ -151,6 +151,37 @@ def test_concurrent_changes_from_two_instances_one_wins_both_audited(pair):
     httpx.delete(f"{a}/admin/tenants/tenant-a/policy", headers=ADM).raise_for_status()
 
 
+def test_concurrent_pool_changes_chain_their_before_and_after(pair):
+    """Two instances set one pool's weight at once: both land, one after the other, and the later one's before is
+    the earlier one's after — so the history reads as a chain and undoing the later puts back the earlier's value,
+    never the value both started from."""
+    a, b = pair
+    go = threading.Barrier(2)
+    answers: list[httpx.Response] = []
+
+    def put(base: str, w: float) -> None:
+        go.wait()
+        answers.append(httpx.put(f"{base}/admin/pools/q", headers=ADM, json={"weight": w}))
+
+    threads = [threading.Thread(target=put, args=(a, 0.25)), threading.Thread(target=put, args=(b, 0.75))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [r.status_code for r in answers] == [200, 200]
+    ids = sorted(r.json()["audit_id"] for r in answers)
+    log = {e["id"]: e for e in audit(a)}
+    first, second = log[ids[0]], log[ids[1]]
+    assert first["before"] == {"override": None}
+    assert second["before"] == first["after"]  # no stale before: the compare-and-set saw the first write
+    assert httpx.post(f"{a}/admin/undo", headers=ADM, json={"id": first["id"]}).status_code == 409  # replaced since
+    assert httpx.post(f"{b}/admin/undo", headers=ADM, json={"id": second["id"]}).status_code == 200
+    state = httpx.get(f"{a}/admin/state", headers=ADM).json()
+    assert state["pool_overrides"]["q"] == first["after"]["override"]
+    assert httpx.post(f"{a}/admin/undo", headers=ADM, json={"id": first["id"]}).status_code == 200
+    assert "q" not in httpx.get(f"{a}/admin/state", headers=ADM).json()["pool_overrides"]
+
+
 def test_undo_refuses_when_a_later_change_replaced_the_value(pair):
     a, _ = pair
     first = httpx.patch(f"{a}/admin/tenants/tenant-a/policy", headers=ADM, json={"max_concurrent": 5}).json()
@@ -219,5 +250,27 @@ def test_policy_file_reload_is_audited_with_before_and_after(sims, tmp_path: Pat
         assert r.status_code == 200 and limit_seen(base) == "120"
         assert httpx.post(f"{base}/admin/undo", headers=ADM).status_code == 200 and limit_seen(base) == "90"
         assert httpx.post(f"{base}/admin/undo", headers=ADM, json={"id": e["id"]}).status_code == 409
+    finally:
+        gw.stop()
+
+
+def test_an_admin_reload_is_audited_under_the_admin(sims, tmp_path: Path):
+    """`gateway admin reload` (no watcher in time to see the edit first): the entry names the admin who asked."""
+    sim_st, _ = sims
+    pol = tmp_path / "policies"
+    (pol / "tenants").mkdir(parents=True)
+    tenant = {"api_key_hashes": [hash_key(KEY_A)], "models": ["glm-5.2"], "priority": "low"}
+    (pol / "tenants" / "tenant-a.yaml").write_text(yaml.safe_dump(tenant))
+    cfg = config([sglang_pool("p", [f"http://127.0.0.1:{sim_st.ports[0]}"])], admin={"token_hashes": [hash_key("adm")]},
+                 policies={"dir": str(pol), "watch_interval_s": 3600})
+    cfg.pop("tenants")
+    gw = start_gateway(cfg)
+    base = getattr(gw, "admin_url", None) or f"http://127.0.0.1:{gw.ports[0]}"  # the admin API's listener
+    try:
+        (pol / "tenants" / "tenant-a.yaml").write_text(yaml.safe_dump({**tenant, "priority": "high"}))
+        assert httpx.post(f"{base}/admin/policies/reload", headers=ADM).status_code == 200
+        wait_until(lambda: any(e["what"] == "policy_reload" for e in audit(base)), timeout=10, what="the reload audited")
+        e = next(e for e in audit(base) if e["what"] == "policy_reload")
+        assert e["who"].endswith("(alice)") and e["after"] == {"tenant-a": {"priority": "high"}}
     finally:
         gw.stop()

@@ -66,8 +66,11 @@ def test_rate_limit_raised_and_undone_through_the_cli_reaches_the_other_instance
 
         undone = cli(admin_a, "undo")
         t1 = time.monotonic()
-        wait_until(lambda: enforcing(b, 2, admitted=False), timeout=30, what="B refusing again at 2/min")
+        wait_until(lambda: ask(b).headers.get("x-ratelimit-limit-requests") == "2", timeout=30, what="B back at 2/min")
         down = time.monotonic() - t1
+        # and refusing by it: the probes above and here use up what the 2/min bucket holds
+        wait_until(lambda: enforcing(b, 2, admitted=False), timeout=30, what="B refusing again at 2/min")
+        refused = time.monotonic() - t1
         assert undone["undone"] == raised["audit_id"]
 
         entries = {e["id"]: e for e in cli(admin_b, "history")["entries"]}
@@ -75,7 +78,8 @@ def test_rate_limit_raised_and_undone_through_the_cli_reaches_the_other_instance
         assert entries[raised["audit_id"]]["undone_by"] == undone["audit_id"]
         assert entries[undone["audit_id"]]["before"]["rate_limits"]["requests_per_minute"] == 600
         assert entries[undone["audit_id"]]["after"]["rate_limits"]["requests_per_minute"] == 2
-        print(f"\nlive change reached instance B: raise {up:.3f} s, undo {down:.3f} s after the CLI returned")
+        print(f"\nlive change reached instance B: raise {up:.3f} s (admitting at 600/min), undo {down:.3f} s (stating "
+              f"2/min; refusing by it {refused:.3f} s) after the CLI returned")
     finally:
         for p in procs:
             p.terminate()

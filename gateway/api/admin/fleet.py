@@ -1,8 +1,9 @@
 """What the console's overview and tenant pages show, in one call each (same token as the rest of `/admin`).
 
 GET /admin/fleet     pools and replicas: health, breaker, drain, queue (prefill tokens waiting, requests in flight),
-                     predicted TTFT (with the replica's own correction), latency outlier ejection and why, and over
-                     this instance's recent requests: share served, observed TTFT (streams),
+                     KV-cache use (the engine's /v1/loads), predicted TTFT now (with the replica's own correction),
+                     latency outlier ejection and why, and over this instance's recent requests: share served, median
+                     observed TTFT (streams) next to what routing predicted for those same requests,
                      cache hit rate (cached / prompt tokens, from the upstream's usage); `slow` marks a replica whose
                      observed TTFT is far above its pool's median
 GET /admin/tenants   per tenant: spend vs budget, requests and tokens in the last minute vs the rate limits, SLA
@@ -29,8 +30,16 @@ SLOW_FACTOR = 2.0  # observed TTFT this many times the pool's median marks a rep
 MIN_SAMPLES = 3  # fewer streamed requests than this: no observed TTFT is shown (one sample says little)
 
 
+def _empty() -> dict[str, Any]:
+    return {"requests": 0, "ttfts": [], "predicted": [], "prompt": 0, "cached": 0}
+
+
+def _median(xs: list[float]) -> float | None:
+    return round(statistics.median(xs), 3) if len(xs) >= MIN_SAMPLES else None
+
+
 def _served(recent: list[RecentDecision]) -> dict[str, dict[str, Any]]:
-    out: dict[str, dict[str, Any]] = defaultdict(lambda: {"requests": 0, "ttfts": [], "prompt": 0, "cached": 0})
+    out: dict[str, dict[str, Any]] = defaultdict(_empty)
     for r in recent:
         if r.served_by is None:
             continue
@@ -38,6 +47,9 @@ def _served(recent: list[RecentDecision]) -> dict[str, dict[str, Any]]:
         row["requests"] += 1
         if r.ttft_s is not None:
             row["ttfts"].append(r.ttft_s)
+            cand = r.decision.features.get(r.served_by) if r.decision is not None else None
+            if cand is not None:  # what routing predicted for this very request on this replica
+                row["predicted"].append(cand.ttft)
         if r.prompt_tokens:
             row["prompt"] += r.prompt_tokens
             row["cached"] += r.cached_tokens or 0
@@ -56,19 +68,20 @@ async def fleet(request: Request, uncached_tokens: int = Query(8000, ge=0, le=10
         reps = []
         for t in st.registry.by_pool[pool.name]:
             load = merged_load(tracked.get(t.name, LoadView()), t.engine_load)
-            s = served.get(t.name, {"requests": 0, "ttfts": [], "prompt": 0, "cached": 0})
+            s = served.get(t.name) or _empty()
             ttfts = s["ttfts"]
             reps.append({
                 "name": t.name, "healthy": t.healthy, "drained": t.drained, "routable": t.routable(),
                 "circuit": t.breaker.state.value, "last_error": t.last_error, "misconfigured": list(t.state.misconfigured),
                 "queued_prefill_tokens": round(load.queued_prefill_tokens), "inflight": round(load.inflight, 1),
+                "kv_usage": round(t.state.kv_usage, 3) if t.state.kv_usage is not None else None,
                 "predicted_ttft_s": round(predict_ttft(t.timing, load, uncached_tokens)
                                           * st.corrector.get(t.pool, regime(t.timing, load), t.name), 3),
                 # its own learned TTFT correction and, if it is out as a latency outlier, why (dispatch/outliers.py)
                 "ttft_correction": round(st.corrector.replica_factor(t.name), 3),
                 "outlier": _replica_truth(st, t.name)["outlier"],
                 "served": s["requests"], "share": round(s["requests"] / total, 3),
-                "observed_ttft_s": round(statistics.median(ttfts), 3) if len(ttfts) >= MIN_SAMPLES else None,
+                "observed_ttft_s": _median(ttfts), "predicted_served_ttft_s": _median(s["predicted"]),
                 "ttft_samples": len(ttfts),
                 "hit_rate": round(s["cached"] / s["prompt"], 3) if s["prompt"] else None,
             })

@@ -158,6 +158,7 @@ async def state(request: Request, uncached_tokens: int = Query(8000, ge=0, le=10
                          "drained": sorted(cs.drained),
                          "pool_overrides": {k: v.model_dump(mode="json") for k, v in cs.pools.items()},
                          "tenant_overrides": {k: v.model_dump(mode="json") for k, v in cs.live_tenants().items()},
+                         "tenant_policies": {k: v.model_dump(mode="json") for k, v in cs.policies.items() if v.fields},
                          "control_applied_at": st.control.applied_at, "policies": st.policies.status()})
 
 
@@ -366,6 +367,7 @@ async def recording_action(request: Request, action: Literal["start", "stop"], w
     if rec is None or rec.path is None:
         raise Conflict("Recording needs recording.path in this instance's config; the admin API never picks a file.",
                        param="recording.path")
+    was = rec.enabled
     if action == "start":
         if rec.enabled:
             raise Conflict(f"Already recording to {rec.path} ({rec.requests} requests); stop it first (a start "
@@ -375,7 +377,8 @@ async def recording_action(request: Request, action: Literal["start", "stop"], w
         rec.stop()
     try:
         await st.control.store.audit({"at": time.time(), "who": who, "what": f"recording_{action}",
-                                      "path": str(rec.path), "requests": rec.requests})
+                                      "path": str(rec.path), "requests": rec.requests,
+                                      "before": {"recording": was}, "after": {"recording": rec.enabled}})
     except StoreUnavailable:
         pass  # the recording itself is local and already switched; the audit entry is best effort while Redis is away
     return JSONResponse(rec.status())

@@ -66,6 +66,12 @@ def test_the_overview_names_the_slow_replica(fleet):
     f = httpx.get(f"{fleet}/admin/fleet", headers=ADM).json()
     reps = {r["name"]: r for r in f["pools"][0]["replicas"]}
     assert [n for n, r in reps.items() if r["slow"]] == ["p-2"], reps
+    assert all(r["observed_ttft_s"] is not None and r["predicted_served_ttft_s"] is not None and r["served"] > 0
+               for r in reps.values())
+    # the engines' KV-cache use, as their /v1/loads reports it (polled, so waited for)
+    wait_until(lambda: all(0 <= (r["kv_usage"] if r["kv_usage"] is not None else -1) <= 1 for r in
+                           httpx.get(f"{fleet}/admin/fleet", headers=ADM).json()["pools"][0]["replicas"]),
+               timeout=20, what="KV use from every engine")
 
 
 def test_console_in_a_real_browser_login_find_the_slow_replica_drain_undo(fleet, tmp_path: Path):
@@ -123,5 +129,28 @@ def test_console_in_a_real_browser_login_find_the_slow_replica_drain_undo(fleet,
             entries = httpx.get(f"{fleet}/admin/history", headers=ADM).json()["entries"]
             assert [e["what"] for e in entries[:2]] == ["undrain", "drain"] and entries[0]["undo_of"] == entries[1]["id"]
             assert entries[1]["who"].endswith("(oncall)")
+
+            # a weight preview from the overview: computed from the recent decisions, nothing changed
+            page.click("#tabs button[data-tab=overview]")
+            page.fill("input[data-pool=p]", "0")
+            page.click("text=Preview")
+            expect(page.locator("#modal-title")).to_have_text("Set pool p weight to 0")
+            expect(page.locator("#modal-body")).to_contain_text("would have no replica")
+            page.screenshot(path=str(shots / "console-preview.png"))
+            page.click("#modal-cancel")
+            assert httpx.get(f"{fleet}/admin/fleet", headers=ADM).json()["pools"][0]["weight"] == 1  # cancelled
+
+            # a tenant's limit changed from the tenants page, behind the confirmation
+            page.click("#tabs button[data-tab=tenants]")
+            page.locator('tr[data-tenant="tenant-a"] button').click()
+            page.locator("#modal-body label", has_text="requests / min").locator("input").fill("900")
+            page.screenshot(path=str(shots / "console-tenant-change.png"))
+            page.click("#modal-ok")
+            expect(page.locator("#flash")).to_contain_text("Tenant tenant-a: rate_limits")
+            policy = httpx.get(f"{fleet}/admin/tenants/tenant-a/policy", headers=ADM).json()
+            assert policy["effective"]["rate_limits"]["requests_per_minute"] == 900
+            assert policy["live"] == {"rate_limits": {"requests_per_minute": 900}}  # only what was changed
+            expect(page.locator('tr[data-tenant="tenant-a"]')).to_contain_text("/ 900")
+            page.screenshot(path=str(shots / "console-tenants.png"))
         finally:
             browser.close()
