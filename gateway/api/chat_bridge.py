@@ -21,11 +21,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Message, Receive, Scope, Send
 
-from gateway.api.openai.accounting import API
+from gateway.api.call import Call
 from gateway.api.openai.body import read_body
 from gateway.api.openai.validation import parse_json
 from gateway.errors import GatewayError
-from gateway.routing.request import MAX_SESSION_CHARS, SESSION
+from gateway.routing.request import MAX_SESSION_CHARS
 
 
 def note_refusal(request: Request, model: object, err: GatewayError, served: str | None = None) -> None:
@@ -55,17 +55,11 @@ def with_bearer(request: Request, api_key: str | None) -> Request:
     return Request(scope, request.receive)
 
 
-async def call_chat(proxy: Any, request: Request, body: dict[str, Any], api: str, session: str | None = None
-                    ) -> Response:
-    """The chat path's answer to `body`, accounted (metrics, log line) under the API the client spoke, placed with
-    the agent session's key when the client named one (routing.request.SESSION)."""
-    token, placed = API.set(api), SESSION.set(session)
-    try:
-        out: Response = await proxy.handle(request, "chat/completions", body=body)
-        return out
-    finally:
-        SESSION.reset(placed)
-        API.reset(token)
+async def call_chat(proxy: Any, request: Request, body: dict[str, Any], call: Call) -> Response:
+    """The chat path's answer to `body`, accounted (metrics, log line) under the API the client spoke and routed
+    with what the adapter knows (the agent session, the stored turn's replica): `call`."""
+    out: Response = await proxy.handle(request, "chat/completions", body=body, call=call)
+    return out
 
 
 def session_of(*candidates: object) -> str | None:
@@ -128,9 +122,8 @@ class TranslatedStream(Response):
     (refused before the commit point) is re-rendered by `render_error(status, openai_error_body, headers)`."""
 
     def __init__(self, inner: Response, translator: StreamTranslator, render_error: ErrorRenderer,
-                 on_end: Callable[[], Any] | None = None, api: str | None = None) -> None:
+                 on_end: Callable[[], Any] | None = None) -> None:
         self.inner = inner
-        self.api = api  # the API label its accounting (run when the stream closes) uses
         self.translator = translator
         self.render_error = render_error
         self.on_end = on_end  # awaited after the last byte (e.g. store the finished response)
@@ -141,14 +134,6 @@ class TranslatedStream(Response):
         self.extra_headers: list[tuple[bytes, bytes]] = []  # the bridge's own (x-gateway-dropped), sent on commit
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        token = API.set(self.api) if self.api else None
-        try:
-            await self._run(scope, receive, send)
-        finally:
-            if token is not None:
-                API.reset(token)
-
-    async def _run(self, scope: Scope, receive: Receive, send: Send) -> None:
         parser = SSEPayloads()
         status = 200
         start: Message | None = None

@@ -16,7 +16,7 @@ from gateway.routing.decision import Decision
 from gateway.routing.engine import RoutingEngine, merged_load  # noqa: F401 (re-exported)
 from gateway.routing.features import TargetInfo
 from gateway.routing.load import LoadTracker, Reservations
-from gateway.routing.request import RoutingRequest, with_affinity
+from gateway.routing.request import RoutingRequest
 from gateway.settings.pools import ModelRoute
 from gateway.upstreams import Target, UpstreamRegistry
 
@@ -49,7 +49,6 @@ class PipelineRouter:
 
     async def decide(self, req: RoutingRequest, route: ModelRoute, dry_run: bool = False) -> Decision[Target]:
         """`dry_run` (the admin explain): decide without claiming the chosen target's load."""
-        req = with_affinity(req)
         live, _ = candidates(route, self.registry)
         infos = [target_info(t) for t in live]
         start = time.perf_counter()

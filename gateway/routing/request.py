@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-from contextvars import ContextVar
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
@@ -27,24 +26,10 @@ class RoutingRequest:
     affinity_tokens: int = 0
 
 
-# Set by the Responses routes around the chat path's call, for that request's task only: (target name, prompt
-# tokens of the stored turn). The chat path builds its RoutingRequest without knowing the API it serves.
-AFFINITY: ContextVar[tuple[str, int] | None] = ContextVar("gateway_affinity", default=None)
-
-
-def with_affinity(req: RoutingRequest) -> RoutingRequest:
-    """`req` with the hint of the request being served (AFFINITY), unless it carries one already."""
-    hint = AFFINITY.get()
-    if hint is None or req.affinity_hint is not None:
-        return req
-    return replace(req, affinity_hint=hint[0], affinity_tokens=max(int(hint[1]), 0))
-
-
 # The agent session a request belongs to, named by the client (Claude Code's x-claude-code-session-id, Codex's
-# prompt_cache_key / session_id): set by the Messages and Responses bridges around the chat path's call, for that
-# request only. It becomes the cold-placement key, so a session's first turns and its subagents, whose prompts differ,
-# land on one replica before any prefix of theirs is cached; a cached prefix (the prefix index) still decides first.
-SESSION: ContextVar[str | None] = ContextVar("gateway_session", default=None)
+# prompt_cache_key / session_id), reaches routing as the request's `group_key`: a session's first turns and its
+# subagents, whose prompts differ, land on one replica before any prefix of theirs is cached; a cached prefix (the
+# prefix index) still decides first. Bounded before it is hashed.
 MAX_SESSION_CHARS = 256
 
 

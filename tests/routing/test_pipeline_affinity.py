@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 
 from gateway.routing.pipeline import PipelineRouter
-from gateway.routing.request import AFFINITY, RoutingRequest
+from gateway.routing.request import RoutingRequest
 from tests.routing.pipeline_fixtures import CHUNK, REPLICAS, pipeline_router
 
 
@@ -30,17 +30,31 @@ def test_the_hinted_replica_wins_where_cold_placement_would_choose_another() -> 
             assert _first(router, route, _req(conv, affinity_hint=other, affinity_tokens=20 * CHUNK)) == other
 
 
-def test_the_hint_travels_from_the_request_context() -> None:
-    """AFFINITY (set by the Responses routes around the chat path's call) reaches decide like the field does."""
+def test_the_hint_travels_from_the_adapters_call() -> None:
+    """The Responses adapter names the stored turn's replica in its Call (api/call.py); the request path's routing
+    request carries it, and decide treats it like the field (no ambient state: only the request that named it)."""
+    from gateway.api.call import Call
+    from gateway.api.openai.decide import routing_request
+    from gateway.api.openai.exchange import Exchange
+    from gateway.api.openai.validation import validate
+    from gateway.config import ModelRoute, parse_config
+    from tests.gateway_fixtures import config, sglang_pool
+
+    cfg = parse_config(config([sglang_pool("p", ["http://127.0.0.1:9"])]))
+    parsed = validate({"model": "glm-5.2", "messages": [{"role": "user", "content": "hi"}]}, "chat/completions")
+
+    def rreq(call: Call) -> RoutingRequest:
+        ex = Exchange("rid", cfg.tenants[0], "chat/completions", parsed, ModelRoute(name="glm-5.2", pools=["p"]),
+                      0.0, 1.0, call=call)
+        return routing_request(cfg.routing, ex)
+
+    hinted = rreq(Call(api="responses", affinity=("p-1", 20 * CHUNK)))
+    assert (hinted.affinity_hint, hinted.affinity_tokens) == ("p-1", 20 * CHUNK)
+    assert rreq(Call()).affinity_hint is None
     router, route = pipeline_router()
     cold = _first(router, route, _req(1))
     other = next(n for n in REPLICAS if n != cold)
-    token = AFFINITY.set((other, 20 * CHUNK))
-    try:
-        assert _first(router, route, _req(1)) == other
-    finally:
-        AFFINITY.reset(token)
-    assert _first(router, route, _req(1)) == cold  # and only while it is set
+    assert _first(router, route, _req(1, affinity_hint=other, affinity_tokens=20 * CHUNK)) == other
 
 
 def test_no_effect_without_a_covered_chunk_or_a_live_target() -> None:

@@ -12,6 +12,7 @@ import orjson
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
+from gateway.api.call import Call
 from gateway.api.chat_bridge import (
     TranslatedStream,
     call_chat,
@@ -123,13 +124,12 @@ async def create_message(request: Request) -> Response:
     rid = request.scope.get("state", {}).get("request_id")
     dropped.report(st.metrics, "messages", rid)
     try:
-        out = await call_chat(request.app.state.proxy, with_bearer(request, _api_key(request)), chat, "messages",
-                              _session(request, body))
+        out = await call_chat(request.app.state.proxy, with_bearer(request, _api_key(request)), chat,
+                              Call(api="messages", session=_session(request, body)))
     except GatewayError as e:  # accounted by the chat path
         return _error(e, request)
     if chat["stream"]:
-        stream = TranslatedStream(out, MessagesStream(chat["model"], input_tokens(chat), stops), _render_stream_error,
-                                  api="messages")
+        stream = TranslatedStream(out, MessagesStream(chat["model"], input_tokens(chat), stops), _render_stream_error)
         if dropped:
             stream.extra_headers.append((HEADER.encode(), dropped.header().encode()))
         return stream

@@ -18,12 +18,12 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Coroutine
-from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
 from starlette.requests import ClientDisconnect
 
+from gateway.api.call import PLAIN, Call
 from gateway.api.openai import idempotency
 from gateway.api.openai.exchange import Exchange, RecentDecision
 from gateway.api.openai.relay import cost, upstream_reason
@@ -40,17 +40,6 @@ log = logging.getLogger("gateway.accounting")
 CLEAN_ENDS = ("ok", "client_disconnect", "client_stall", "shutdown", "idempotent_replay")
 # Streams ended before the engine's usage arrived, billed for what was relayed (`abandoned_usage`).
 CUT_ENDS = ("client_disconnect", "client_stall", "shutdown")
-
-# The API the client spoke, when it is not the endpoint's own: set by the Responses and Messages routes (and their
-# streams) around the chat path's call, for that request only (api/chat_bridge.py). Labels metrics and the log line.
-API: ContextVar[str | None] = ContextVar("gateway_api", default=None)
-_ENDPOINT_APIS = {"chat/completions": "chat", "completions": "completions", "responses": "responses"}
-
-
-def api_label(endpoint: str) -> str:
-    """One of observability.metrics.APIS."""
-    return API.get() or _ENDPOINT_APIS.get(endpoint, "other")
-
 
 def abandoned_usage(ex: Exchange, predicted_cached: int) -> dict[str, Any]:
     """A client that leaves mid-stream (or a stream cut by shutdown) never gets the engine's usage chunk, yet the
@@ -99,6 +88,7 @@ class Edge:
     tenant: str = "none"
     model: str = "none"
     stream: bool = False
+    call: Call = PLAIN  # the API adapter's (api/call.py): its API label
 
 
 class Accounting:
@@ -126,7 +116,7 @@ class Accounting:
     # -- a request refused before its exchange existed ----------------------------------------------------------
     def rejected(self, edge: Edge, err: BaseException) -> None:
         status, reason = reason_for(edge.stage, err)
-        api = api_label(edge.endpoint)
+        api = edge.call.api_for(edge.endpoint)
         self._step("metrics", self._count_rejection, edge, status, reason, api)
         self._step("log", self._log_rejection, edge, status, reason, err, api)
 
@@ -307,6 +297,6 @@ class _Ctx:
         self.now = now
         t = ex.served_by
         self.pool = t.pool if t is not None else "none"
-        self.api = api_label(ex.endpoint)
+        self.api = ex.call.api_for(ex.endpoint)
         self.prompt = self.cached = self.completion = 0
         self.cost = 0.0

@@ -12,7 +12,7 @@ from gateway.config import Routing
 from gateway.errors import NoCapacity
 from gateway.prefix.hashing import group_key, prefix_hashes
 from gateway.routing import registry
-from gateway.routing.request import SESSION, RoutingRequest, session_group
+from gateway.routing.request import RoutingRequest, session_group
 from gateway.state import AppState
 
 
@@ -22,12 +22,14 @@ def routing_request(r: Routing, ex: Exchange, hasher: Callable[..., list[int]] =
     salt = t.cache_namespace(ex.parsed.body.get("cache_salt"))
     hashes = tuple(hasher(ex.endpoint, ex.parsed.body, ex.route.name, salt, r.chunk_tokens)) \
         if registry.spec(r.policy.type).uses_prefix else ()
-    session = SESSION.get()  # an agent session (the bridges): its requests share one cold placement
+    session = ex.call.session  # an agent session (the bridges): its requests share one cold placement
     group = session_group(t.name, session) if session else group_key(hashes, hash(ex.id))
+    hint = ex.call.affinity  # the replica that served the stored turn this one continues (Responses)
     return RoutingRequest(
         ex.id, t.name, ex.parsed.model, ex.endpoint, ex.parsed.stream, ex.parsed.prompt_tokens,
         ex.parsed.max_output_tokens, hashes, (t.ttft_sla_ms or r.ttft_sla_ms) / 1000.0, t.objective or r.objective,
         t.on_sla_miss or r.on_sla_miss, group,
+        affinity_hint=hint[0] if hint else None, affinity_tokens=max(int(hint[1]), 0) if hint else 0,
     )
 
 

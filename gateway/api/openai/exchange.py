@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from gateway.api.call import PLAIN, Call
 from gateway.api.openai.validation import ParsedRequest
 from gateway.config import ModelRoute
 from gateway.dispatch.dispatcher import Dispatched
@@ -55,6 +56,7 @@ class Exchange:
     # client's x-request-id (`request_id`) is only a correlation field: logged and echoed, never a key.
     id: str = field(default_factory=lambda: os.urandom(16).hex())
     idem: Any = None  # the client's Idempotency-Key this request holds (api/openai/idempotency.py), if any
+    call: Call = PLAIN  # the API adapter's: API label, agent session, stored turn's replica (api/call.py)
 
     @property
     def served_by(self) -> Any:

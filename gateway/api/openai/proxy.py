@@ -27,6 +27,7 @@ from typing import Any
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
+from gateway.api.call import PLAIN, Call
 from gateway.api.openai import admission, budget, decide, idempotency
 from gateway.api.openai.accounting import Accounting, Edge, reason_for
 from gateway.api.openai.body import read_body
@@ -69,19 +70,33 @@ class OpenAIProxy:
         return decide.routing_request(self.state.config.routing, ex, self.state.prefix_hasher)
 
     # -- entry -----------------------------------------------------------------------------------------------
-    async def handle(self, request: Request, endpoint: str, body: dict[str, Any] | None = None) -> Response:
-        """`body`: an already-parsed OpenAI body (the Responses/Messages bridges); the request's own body is then
-        not read. Returns a JSON Response, or an EventStreamResponse whose `on_close` runs the accounting — call
-        it (with a translating `send` if need be) or the request is never accounted."""
+    async def handle(self, request: Request, endpoint: str, body: dict[str, Any] | None = None,
+                     call: Call = PLAIN) -> Response:
+        """`body`: an already-parsed OpenAI body (the Responses/Messages adapters); the request's own body is then
+        not read. `call`: what the adapter knows besides the body (api/call.py). Returns a JSON Response, or an
+        EventStreamResponse whose `on_close` runs the accounting — call it (with a translating `send` if need be)
+        or the request is never accounted."""
+        ex = await self.begin(request, endpoint, body, call)
+        if isinstance(ex, Response):
+            return ex
+        return await self._serve(request, ex)
+
+    async def begin(self, request: Request, endpoint: str, body: dict[str, Any] | None, call: Call,
+                    pools: Callable[[ModelRoute], ModelRoute] | None = None) -> Exchange | Response:
+        """The stages every API shares up to the exchange: key -> tenant (401), concurrency slot (429), body (413,
+        408, 400), entitlements (404, 403; `pools` narrows the route: the native Responses path keeps the pools that
+        serve /v1/responses), limits. A refusal is accounted here and raised; a client gone while sending its body
+        is a 499. From the exchange on, accounting.finish runs exactly once."""
         st = self.state
         request.scope.setdefault("state", {})["accounted"] = True  # every outcome below is accounted here
-        edge = Edge(request.scope.get("state", {}).get("request_id") or uuid.uuid4().hex, endpoint, time.monotonic())
+        edge = Edge(request.scope.get("state", {}).get("request_id") or uuid.uuid4().hex, endpoint, time.monotonic(),
+                    call=call)
         slot: Slot | None = None
         try:
             tenant = st.control.effective(st.policies.index.identify(request.headers.get("authorization")))
             edge.tenant, edge.stage = tenant.name, "concurrency"
             slot = admission.take_slot(st, tenant, edge.request_id)  # before the first await: check and take are one
-            ex = await self._exchange(request, endpoint, body, tenant, edge)
+            ex = await self._exchange(request, endpoint, body, tenant, edge, pools)
         except BaseException as e:
             if slot is not None:
                 st.concurrency.release(slot)
@@ -93,11 +108,11 @@ class OpenAIProxy:
         gauge = self._inflight.get(tenant.name)
         if gauge is None:
             gauge = self._inflight[tenant.name] = st.metrics.inflight.labels(tenant.name)
-        gauge.inc()  # from here on accounting.finish runs exactly once
-        return await self._serve(request, ex)
+        gauge.inc()
+        return ex
 
     async def _exchange(self, request: Request, endpoint: str, body: dict[str, Any] | None, tenant: Tenant,
-                        edge: Edge) -> Exchange:
+                        edge: Edge, pools: Callable[[ModelRoute], ModelRoute] | None) -> Exchange:
         st = self.state
         if body is None:
             edge.stage = "read_body"
@@ -110,6 +125,8 @@ class OpenAIProxy:
         parsed = validate(body, endpoint)
         edge.stage = "entitlements"
         route = self.entitlements.resolve(tenant, parsed.model, request.headers.get("x-gateway-pool"))
+        if pools is not None:
+            route = pools(route)
         parsed = self.entitlements.with_alias_defaults(tenant, parsed)
         edge.model = route.name  # an alias's served model
         edge.stage = "validate"
@@ -117,7 +134,7 @@ class OpenAIProxy:
             refuse_images(parsed.body, route.name)
         check_limits(parsed, endpoint, limits_for(st.config, route.pools, st.registry))  # n and context caps of these pools
         return Exchange(edge.request_id, tenant, endpoint, parsed, route, edge.started,
-                        edge.started + st.config.timeouts.total, headers={"x-request-id": edge.request_id})
+                        edge.started + st.config.timeouts.total, headers={"x-request-id": edge.request_id}, call=edge.call)
 
     async def admit(self, ex: Exchange, decided: Callable[[Exchange], None] | None = None) -> None:
         """The stages before dispatch — fleet slot, rate limits, span, routing decision (then `decided`, the native

@@ -20,30 +20,28 @@ from __future__ import annotations
 
 import re
 import time
-import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 from typing import Any
 
 import orjson
 from opentelemetry import trace
-from starlette.requests import ClientDisconnect, Request
+from starlette.requests import Request
 from starlette.responses import Response
 
+from gateway.api.call import Call
 from gateway.api.error_handlers import to_response
-from gateway.api.openai import admission
-from gateway.api.openai.accounting import API, Edge
 from gateway.api.openai.budget import usage_bound
 from gateway.api.openai.exchange import Exchange
 from gateway.api.openai.proxy import OpenAIProxy
 from gateway.api.openai.relay import cost, cut_by_shutdown, dispatch_failed
 from gateway.api.openai.usage import clean_usage
-from gateway.api.openai.validation import check_limits, limits_for, validate
 from gateway.api.responses.affinity import served_by
 from gateway.api.responses.store import ResponseStore
 from gateway.api.responses.translate import new_id, parse_request
 from gateway.asgi import EventStreamResponse
 from gateway.backends.openai_compat import StreamBroken, sanitize_upstream_text
+from gateway.config import ModelRoute
 from gateway.dispatch.dispatcher import Dispatched
 from gateway.errors import GatewayError, InvalidRequest, ModelNotFound
 from gateway.state import AppState
@@ -118,8 +116,9 @@ class NativeResponses:
     """One native /v1/responses request through the chat path's stages (see the module docstring)."""
 
     def __init__(self, request: Request, proxy: OpenAIProxy, store: ResponseStore, tenant_name: str,
-                 body: dict[str, Any], history: list[dict[str, Any]]) -> None:
+                 body: dict[str, Any], history: list[dict[str, Any]], call: Call) -> None:
         self.request, self.proxy, self.store, self.tenant_name = request, proxy, store, tenant_name
+        self.call = call
         self.st: AppState = proxy.state
         self.body = upstream_body(body, history)
         self.stored_items = history + [{"id": new_id("msg"), **i} if "id" not in i else i
@@ -132,39 +131,12 @@ class NativeResponses:
         self._seq = -1
 
     async def handle(self) -> Response:
-        st, request = self.st, self.request
-        request.scope.setdefault("state", {})["accounted"] = True  # accounted here, like the chat path
-        edge = Edge(request.scope.get("state", {}).get("request_id") or uuid.uuid4().hex, ENDPOINT, time.monotonic())
-        slot = None
-        try:
-            tenant = st.control.effective(st.policies.index.identify(request.headers.get("authorization")))
-            edge.tenant, edge.stage = tenant.name, "concurrency"
-            slot = admission.take_slot(st, tenant, edge.request_id)
-            edge.stage = "validate"
-            edge.model = self.proxy.accounting.model_label(self.chat.get("model"))
-            edge.stream = self.chat.get("stream") is True
-            parsed = validate(self.chat, "chat/completions")
-            edge.stage = "entitlements"
-            route = self.proxy.entitlements.resolve(tenant, parsed.model, request.headers.get("x-gateway-pool"))
-            # a tenant's fallback pools may bridge: a Responses body goes only where /v1/responses is served
-            route = route.model_copy(update={"pools": [p for p in route.pools if st.config.pool(p).responses == "native"]})
-            if not route.pools:
-                raise ModelNotFound(f"The model '{parsed.model}' does not exist or you do not have access to it.",
-                                    param="model")
-            edge.stage = "validate"
-            check_limits(parsed, "chat/completions", limits_for(st.config, route.pools, st.registry))
-        except BaseException as e:
-            if slot is not None:
-                st.concurrency.release(slot)
-            self.proxy.accounting.rejected(edge, e)
-            if isinstance(e, ClientDisconnect):
-                return Response(status_code=499)
-            raise
-        # the chat form's endpoint for routing (its prefix hashes); ENDPOINT once dispatched
-        ex = Exchange(edge.request_id, tenant, "chat/completions", parsed, route, edge.started,
-                      edge.started + st.config.timeouts.total, headers={"x-request-id": edge.request_id})
-        ex.slot = slot
-        st.metrics.inflight.labels(tenant.name).inc()  # from here on accounting.finish runs exactly once
+        # the chat path's stages up to the exchange (key, slot, validation of the chat form, entitlements, limits),
+        # with the route narrowed to the pools that serve /v1/responses themselves; the chat form's endpoint for
+        # routing (its prefix hashes), ENDPOINT once dispatched
+        ex = await self.proxy.begin(self.request, "chat/completions", self.chat, self.call, pools=_native_pools(self.st))
+        if isinstance(ex, Response):
+            return ex
         return await self._serve(ex)
 
     async def _serve(self, ex: Exchange) -> Response:
@@ -178,12 +150,7 @@ class NativeResponses:
         return await self.proxy.respond(self.request, ex, self._non_stream(ex))
 
     async def _finish(self, ex: Exchange, disconnected: bool) -> None:
-        """The stream's accounting, after the route's call returned: under its API label again."""
-        token = API.set(ENDPOINT)
-        try:
-            await self.proxy.accounting.finish(ex, disconnected)
-        finally:
-            API.reset(token)
+        await self.proxy.accounting.finish(ex, disconnected)
 
     async def _open(self, ex: Exchange) -> Dispatched:
         assert ex.decision is not None and ex.rreq is not None
@@ -329,4 +296,15 @@ def _native_endpoint(ex: Exchange) -> None:
     """Routed on the chat form (its prefix hashes); dispatched to the pool's own /v1/responses."""
     assert ex.rreq is not None
     ex.rreq, ex.endpoint = replace(ex.rreq, endpoint=ENDPOINT), ENDPOINT
+
+
+def _native_pools(st: AppState) -> Callable[[ModelRoute], ModelRoute]:
+    """A tenant's fallback pools may bridge: a Responses body goes only where /v1/responses is served (none: 404)."""
+    def narrow(route: ModelRoute) -> ModelRoute:
+        route = route.model_copy(update={"pools": [p for p in route.pools if st.config.pool(p).responses == "native"]})
+        if not route.pools:
+            raise ModelNotFound(f"The model '{route.name}' does not exist or you do not have access to it.",
+                                param="model")
+        return route
+    return narrow
 

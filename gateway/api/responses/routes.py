@@ -13,6 +13,7 @@ from fastapi import APIRouter, Request
 from starlette.exceptions import HTTPException
 from starlette.responses import Response
 
+from gateway.api.call import Call
 from gateway.api.chat_bridge import (
     TranslatedStream,
     json_body,
@@ -22,7 +23,6 @@ from gateway.api.chat_bridge import (
     session_of,
 )
 from gateway.api.dropped import HEADER, Dropped
-from gateway.api.openai.accounting import API
 from gateway.api.responses.affinity import affinity_of, served_by
 from gateway.api.responses.native import NativeResponses, is_native
 from gateway.api.responses.store import ResponseStore
@@ -30,7 +30,6 @@ from gateway.api.responses.stream import ResponsesStream
 from gateway.api.responses.translate import ResponsesRequest, from_chat, history_of, new_id, parse_request
 from gateway.errors import GatewayError, InvalidRequest, ModelNotFound, UpgradeRequired
 from gateway.policy_schema import Tenant
-from gateway.routing.request import AFFINITY, SESSION
 from gateway.state import AppState
 from gateway.tokenizers import prompt_tokens
 
@@ -142,27 +141,22 @@ async def _create(request: Request, st: AppState, proxy: Any, store: ResponseSto
             raise InvalidRequest("'previous_response_id' must be a non-empty string.", param="previous_response_id")
         stored = await _load(store, tenant, prev, "previous_response_id")
         history = history_of(stored)
-    hint = AFFINITY.set(affinity_of(stored))  # routing's hint: the replica that served the stored turn
-    api = API.set("responses")  # the metrics' and log line's api label
-    # the agent session (Codex sends its session id as prompt_cache_key and in headers): one cold placement
-    placed = SESSION.set(session_of(body.get("prompt_cache_key"), *(request.headers.get(h) for h in SESSION_HEADERS)))
-    try:
-        served = _served(policy, body.get("model"))
-        if is_native(st, served):
-            if "input" not in body:
-                raise InvalidRequest("'input' is required.", param="input")
-            return await NativeResponses(request, proxy, store, tenant, body, history).handle()
-        dropped = Dropped()
-        req = parse_request(body, history, st.config.responses.auto_truncate_input_tokens,
-                            pool_kinds=pool_kinds(st, served, request.headers.get("x-gateway-pool")),
-                            dropped=dropped, hosted_tools=policy.hosted_tools, client_metadata=policy.client_metadata)
-        dropped.report(st.metrics, "responses", request.scope.get("state", {}).get("request_id"))
-        resp_id, created = new_id("resp"), int(time.time())
-        out: Response = await proxy.handle(request, "chat/completions", body=req.chat)
-    finally:
-        SESSION.reset(placed)
-        API.reset(api)
-        AFFINITY.reset(hint)
+    # the API label; the agent session (Codex sends its session id as prompt_cache_key and in headers): one cold
+    # placement; the replica that served the stored turn: routing's floor
+    call = Call(api="responses", affinity=affinity_of(stored),
+                session=session_of(body.get("prompt_cache_key"), *(request.headers.get(h) for h in SESSION_HEADERS)))
+    served = _served(policy, body.get("model"))
+    if is_native(st, served):
+        if "input" not in body:
+            raise InvalidRequest("'input' is required.", param="input")
+        return await NativeResponses(request, proxy, store, tenant, body, history, call).handle()
+    dropped = Dropped()
+    req = parse_request(body, history, st.config.responses.auto_truncate_input_tokens,
+                        pool_kinds=pool_kinds(st, served, request.headers.get("x-gateway-pool")),
+                        dropped=dropped, hosted_tools=policy.hosted_tools, client_metadata=policy.client_metadata)
+    dropped.report(st.metrics, "responses", request.scope.get("state", {}).get("request_id"))
+    resp_id, created = new_id("resp"), int(time.time())
+    out: Response = await proxy.handle(request, "chat/completions", body=req.chat, call=call)
     if req.stream:
         translator = ResponsesStream(resp_id, req)
 
@@ -170,7 +164,7 @@ async def _create(request: Request, st: AppState, proxy: Any, store: ResponseSto
             if translator.final is not None:
                 await _store(store, tenant, req, history, translator.final, stream.header(b"x-gateway-replica"))
 
-        stream = TranslatedStream(out, translator, _openai_error, on_end, api="responses")
+        stream = TranslatedStream(out, translator, _openai_error, on_end)
         if dropped:
             stream.extra_headers.append((HEADER.encode(), dropped.header().encode()))
         return stream

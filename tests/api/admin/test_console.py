@@ -87,6 +87,9 @@ def test_console_in_a_real_browser_login_find_the_slow_replica_drain_undo(fleet,
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=exe, args=["--no-sandbox", "--disable-gpu"])
         page = browser.new_page(viewport={"width": 1400, "height": 800})
+        # conditions, not wall-clock luck: generous ceilings for a browser on a busy machine (defaults are 5 s)
+        page.set_default_timeout(60_000)
+        expect.set_options(timeout=60_000)
         try:
             page.goto(f"{fleet}/console")
             page.fill("#token", "wrong-token")

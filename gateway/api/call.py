@@ -1,0 +1,31 @@
+"""What an API adapter hands the one request path besides the body it parsed: the API the client spoke and the
+routing hints its protocol carries. The chat and completions routes pass none; the Responses and Messages adapters
+name themselves and, where the client said so, the agent session and the replica that served the stored turn.
+
+Explicit and typed, carried on the request's Exchange from the edge to accounting — never ambient state — so a
+stream accounted after its route returned still knows what it was."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# The endpoint's own API when an adapter does not name one (a metric label: observability.metrics.APIS).
+ENDPOINT_APIS = {"chat/completions": "chat", "completions": "completions", "responses": "responses"}
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    # the API the client spoke (metrics' and the log line's `api`); None: the endpoint's own
+    api: str | None = None
+    # the agent session the client named (Claude Code's session id, Codex's prompt_cache_key / session_id): its
+    # requests share one cold placement, so a session's first turns and its subagents land together
+    session: str | None = None
+    # (target name, prompt tokens) of the replica that served the stored turn this one continues (Responses
+    # previous_response_id): a routing floor, since that replica holds the turn's prompt whatever the index says
+    affinity: tuple[str, int] | None = None
+
+    def api_for(self, endpoint: str) -> str:
+        return self.api or ENDPOINT_APIS.get(endpoint, "other")
+
+
+PLAIN = Call()
