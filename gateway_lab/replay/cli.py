@@ -56,7 +56,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sla-ms", type=float, default=None, help="TTFT SLA (default: the config's routing.ttft_sla_ms)")
     p.add_argument("--queue-drain", action="store_true", help="what-if routing.queue_drain: true")
     p.add_argument("--recompute-weight", type=float, default=None,
-                   help="what-if routing.recompute_weight (0: the SLA alone decides; docs/routing.md)")
+                   help="what-if routing.policy.recompute_weight (0: the SLA alone decides; docs/routing.md)")
     p.add_argument("--fcfs", action="store_true", help="what-if routing.shortest_prefill_first: false (the engines "
                    "keep arrival order within a priority class; docs/routing.md)")
     p.add_argument("--schedule", choices=["priority", SHORTEST_PREFILL_FIRST], default="priority",
