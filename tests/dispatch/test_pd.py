@@ -191,3 +191,33 @@ def test_a_request_no_decode_server_has_kv_headroom_for_is_a_503_before_any_leg(
     finally:
         gw.stop()
         st.stop()
+
+
+def test_prefill_dying_after_bootstrap_is_retried_before_the_commit_point(deployment):
+    """The prefill server restarts while it holds the request (the decode side waits for the room's KV): the client
+    still gets a whole answer, from another pair, and nothing stays reserved."""
+    import concurrent.futures
+
+    st, pre, dec, gw = deployment
+    long = [{"role": "user", "content": "a prompt long enough to keep a prefill busy for a while " * 3000}]
+
+    def holding() -> int | None:
+        for i, rep in enumerate(pre):
+            if any(r.rank.waiting or r.rank.running or r.rank.sending for r in rep.ranks):
+                return i
+        return None
+
+    with concurrent.futures.ThreadPoolExecutor(1) as ex:
+        fut = ex.submit(lambda: list(client(gw).chat.completions.create(
+            model="glm-5.2", messages=long, max_tokens=5, stream=True, extra_body={"ignore_eos": True})))
+        wait_until(lambda: holding() is not None and any(rk.rank.prealloc or rk.rank.transferring
+                                                         for d in dec for rk in d.ranks),
+                   what="both legs in flight")
+        i = holding()
+        assert i is not None
+        httpx.post(st.urls[i] + "/_sim/fault", json={"kind": "restart"})
+        chunks = fut.result(timeout=60)
+    assert chunks[-1].choices[0].finish_reason == "length"
+    # a fresh prefill leg served it (on the other server, or on the restarted one if the retry came after it was up)
+    assert sum(rk.rank.counters.requests for p in pre for rk in p.ranks) >= 1
+    wait_until(lambda: nothing_leaked(gw, pre, dec), what="load view and KV back to zero")
