@@ -48,6 +48,9 @@ from gateway.upstreams import CAPABILITIES, Target, TargetState
 # The request being dispatched, set by the dispatcher for the backend's call (what the pair decision reads: prefix
 # hashes, prompt estimate, the tenant's SLA). Unset (a direct backend call): estimated from the body.
 ROUTING_REQUEST: ContextVar[RoutingRequest | None] = ContextVar("gateway_pd_request", default=None)
+# What the last attempt of this request did on a PD pool, for the response header `x-gateway-pd` (api/openai/relay.py):
+# "<branch>" or "<branch>; prefill=<rank>". Unset for other pools.
+PD_CHOICE: ContextVar[str | None] = ContextVar("gateway_pd_choice", default=None)
 PIN_FIELDS = ("data_parallel_rank", "routed_dp_rank")
 PREFILL_ATTEMPTS = 2
 
@@ -118,6 +121,7 @@ class PdBackend:
             if metrics_registry is not None and self.pools else None
 
     async def open(self, target: Target, call: UpstreamCall) -> Opened:
+        PD_CHOICE.set(None)  # this attempt's, not an earlier one's on another pool
         pd = self.pools.get(target.pool)
         if pd is None:
             return await self.inner.open(target, call)
@@ -125,6 +129,7 @@ class PdBackend:
         if (isinstance(n, int) and n > 1) or (isinstance(prompt, list) and prompt and not isinstance(prompt[0], int)):
             if pd.cfg.local_prefill:
                 self._count(pd, "unified_batch")
+                PD_CHOICE.set("unified_batch")
                 return await self.inner.open(target, call)
             raise AttemptFailed("this pool serves prefill/decode disaggregated: one sequence per request (n = 1, one "
                                 "prompt)", status=400, param="n")
@@ -165,9 +170,11 @@ class PdBackend:
             if choice.branch == "no_prefill":
                 break
             if not choice.disaggregate:
+                PD_CHOICE.set(choice.branch)
                 return await self.inner.open(target, call)
             assert choice.prefill is not None
             rank = next(r for r in pd.ranks if r.name == choice.prefill.name)
+            PD_CHOICE.set(f"{choice.branch}; prefill={rank.name}")
             try:
                 return await self._pair(pd, rank, target, call, req, choice)
             except _PrefillFailed as e:
@@ -330,4 +337,4 @@ def _estimate_prompt(body: dict[str, Any]) -> int:
     return count_tokens(p) if isinstance(p, str) else 0
 
 
-__all__ = ["ROUTING_REQUEST", "PdBackend", "PdPool", "build_pools", "kv_fits"]
+__all__ = ["PD_CHOICE", "ROUTING_REQUEST", "PdBackend", "PdPool", "build_pools", "kv_fits"]

@@ -68,7 +68,10 @@ def test_both_legs_serve_the_request_streamed_and_not(deployment):
                                             stream_options={"include_usage": True}, extra_body={"ignore_eos": True}))
     assert chunks[-1].usage.completion_tokens == 30
     assert sum(rk.rank.counters.requests for p in pre for rk in p.ranks) == 2  # one prefill leg per request
-    assert pd_state(gw).branches["pd_fixed"] == 2
+    raw = c.chat.completions.with_raw_response.create(model="glm-5.2", messages=LONG, max_tokens=3)
+    assert raw.headers["x-gateway-pd"] in ("pd_fixed; prefill=prefill-0", "pd_fixed; prefill=prefill-1")
+    assert raw.headers["x-gateway-replica"].startswith("decode-")
+    assert pd_state(gw).branches["pd_fixed"] == 3
     wait_until(lambda: nothing_leaked(gw, pre, dec), what="load view and KV back to zero")
 
 
