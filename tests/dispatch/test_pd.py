@@ -12,9 +12,11 @@ import openai
 import pytest
 from openai import OpenAI
 
+from gateway.app import create_admin_app, create_app
+from gateway.config import hash_key, parse_config
 from gateway_lab.sim.pd import FABRIC
 from tests.gateway_fixtures import KEY_A, config, start_gateway
-from tests.helpers import start_pd_sims, wait_until
+from tests.helpers import ServerThread, start_pd_sims, wait_until
 
 LONG = [{"role": "user", "content": "explain prefill/decode disaggregation in detail " * 300}]
 
@@ -40,7 +42,7 @@ def deployment():
 
 
 def pd_state(gw):
-    return gw.call(lambda: gw.app.state.gateway.backends["sglang"].pools["pd"])
+    return gw.app.state.gateway.backends["sglang"].pools["pd"]
 
 
 def idle(reps) -> bool:
@@ -51,7 +53,7 @@ def idle(reps) -> bool:
 
 def nothing_leaked(gw, pre, dec) -> bool:
     load = pd_state(gw).load()
-    kv = gw.call(lambda: dict(gw.app.state.gateway.backends["sglang"].decode_kv))
+    kv = gw.call(lambda: dict(pd_state(gw).decode_kv))
     return all(v["queued_tokens"] == 0 and v["inflight"] == 0 for v in load.values()) and not kv and idle(pre + dec)
 
 
@@ -224,3 +226,22 @@ def test_prefill_dying_after_bootstrap_is_retried_before_the_commit_point(deploy
     # a fresh prefill leg served it (on the other server, or on the restarted one if the retry came after it was up)
     assert sum(rk.rank.counters.requests for p in pre for rk in p.ranks) >= 1
     wait_until(lambda: nothing_leaked(gw, pre, dec), what="load view and KV back to zero")
+
+
+def test_admin_state_shows_the_prefill_ranks_and_branches():
+    st, _, _, boots = start_pd_sims(1, 1)
+    cfg = config([pd_pool(st.urls[1:2], st.urls[0:1], boots)], admin={"token_hashes": [hash_key("adm-token")]})
+    app = create_app(parse_config(cfg))
+    gw = ServerThread([app, create_admin_app(app)]).start()
+    try:
+        OpenAI(base_url=gw.urls[0] + "/v1", api_key=KEY_A, max_retries=0).chat.completions.create(
+            model="glm-5.2", messages=LONG, max_tokens=3)
+        state = httpx.get(gw.urls[1] + "/admin/state", headers={"authorization": "Bearer adm-token"}).json()
+        pd = state["pools"][0]["pd"]
+        assert pd["branches"] == {"pd_fixed": 1} and pd["decide"] == "always"
+        assert [(p["name"], p["circuit"], p["bootstrap_port"]) for p in pd["prefill"]] == [("prefill-0", "closed", boots[0])]
+        wait_until(lambda: httpx.get(gw.urls[1] + "/admin/state", headers={"authorization": "Bearer adm-token"}).json()
+                   ["pools"][0]["pd"]["prefill"][0]["inflight"] == 0, what="the prefill leg released")
+    finally:
+        gw.stop()
+        st.stop()
