@@ -245,3 +245,25 @@ def test_admin_state_shows_the_prefill_ranks_and_branches():
     finally:
         gw.stop()
         st.stop()
+
+
+def test_the_room_puts_the_prefill_leg_on_the_chosen_dp_rank():
+    """A prefill server with 2 DP ranks: SGLang sends room r to rank r % 2, so the gateway picks the rank by picking
+    the room; a repeated prompt follows its prefix to the same rank, and a different one may go to the other."""
+    st, pre, dec, boots = start_pd_sims(1, 1, dp_size=2)
+    p = pd_pool(st.urls[1:2], st.urls[0:1], boots)
+    p["disaggregation"]["prefill"][0]["dp_size"] = 2
+    gw = start_gateway(config([p]))
+    try:
+        c = client(gw)
+        for _ in range(3):
+            r = c.chat.completions.with_raw_response.create(model="glm-5.2", messages=LONG, max_tokens=2)
+        first = r.headers["x-gateway-pd"].split("prefill=")[1]
+        assert first in ("prefill-0/dp0", "prefill-0/dp1")
+        k = int(first[-1])
+        assert [rk.rank.counters.requests for rk in pre[0].ranks][k] == 3
+        assert pre[0].ranks[k].rank.counters.cached_tokens > 0
+        wait_until(lambda: nothing_leaked(gw, pre, dec), what="load view and KV back to zero")
+    finally:
+        gw.stop()
+        st.stop()
