@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Start one SGLang server per TP4 group of an 8-GPU node (GPUs 0-3 on $BASE_PORT, 4-7 on $BASE_PORT+1), with the
 # settings every pool here shares; the per-vendor scripts beside this file set MODEL, BASE_PORT, DEVICES_VAR and
-# EXTRA_FLAGS. One server per group (not `--tp 4 --dp 2`, which hides two KV caches behind one port) lets the
+# EXTRA_FLAGS (and BOOTSTRAP_BASE for PD prefill servers: group g's bootstrap port is BOOTSTRAP_BASE + g). One server per group (not `--tp 4 --dp 2`, which hides two KV caches behind one port) lets the
 # gateway see and route to each group's cache and load separately.
 set -euo pipefail
 : "${MODEL:?}" "${BASE_PORT:?}" "${DEVICES_VAR:?}"
@@ -37,6 +37,7 @@ for g in 0 1; do
     --enable-metrics \
     $SCHED_FLAGS \
     ${EXTRA_FLAGS:-} \
+    ${BOOTSTRAP_BASE:+--disaggregation-bootstrap-port $((BOOTSTRAP_BASE + g))} \
     > "sglang-$BASE_PORT-tp4-$g.log" 2>&1 &
 done
 wait

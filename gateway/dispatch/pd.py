@@ -48,6 +48,9 @@ from gateway.upstreams import CAPABILITIES, Target, TargetState
 # The request being dispatched, set by the dispatcher for the backend's call (what the pair decision reads: prefix
 # hashes, prompt estimate, the tenant's SLA). Unset (a direct backend call): estimated from the body.
 ROUTING_REQUEST: ContextVar[RoutingRequest | None] = ContextVar("gateway_pd_request", default=None)
+# What the last attempt of this request did on a PD pool, for the response header `x-gateway-pd` (api/openai/relay.py):
+# "<branch>" or "<branch>; prefill=<rank>". Unset for other pools.
+PD_CHOICE: ContextVar[str | None] = ContextVar("gateway_pd_choice", default=None)
 PIN_FIELDS = ("data_parallel_rank", "routed_dp_rank")
 PREFILL_ATTEMPTS = 2
 
@@ -74,6 +77,7 @@ class PdPool:
     ranks: list[PrefillRank]
     index: MemoryPrefixIndex
     branches: Counter[str] = field(default_factory=Counter)
+    decode_kv: Counter[str] = field(default_factory=Counter)  # decode target -> KV of this instance's requests there
 
     def load(self) -> dict[str, dict[str, float]]:
         """The prefill load view (admin state, tests): what this instance has sent and not yet seen end."""
@@ -110,7 +114,6 @@ class PdBackend:
         self.chunk_tokens = cfg.routing.chunk_tokens
         self.sla_s = cfg.routing.ttft_sla_ms / 1000
         self.ttl_s = cfg.routing.residency_ttl_s
-        self.decode_kv: Counter[str] = Counter()  # decode target -> KV tokens of this instance's requests there
         self.decisions = PromCounter("gateway_pd_decisions", "PD pool pair decisions by branch (routing/pd.py)",
                                      ["pool", "branch"], registry=metrics_registry) if metrics_registry is not None and self.pools else None
         self.prefill_failures = PromCounter("gateway_pd_prefill_failures", "prefill legs that failed before the "
@@ -118,6 +121,7 @@ class PdBackend:
             if metrics_registry is not None and self.pools else None
 
     async def open(self, target: Target, call: UpstreamCall) -> Opened:
+        PD_CHOICE.set(None)  # this attempt's, not an earlier one's on another pool
         pd = self.pools.get(target.pool)
         if pd is None:
             return await self.inner.open(target, call)
@@ -125,6 +129,7 @@ class PdBackend:
         if (isinstance(n, int) and n > 1) or (isinstance(prompt, list) and prompt and not isinstance(prompt[0], int)):
             if pd.cfg.local_prefill:
                 self._count(pd, "unified_batch")
+                PD_CHOICE.set("unified_batch")
                 return await self.inner.open(target, call)
             raise AttemptFailed("this pool serves prefill/decode disaggregated: one sequence per request (n = 1, one "
                                 "prompt)", status=400, param="n")
@@ -135,11 +140,11 @@ class PdBackend:
             raise AttemptFailed(f"decode server {target.name} has too little free KV for this request's prompt and "
                                 "output", status=503, overloaded=True, leg="decode_kv")
         need = req.pd.prompt_tokens + req.pd.output_tokens
-        self.decode_kv[target.name] += need  # released when the answer is closed, or the attempt fails
+        pd.decode_kv[target.name] += need  # released when the answer is closed, or the attempt fails
         try:
             opened = await self._open(pd, target, call, req, view)
         except BaseException:
-            self._release_kv(target.name, need)
+            _release(pd.decode_kv, target.name, need)
             raise
         inner_close = opened.close
 
@@ -147,14 +152,22 @@ class PdBackend:
             try:
                 await inner_close()
             finally:
-                self._release_kv(target.name, need)
+                _release(pd.decode_kv, target.name, need)
 
         return replace(opened, close=close)
 
-    def _release_kv(self, name: str, tokens: int) -> None:
-        self.decode_kv[name] -= tokens
-        if self.decode_kv[name] <= 0:
-            del self.decode_kv[name]
+    def admin_state(self, pool: str) -> dict[str, Any] | None:
+        """A PD pool's part of /admin/state: its prefill ranks (circuit, load view), this instance's KV count per
+        decode server, and the decision's branch counts."""
+        pd = self.pools.get(pool)
+        if pd is None:
+            return None
+        return {"prefill": [{"name": r.name, "server": r.server, "bootstrap_port": r.bootstrap_port,
+                             "circuit": r.target.breaker.state.value, "queued_tokens": round(r.queued_tokens),
+                             "inflight": r.inflight} for r in pd.ranks],
+                "decode_kv_tokens": dict(pd.decode_kv),
+                "decide": pd.cfg.decide, "branches": dict(pd.branches)}
+
 
     async def _open(self, pd: PdPool, target: Target, call: UpstreamCall, req: _Req, view: DecodeView) -> Opened:
         tried: set[str] = set()
@@ -165,9 +178,11 @@ class PdBackend:
             if choice.branch == "no_prefill":
                 break
             if not choice.disaggregate:
+                PD_CHOICE.set(choice.branch)
                 return await self.inner.open(target, call)
             assert choice.prefill is not None
             rank = next(r for r in pd.ranks if r.name == choice.prefill.name)
+            PD_CHOICE.set(f"{choice.branch}; prefill={rank.name}")
             try:
                 return await self._pair(pd, rank, target, call, req, choice)
             except _PrefillFailed as e:
@@ -201,7 +216,7 @@ class PdBackend:
         load = target.engine_load
         t = target.timing
         return DecodeView(target.name, load.inflight if load else 0.0, t.max_running, t.kv_capacity_tokens,
-                          self.decode_kv.get(target.name, 0), load.queued_prefill_tokens if load else 0.0, 0, True)
+                          pd.decode_kv.get(target.name, 0), load.queued_prefill_tokens if load else 0.0, 0, True)
 
     def _count(self, pd: PdPool, branch: str) -> None:
         pd.branches[branch] += 1
@@ -316,6 +331,12 @@ async def _cancel(task: asyncio.Task[Any]) -> None:
         await res.close()
 
 
+def _release(counts: Counter[str], name: str, tokens: int) -> None:
+    counts[name] -= tokens
+    if counts[name] <= 0:
+        del counts[name]
+
+
 def _kv_failure(e: AttemptFailed) -> bool:
     """SGLang's decode-side aborts for a room whose KV did not arrive (transfer failed, bootstrap unreachable)."""
     m = e.message.lower()
@@ -330,4 +351,4 @@ def _estimate_prompt(body: dict[str, Any]) -> int:
     return count_tokens(p) if isinstance(p, str) else 0
 
 
-__all__ = ["ROUTING_REQUEST", "PdBackend", "PdPool", "build_pools", "kv_fits"]
+__all__ = ["PD_CHOICE", "ROUTING_REQUEST", "PdBackend", "PdPool", "build_pools", "kv_fits"]

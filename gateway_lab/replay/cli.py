@@ -240,7 +240,7 @@ def _run(args: argparse.Namespace) -> int:
 
 def _run_pd(trace: list[Any], args: argparse.Namespace) -> int:
     from gateway_lab.replay.pd import HEADERS as PD_HEADERS
-    from gateway_lab.replay.pd import compare
+    from gateway_lab.replay.pd import compare, trace_arrivals
 
     p, sep, d = args.pd.partition(":")
     if not sep or not p.isdigit() or not d.isdigit() or int(p) < 1 or int(d) < 1:
@@ -259,10 +259,11 @@ def _run_pd(trace: list[Any], args: argparse.Namespace) -> int:
         return bars[-1].update
 
     t0 = time.perf_counter()
-    results = compare(trace, int(p), int(d), routing, args.speed, args.itl_sla_ms / 1000, progress)
+    span = trace[-1].timestamp_ms / 1000 / args.speed
+    results = compare(trace_arrivals(trace, routing, args.speed), span, int(p), int(d), routing,
+                      args.itl_sla_ms / 1000, progress)
     for b in bars:
         b.close()
-    span = trace[-1].timestamp_ms / 1000 / args.speed
     print(f"\n{args.trace}: {len(trace)} requests over {span:.0f} s (speed {args.speed:g}); {int(p) + int(d)} MI355X "
           f"TP4 ranks per run; TTFT SLA {routing.ttft_sla_ms / 1000:.2f} s, ITL target {args.itl_sla_ms:g} ms; "
           f"{time.perf_counter() - t0:.0f} s wall")

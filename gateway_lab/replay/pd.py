@@ -19,10 +19,13 @@ and the decision's branch counts.
 from __future__ import annotations
 
 import functools
+import random
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from gateway.config import PoolTiming, Routing
 from gateway.pd_config import Disaggregation
@@ -74,6 +77,12 @@ HEADERS = ["run", "requests", "TTFT p50 (s)", "TTFT p95 (s)", "ITL p95 (ms)", "I
            "goodput (req/s)", "branches"]
 
 
+def markdown(results: Sequence[PdResult]) -> str:
+    rows = [HEADERS] + [[str(c) for c in r.row()] for r in results]
+    return "\n".join(["| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(HEADERS)]
+                     + ["| " + " | ".join(r) + " |" for r in rows[1:]])
+
+
 def summarize(label: str, done: Sequence[Done], gaps: list[tuple[float, int]], sla: float, itl_sla: float,
               span: float) -> PdResult:
     ok = [d for d in done if d.ttft is not None and d.end is not None]
@@ -108,13 +117,61 @@ def _jobs(trace: Sequence[TraceRecord], routing: Routing, page: int, speed: floa
         yield r.timestamp_ms / 1000 / speed, functools.partial(to_job, r, i, routing.chunk_tokens, page, sla)
 
 
-def run_unified(trace: Sequence[TraceRecord], ranks: int, routing: Routing, speed: float = 1.0,
+Arrivals = Callable[[], Iterator[tuple[float, Callable[[], Job]]]]  # a fresh iterator per run
+
+
+def wafer_arrivals(ranks: int, rps: float, duration: float, routing: Routing, seed: int = 0,
+                   groups_per_rank: int = 8) -> Arrivals:
+    """The Wafer workload (`sim/fleet.py` run_fleet): Poisson arrivals, 20k-token prompts = one of the groups' 12k
+    shared prefix + 8k new tokens, 1k output tokens. Cold: no group is cached at the start."""
+    from gateway.prefix.hashing import chain, group_key
+    from gateway.routing.request import RoutingRequest
+    from gateway_lab.sim.radix_cache import PrefixCache
+
+    chunk = routing.chunk_tokens
+    pages = PrefixCache(profile("mi355x-glm52-tp4").page_size)
+    sla = routing.ttft_sla_ms / 1000
+
+    def arrivals() -> Iterator[tuple[float, Callable[[], Job]]]:
+        rng = random.Random(seed)
+        nrng = np.random.default_rng(seed)
+        n_groups = groups_per_rank * ranks
+        prefixes = [nrng.integers(0, 150_000, 12_000, dtype=np.uint32) for _ in range(n_groups)]
+        seed_bytes = b"glm-5.2\x00tenant"
+        ghash = [chain(seed_bytes, [p[k * chunk:(k + 1) * chunk].tobytes() for k in range(12_000 // chunk)])
+                 for p in prefixes]
+        t, i = 0.0, 0
+        while True:
+            t += rng.expovariate(rps)
+            if t > duration:
+                return
+            g = rng.randrange(n_groups)
+
+            def make(g: int = g, i: int = i) -> Job:
+                tokens = np.concatenate([prefixes[g], nrng.integers(0, 150_000, 8_000, dtype=np.uint32)])
+                tail = (int(x) for x in nrng.integers(-2**63, 2**63 - 1, 20_000 // chunk - len(ghash[g]), dtype=np.int64))
+                hashes = (*ghash[g], *tail)
+                req = RoutingRequest(f"w{i}", "tenant", "glm-5.2", "chat/completions", True, 20_000, 1000, hashes,
+                                     sla, "cost", "spill", group_key(hashes, i))
+                return Job(req, pages.page_keys(tokens, "tenant"), 20_000, 1000)
+
+            yield t, make
+            i += 1
+
+    return arrivals
+
+
+def trace_arrivals(trace: Sequence[TraceRecord], routing: Routing, speed: float = 1.0) -> Arrivals:
+    return lambda: _jobs(trace, routing, profile("mi355x-glm52-tp4").page_size, speed)
+
+
+def run_unified(arrivals: Arrivals, ranks: int, routing: Routing,
                 progress: Callable[[], None] | None = None) -> tuple[list[Done], list[tuple[float, int]]]:
     gaps: list[tuple[float, int]] = []
     targets = mi355x_targets(ranks)
     fleet = Fleet(targets, routing, itl=gaps)
     fleet.on_arrival = progress
-    fleet.feed(_jobs(trace, routing, targets[0][1].page_size, speed))
+    fleet.feed(arrivals())
     recs = fleet.run()
     return [Done(r.arrival, r.prompt, r.output, r.branch, r.cached, r.ttft, r.end) for r in recs], gaps
 
@@ -259,27 +316,26 @@ class PdFleet:
         d.kick()
 
 
-def run_pd(trace: Sequence[TraceRecord], prefill: int, decode: int, decide_mode: str, routing: Routing,
-           speed: float = 1.0, progress: Callable[[], None] | None = None) -> tuple[list[Done], list[tuple[float, int]]]:
+def run_pd(arrivals: Arrivals, prefill: int, decode: int, decide_mode: str, routing: Routing,
+           progress: Callable[[], None] | None = None) -> tuple[list[Done], list[tuple[float, int]]]:
     disagg = Disaggregation.model_validate({"prefill": [{"name": f"p{i}", "url": "http://sim"} for i in range(prefill)],
                                             "decide": decide_mode, "local_prefill": decide_mode == "auto"})
     fleet = PdFleet(prefill, decode, disagg, routing)
     fleet.on_arrival = progress
-    fleet.feed(_jobs(trace, routing, profile("mi355x-glm52-tp4").page_size, speed))
+    fleet.feed(arrivals())
     fleet.run()
     return fleet.done, fleet.gaps
 
 
-def compare(trace: Sequence[TraceRecord], prefill: int, decode: int, routing: Routing, speed: float = 1.0,
-            itl_sla_s: float = 0.03, progress: Callable[[str], Callable[[], None] | None] | None = None) -> list[PdResult]:
-    """The three runs on equal GPU counts, summarized side by side."""
+def compare(arrivals: Arrivals, span: float, prefill: int, decode: int, routing: Routing, itl_sla_s: float = 0.03,
+            progress: Callable[[str], Callable[[], None] | None] | None = None) -> list[PdResult]:
+    """The three runs on equal GPU counts, summarized side by side (`span`: seconds of arrivals, for goodput)."""
     sla = routing.ttft_sla_ms / 1000
-    span = trace[-1].timestamp_ms / 1000 / speed if trace else 0.0
     out = []
     runs: list[tuple[str, Callable[[Callable[[], None] | None], tuple[list[Done], list[tuple[float, int]]]]]] = [
-        (f"unified x{prefill + decode}", lambda cb: run_unified(trace, prefill + decode, routing, speed, cb)),
-        (f"pd fixed {prefill}:{decode}", lambda cb: run_pd(trace, prefill, decode, "always", routing, speed, cb)),
-        (f"pd auto {prefill}:{decode}", lambda cb: run_pd(trace, prefill, decode, "auto", routing, speed, cb)),
+        (f"unified x{prefill + decode}", lambda cb: run_unified(arrivals, prefill + decode, routing, cb)),
+        (f"pd fixed {prefill}:{decode}", lambda cb: run_pd(arrivals, prefill, decode, "always", routing, cb)),
+        (f"pd auto {prefill}:{decode}", lambda cb: run_pd(arrivals, prefill, decode, "auto", routing, cb)),
     ]
     for label, fn in runs:
         done, gaps = fn(progress(label) if progress else None)

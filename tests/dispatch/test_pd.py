@@ -12,9 +12,11 @@ import openai
 import pytest
 from openai import OpenAI
 
+from gateway.app import create_admin_app, create_app
+from gateway.config import hash_key, parse_config
 from gateway_lab.sim.pd import FABRIC
 from tests.gateway_fixtures import KEY_A, config, start_gateway
-from tests.helpers import start_pd_sims, wait_until
+from tests.helpers import ServerThread, start_pd_sims, wait_until
 
 LONG = [{"role": "user", "content": "explain prefill/decode disaggregation in detail " * 300}]
 
@@ -40,7 +42,7 @@ def deployment():
 
 
 def pd_state(gw):
-    return gw.call(lambda: gw.app.state.gateway.backends["sglang"].pools["pd"])
+    return gw.app.state.gateway.backends["sglang"].pools["pd"]
 
 
 def idle(reps) -> bool:
@@ -51,7 +53,7 @@ def idle(reps) -> bool:
 
 def nothing_leaked(gw, pre, dec) -> bool:
     load = pd_state(gw).load()
-    kv = gw.call(lambda: dict(gw.app.state.gateway.backends["sglang"].decode_kv))
+    kv = gw.call(lambda: dict(pd_state(gw).decode_kv))
     return all(v["queued_tokens"] == 0 and v["inflight"] == 0 for v in load.values()) and not kv and idle(pre + dec)
 
 
@@ -68,7 +70,10 @@ def test_both_legs_serve_the_request_streamed_and_not(deployment):
                                             stream_options={"include_usage": True}, extra_body={"ignore_eos": True}))
     assert chunks[-1].usage.completion_tokens == 30
     assert sum(rk.rank.counters.requests for p in pre for rk in p.ranks) == 2  # one prefill leg per request
-    assert pd_state(gw).branches["pd_fixed"] == 2
+    raw = c.chat.completions.with_raw_response.create(model="glm-5.2", messages=LONG, max_tokens=3)
+    assert raw.headers["x-gateway-pd"] in ("pd_fixed; prefill=prefill-0", "pd_fixed; prefill=prefill-1")
+    assert raw.headers["x-gateway-replica"].startswith("decode-")
+    assert pd_state(gw).branches["pd_fixed"] == 3
     wait_until(lambda: nothing_leaked(gw, pre, dec), what="load view and KV back to zero")
 
 
@@ -187,6 +192,77 @@ def test_a_request_no_decode_server_has_kv_headroom_for_is_a_503_before_any_leg(
         assert e.value.status_code == 503
         assert pd_state(gw).branches["decode_kv_full"] == 2
         assert sum(rk.rank.counters.requests for rk in pre[0].ranks) == 1
+        wait_until(lambda: nothing_leaked(gw, pre, dec), what="load view and KV back to zero")
+    finally:
+        gw.stop()
+        st.stop()
+
+
+def test_prefill_dying_after_bootstrap_is_retried_before_the_commit_point(deployment):
+    """The prefill server restarts while it holds the request (the decode side waits for the room's KV): the client
+    still gets a whole answer, from another pair, and nothing stays reserved."""
+    import concurrent.futures
+
+    st, pre, dec, gw = deployment
+    long = [{"role": "user", "content": "a prompt long enough to keep a prefill busy for a while " * 3000}]
+
+    def holding() -> int | None:
+        for i, rep in enumerate(pre):
+            if any(r.rank.waiting or r.rank.running or r.rank.sending for r in rep.ranks):
+                return i
+        return None
+
+    with concurrent.futures.ThreadPoolExecutor(1) as ex:
+        fut = ex.submit(lambda: list(client(gw).chat.completions.create(
+            model="glm-5.2", messages=long, max_tokens=5, stream=True, extra_body={"ignore_eos": True})))
+        wait_until(lambda: holding() is not None and any(rk.rank.prealloc or rk.rank.transferring
+                                                         for d in dec for rk in d.ranks),
+                   what="both legs in flight")
+        i = holding()
+        assert i is not None
+        httpx.post(st.urls[i] + "/_sim/fault", json={"kind": "restart"})
+        chunks = fut.result(timeout=60)
+    assert chunks[-1].choices[0].finish_reason == "length"
+    # a fresh prefill leg served it (on the other server, or on the restarted one if the retry came after it was up)
+    assert sum(rk.rank.counters.requests for p in pre for rk in p.ranks) >= 1
+    wait_until(lambda: nothing_leaked(gw, pre, dec), what="load view and KV back to zero")
+
+
+def test_admin_state_shows_the_prefill_ranks_and_branches():
+    st, _, _, boots = start_pd_sims(1, 1)
+    cfg = config([pd_pool(st.urls[1:2], st.urls[0:1], boots)], admin={"token_hashes": [hash_key("adm-token")]})
+    app = create_app(parse_config(cfg))
+    gw = ServerThread([app, create_admin_app(app)]).start()
+    try:
+        OpenAI(base_url=gw.urls[0] + "/v1", api_key=KEY_A, max_retries=0).chat.completions.create(
+            model="glm-5.2", messages=LONG, max_tokens=3)
+        state = httpx.get(gw.urls[1] + "/admin/state", headers={"authorization": "Bearer adm-token"}).json()
+        pd = state["pools"][0]["pd"]
+        assert pd["branches"] == {"pd_fixed": 1} and pd["decide"] == "always"
+        assert [(p["name"], p["circuit"], p["bootstrap_port"]) for p in pd["prefill"]] == [("prefill-0", "closed", boots[0])]
+        wait_until(lambda: httpx.get(gw.urls[1] + "/admin/state", headers={"authorization": "Bearer adm-token"}).json()
+                   ["pools"][0]["pd"]["prefill"][0]["inflight"] == 0, what="the prefill leg released")
+    finally:
+        gw.stop()
+        st.stop()
+
+
+def test_the_room_puts_the_prefill_leg_on_the_chosen_dp_rank():
+    """A prefill server with 2 DP ranks: SGLang sends room r to rank r % 2, so the gateway picks the rank by picking
+    the room; a repeated prompt follows its prefix to the same rank, and a different one may go to the other."""
+    st, pre, dec, boots = start_pd_sims(1, 1, dp_size=2)
+    p = pd_pool(st.urls[1:2], st.urls[0:1], boots)
+    p["disaggregation"]["prefill"][0]["dp_size"] = 2
+    gw = start_gateway(config([p]))
+    try:
+        c = client(gw)
+        for _ in range(3):
+            r = c.chat.completions.with_raw_response.create(model="glm-5.2", messages=LONG, max_tokens=2)
+        first = r.headers["x-gateway-pd"].split("prefill=")[1]
+        assert first in ("prefill-0/dp0", "prefill-0/dp1")
+        k = int(first[-1])
+        assert [rk.rank.counters.requests for rk in pre[0].ranks][k] == 3
+        assert pre[0].ranks[k].rank.counters.cached_tokens > 0
         wait_until(lambda: nothing_leaked(gw, pre, dec), what="load view and KV back to zero")
     finally:
         gw.stop()

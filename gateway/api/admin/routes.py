@@ -39,6 +39,7 @@ from gateway.config import PerTokenPricing, error_location
 from gateway.control import history
 from gateway.control.state import PoolOverride, TenantOverride
 from gateway.control.store import StoreUnavailable
+from gateway.dispatch.pd import PdBackend
 from gateway.errors import (
     AuthenticationFailed,
     Conflict,
@@ -153,6 +154,9 @@ async def state(request: Request, uncached_tokens: int = Query(8000, ge=0, le=10
         assert first is not None  # every configured pool has at least one target
         pools.append({"name": pool.name, "kind": pool.kind, "weight": first.weight,
                       "pricing": first.pricing.model_dump() if first.pricing else None, "replicas": reps})
+        backend = st.backends.get("sglang")
+        if isinstance(backend, PdBackend) and (pd := backend.admin_state(pool.name)) is not None:
+            pools[-1]["pd"] = pd  # a PD pool: its prefill ranks, decode KV counts and branch counts
     cs = st.control.state
     return JSONResponse({"pools": pools, "prefix_index_entries": await st.index.size(),
                          "drained": sorted(cs.drained),

@@ -13,7 +13,7 @@ import pytest
 
 from gateway.config import Routing
 from gateway.recording.trace import read_trace
-from gateway_lab.replay.pd import compare, run_pd
+from gateway_lab.replay.pd import compare, run_pd, trace_arrivals, wafer_arrivals
 from gateway_lab.sim.pd import DecodeRank, PrefillRank
 from tests.helpers import env_without_proxies
 
@@ -45,7 +45,7 @@ def trace_file(tmp_path_factory) -> str:
 def test_pd_fleet_serves_every_request_and_releases_everything(trace_file):
     trace = read_trace(trace_file, 150)
     for mode, branches in (("always", {"pd_fixed"}), ("auto", None)):
-        done, gaps = run_pd(trace, 2, 2, mode, Routing())
+        done, gaps = run_pd(trace_arrivals(trace, Routing()), 2, 2, mode, Routing())
         assert len(done) == 150 and all(d.ttft is not None and d.end is not None for d in done)
         if branches:
             assert {d.branch for d in done} == branches
@@ -73,7 +73,8 @@ def test_pd_fleet_ranks_end_idle(trace_file):
 
 
 def test_compare_has_the_three_runs(trace_file):
-    rows = compare(read_trace(trace_file, 120), 1, 1, Routing())
+    trace = read_trace(trace_file, 120)
+    rows = compare(trace_arrivals(trace, Routing()), trace[-1].timestamp_ms / 1000, 1, 1, Routing())
     assert [r.label for r in rows] == ["unified x2", "pd fixed 1:1", "pd auto 1:1"]
     assert all(r.requests == 120 for r in rows)
     assert rows[1].branches == {"pd_fixed": 120}
@@ -87,3 +88,10 @@ def test_cli_prints_the_table(trace_file):
     bad = subprocess.run([sys.executable, "-m", "gateway.cli", "replay", trace_file, "--pd", "0:2"], capture_output=True,
                          text=True, timeout=60, env=env_without_proxies())
     assert bad.returncode == 2 and "--pd expects P:D" in bad.stderr
+
+
+def test_the_wafer_workload_runs_through_all_three():
+    """20k-token prompts sharing 12k-token group prefixes: the PD runs hit the group prefixes on the prefill ranks."""
+    rows = compare(wafer_arrivals(2, 0.8, 40.0, Routing()), 40.0, 1, 1, Routing())
+    assert [r.requests for r in rows] == [rows[0].requests] * 3 and rows[0].requests > 20
+    assert rows[1].hit_rate > 0.2  # the 12k group prefixes (60% of each prompt) are found again after first use
