@@ -118,7 +118,7 @@ def test_explain_predicts_with_the_keys_live_traffic_uses(fleet: Fleet) -> None:
     events = fleet.metric("gateway_kv_events_index_answers_total", source="events")
     body = {"tenant": "tenant-a", "request": {"model": "glm-5.2", "messages": [{"role": "user", "content": text}],
                                               "max_tokens": 2}}
-    r = httpx.post(f"{fleet.url}/admin/explain", json=body, headers={"authorization": "Bearer admin-secret"}, timeout=30)
+    r = httpx.post(f"{fleet.gw.admin_url}/admin/explain", json=body, headers={"authorization": "Bearer admin-secret"}, timeout=30)
     assert r.status_code == 200, r.text
     d = r.json()["decision"]
     assert d["branch"] == "prefix_hit" and d["chosen"] == first.headers["x-gateway-replica"], d
