@@ -200,11 +200,14 @@ def _is_time(key: str) -> bool:
     return key == "at" or key.endswith("_at")
 
 
+HIDDEN = {"undo"}  # an audit entry's inverse change: for the API's undo, not for reading (-o json shows it)
+
+
 def auto_table(rows: list[dict[str, Any]]) -> str:
     """Columns: the rows' keys in first-seen order; times as ISO."""
     keys: list[str] = []
     for r in rows:
-        keys += [k for k in r if k not in keys]
+        keys += [k for k in r if k not in keys and k not in HIDDEN]
     return table(rows, [(k.upper(), col(k, iso if _is_time(k) else cell)) for k in keys])
 
 

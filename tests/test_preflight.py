@@ -80,8 +80,9 @@ def test_gateway_check_passes_a_well_configured_pool(tmp_path):
 
 
 def test_a_running_gateway_names_misconfigured_replicas_in_readyz_metrics_and_logs(caplog):
-    """At start the poller's preflight finds the missing cache report: one warning line, the gauge at 1, a /readyz
-    detail — and the instance stays ready (a misconfigured replica still serves)."""
+    """At start the poller's preflight finds the missing cache report: one event line, the gauge at 1, a /readyz
+    detail — and the instance stays ready (a misconfigured replica still serves). Fixed while it runs (no restart),
+    the finding clears at the next reconcile: readyz, the gauge and a `replica_preflight_ok` line."""
     sims, _ = start_sims(1, enable_cache_report=False)
     gw = start_gateway(config([sglang_pool("p", sims.urls)], routing={"load_poll_s": 0.1}))
     try:
@@ -93,8 +94,15 @@ def test_a_running_gateway_names_misconfigured_replicas_in_readyz_metrics_and_lo
         assert body["status"] == "ready" and body["misconfigured_replicas"] == {"p-0": ["cache_report"]}
         metrics = httpx.get(f"{gw.admin_url}/metrics").text
         assert 'gateway_replica_misconfigured{check="cache_report",pool="p",replica="p-0"} 1.0' in metrics
-        lines = [r.getMessage() for r in caplog.records if r.name == "gateway.engine" and "misconfigured" in r.getMessage()]
-        assert len(lines) == 1 and "p-0" in lines[0] and "cache_report" in lines[0] and "--enable-cache-report" in lines[0]
+        events = [r.fields for r in caplog.records if getattr(r, "fields", {}).get("event") == "replica_misconfigured"]
+        assert len(events) == 1 and events[0]["replica"] == "p-0" and events[0]["check"] == "cache_report"
+        assert "--enable-cache-report" in events[0]["message"]
+        httpx.post(sims.urls[0] + "/_sim/config", json={"enable_cache_report": True}).raise_for_status()
+        wait_until(lambda: "misconfigured_replicas" not in ready(), timeout=15, what="the finding cleared")
+        metrics = httpx.get(f"{gw.admin_url}/metrics").text
+        assert 'gateway_replica_misconfigured{check="cache_report",pool="p",replica="p-0"} 0.0' in metrics
+        ok = [r.fields for r in caplog.records if getattr(r, "fields", {}).get("event") == "replica_preflight_ok"]
+        assert ok and ok[0]["cleared"] == ["cache_report"]
     finally:
         gw.stop()
         sims.stop()

@@ -112,7 +112,7 @@ def test_a_redis_restart_is_not_an_outage(caplog):
             await warm_pool(client, 3)
             server.kill()
             server.start()  # same port, a new process
-            caplog.set_level(logging.WARNING, logger="gateway.events")
+            caplog.set_level(logging.WARNING, logger="gateway.shared_state")
             got = await ledger.reserve(tenant(), "after-restart", 0.01, 60)
             assert got.shared and guard.available and guard.down_reason is None and seen == []
             # the other two stale connections, each taken by a call at once
@@ -140,7 +140,7 @@ def test_a_redis_killed_and_not_restarted_is_away_on_the_first_call(caplog):
             ledger, guard, seen = budgets(client)
             await warm_pool(client, 2)
             server.kill(hard=True)
-            caplog.set_level(logging.WARNING, logger="gateway.shared_state")
+            caplog.set_level(logging.WARNING, logger="gateway.events")
             got = await ledger.reserve(tenant(), "after-kill", 0.01, 60)
             assert not got.shared and not guard.available and guard.down_reason == "unavailable"
             assert seen == [("budgets", "unavailable")]

@@ -24,6 +24,7 @@ from prometheus_client import Gauge
 from gateway import preflight
 from gateway.background import BackgroundTask
 from gateway.config import GatewayConfig, SGLangPool
+from gateway.observability.logging import log_event
 from gateway.prediction.ttft import LoadView
 from gateway.upstreams import Target, UpstreamRegistry
 
@@ -102,7 +103,10 @@ class EnginePoller:
         t = targets[0]
         reconnect = not self._reachable.get(server, False)
         try:
-            if reconnect:
+            # a server whose preflight failed is checked again at each /server_info read: fixed without going down
+            # (a flag changed, the pool's key rotated), its finding clears at the next reconcile, not at a restart
+            failing = (rep := self.reports.get(server)) is not None and not rep.ok
+            if reconnect or (info and failing):
                 targets = await self._preflight(server, t) or targets
             elif info:
                 targets = await self._server_info(server, t) or targets
@@ -137,7 +141,11 @@ class EnginePoller:
         self.reports[server] = rep
         for f in rep.findings:
             if old is None or f.check not in old.checks():
-                log.warning("replica %s of pool %s misconfigured: %s: %s", server, t.pool, f.check, f.message)
+                log_event("replica_misconfigured", pool=t.pool, replica=server, check=f.check, message=f.message)
+        cleared = sorted(set(old.checks() if old else []) - set(rep.checks()))
+        if cleared:
+            log_event("replica_preflight_ok", pool=t.pool, replica=server, cleared=cleared,
+                      still_failing=rep.checks() or None)
         if self.misconfigured is not None:
             for check in set(old.checks() if old else []) - set(rep.checks()):
                 self.misconfigured.labels(t.pool, server, check).set(0)

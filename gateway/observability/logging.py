@@ -1,11 +1,13 @@
 """The log stream: one JSON object per line on stderr, for every line the process writes through `logging`.
 
-Three kinds of line, told apart by `event`:
+The lines, told apart by `event`:
 - `request`: one per request, served or refused (`log_request`), with its request id and, when tracing is on, the
   trace and span ids of its span, so a line leads to its trace;
 - a state change (`log_event`): `breaker` (open / half_open / closed), `ejection`, `drain`, `override`, `pool_override`,
   `policy_reload`, `policy_error`, `policy_recovered`, `redis_away`, `redis_back`, `draining` (SIGTERM), `listening`
   — each its own line, so an on-call can grep or alert on one kind;
+- a line logged with `extra={"event": ...}` (dispatch/outliers.py: replica_ejected, replica_returned,
+  replica_ejection_held): an event line with those fields and its message in `msg`;
 - `log`: anything else logged by the gateway's modules or uvicorn (warnings, errors), its message in `msg`.
 
 Every line has `ts` (ISO 8601, UTC, milliseconds), `level` and `event`. Nothing is multi-line: a traceback is folded
@@ -35,6 +37,10 @@ def iso_utc(t: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole)) + f".{int((t - whole) * 1000):03d}Z"
 
 
+# what every LogRecord carries; anything else on a record came from `extra=`
+_RECORD_ATTRS = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "asctime", "taskName"}
+
+
 class JsonLines(logging.Formatter):
     """A record as one JSON line. A record built by `log_request`/`log_event` carries its fields (`record.fields`);
     any other becomes a `log` line with its message; an exception is folded into `exc`."""
@@ -44,6 +50,10 @@ class JsonLines(logging.Formatter):
         line: dict[str, Any] = {"ts": iso_utc(record.created), "level": record.levelname.lower()}
         if fields is not None:
             line.update(fields)
+        elif isinstance(getattr(record, "event", None), str):
+            # `log.warning(msg, extra={"event": ..., ...})`: an event line too, its fields from the extras
+            line.update({k: v for k, v in record.__dict__.items() if k not in _RECORD_ATTRS})
+            line["msg"] = record.getMessage()
         else:
             line.update({"event": "log", "logger": record.name, "msg": record.getMessage()})
         if record.exc_info:

@@ -95,7 +95,8 @@ class PolicyStore:
                 out.append(apply(self.cfg, t, fields) if fields else t)
             except LivePolicyError as e:
                 errors[t.name] = str(e)
-                log.error("live policy change for tenant %s set aside: %s (the policy file's values serve)", t.name, e)
+                log_event("policy_error", logging.ERROR, tenant=t.name, error=str(e), source="live change",
+                          serving="the policy file's values")
                 out.append(t)
         self.live_errors = errors
         return TenantIndex(out)

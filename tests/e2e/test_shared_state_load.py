@@ -108,7 +108,8 @@ def test_concurrent_burst_holds_budget_and_rate_limit_and_the_ledger_is_exact(fl
             assert day["spent_usd"] == pytest.approx(spent, rel=1e-9)
             assert day["reserved_usd"] == pytest.approx(0, abs=1e-12)
 
-        fell_back = [r.getMessage() for r in caplog.records if "fall back" in r.getMessage()]
+        fell_back = [r.getMessage() for r in caplog.records  # a fallback line, or Redis marked away (an event)
+                     if "fall back" in r.getMessage() or getattr(r, "fields", {}).get("event") == "redis_away"]
         assert fell_back == []
         for gw in (a, b):
             text = httpx.get(gw.admin_url + "/metrics").text

@@ -86,6 +86,24 @@ def test_a_traceback_is_folded_into_one_line():
     assert line["logger"] == "gateway.test" and "ValueError: boom" in line["exc"] and "Traceback" in line["exc"]
 
 
+def test_a_line_logged_with_an_event_in_its_extras_is_an_event_line():
+    """`log.warning(msg, extra={"event": ...})` (the outlier detector's ejections) is an event line carrying the
+    extras as fields and the message as `msg`."""
+    buf = io.StringIO()
+    h = logging.StreamHandler(buf)
+    h.setFormatter(JsonLines())
+    log = logging.getLogger("gateway.test")
+    log.addHandler(h)
+    try:
+        log.warning("replica %s ejected", "p-2", extra={"event": "replica_ejected", "replica": "p-2", "ejected_s": 30})
+    finally:
+        log.removeHandler(h)
+    line = orjson.loads(buf.getvalue())
+    assert (line["event"], line["replica"], line["ejected_s"], line["msg"]) == ("replica_ejected", "p-2", 30,
+                                                                               "replica p-2 ejected")
+    assert line["level"] == "warning" and ISO.match(line["ts"]) and "args" not in line and "lineno" not in line
+
+
 def test_one_request_line_with_its_request_and_trace_ids(stream):
     """A request line per request: timestamp, level, request id, and the trace and span ids of its span (the ids
     the exported span has), so a line leads to its trace; a refusal is a request line too."""
