@@ -2,19 +2,20 @@
 the gateway over real HTTP. Does routing see it, move new load off it, keep the fleet's TTFT, and take it back when
 the fault clears?
 
-    flock /tmp/heavy.lock .venv/bin/python -m loadtests.gray_failure --rate 6 --phase-s 60
+    flock /tmp/heavy.lock .venv/bin/python -m loadtests.gray_failure --rate 5 --phase-s 60
 
 Four simulated MI355X replicas (one process) and one gateway (`gateway serve`, admin API on its own port), steady
 Poisson arrivals of streamed chats (Wafer-shaped, smaller: 16 groups sharing a 2,000-token prefix, 4,000-token
-prompts, 64 output tokens). Per scenario: `phase-s` without a fault (the no-fault run), `phase-s` + 30 s with
-`POST /_sim/fault {"kind": "slow", "phase": ..., "factor": k}` on the last replica, then `phase-s` after
-`{"kind": "clear"}`. `/admin/state` is read every second.
+prompts, 64 output tokens). One run per scenario, each on fresh processes with the same seed (the same arrivals and
+prompts): the no-fault run, then each slowed phase. A run is `phase-s` warm; then `POST /_sim/fault {"kind": "slow",
+"phase": ..., "factor": k}` on the last replica (nothing in the no-fault run) for 30 s + `phase-s`; then `phase-s`
+after `{"kind": "clear"}`. `/admin/state` is read every second.
 
 Columns: when (after the fault) the slow replica's predicted TTFT passed twice its peers' median, and when it was
-ejected; its share of new requests without the fault, from 30 s into the fault to its end, and in the last 20 s after
-the clear; fleet TTFT p95 (and inter-token latency p95) over the same windows — the no-fault window is the last
-`phase-s - 30` s before the fault; when, after the clear, it was back in routing and took at least half its fair
-share over 10 s. Writes loadtests/out/gray_failure.json.
+ejected (and on which signals); its share of new requests in the no-fault run and in the slowed run from 30 s into the
+fault to its end, and in the last 20 s after the clear; fleet TTFT p95 and inter-token latency p95 over that fault
+window, the no-fault run's against the slowed run's; when, after the clear, it took at least half its fair share over
+10 s again. Writes loadtests/out/gray_failure.json.
 """
 
 from __future__ import annotations
@@ -178,33 +179,32 @@ def scenario(run: Run, phase: str, start: float, fault_at: float, clear_at: floa
     }
 
 
-async def drive(a: argparse.Namespace, sim: str, run: Run) -> list[dict[str, Any]]:
+async def drive(a: argparse.Namespace, run: Run, phase: str) -> dict[str, Any]:
+    """One run: `phase-s` warm, then the fault (none: nothing happens) for 30 s + `phase-s`, then `phase-s` after."""
     slow = f"mi355x-{REPLICAS - 1}"
-    slow_url = f"{sim}{a.sim_port + REPLICAS - 1}"
-    out = []
+    slow_url = f"http://127.0.0.1:{a.sim_port + REPLICAS - 1}"
     load = asyncio.create_task(run.load())
     poll = asyncio.create_task(run.poll())
     async with httpx.AsyncClient(timeout=10.0, trust_env=False) as c:
-        for phase in a.phases.split(","):
-            start = run.now()
-            await asyncio.sleep(a.phase_s)
-            fault_at = run.now()
+        start = run.now()
+        await asyncio.sleep(a.phase_s)
+        fault_at = run.now()
+        if phase != "none":
             r = await c.post(slow_url + "/_sim/fault", json={"kind": "slow", "phase": phase, "factor": a.factor})
             r.raise_for_status()
-            await asyncio.sleep(SETTLE_S + 15)
-            text = (await c.get(run.url + "/metrics")).text
-            lines = "\n".join(x for x in text.splitlines() if f'replica="{slow}"' in x and not x.startswith("#")
-                              and ("ejected" in x or "correction" in x or "ejections_total" in x
-                                   or "ttft_predicted" in x))
-            await asyncio.sleep(a.phase_s - 15)
-            clear_at = run.now()
+        await asyncio.sleep(SETTLE_S + 15)
+        text = (await c.get(run.url + "/metrics")).text
+        lines = "\n".join(x for x in text.splitlines() if f'replica="{slow}"' in x and not x.startswith("#")
+                          and ("ejected" in x or "correction" in x or "ejections_total" in x or "ttft_predicted" in x))
+        await asyncio.sleep(a.phase_s - 15)
+        clear_at = run.now()
+        if phase != "none":
             (await c.post(slow_url + "/_sim/fault", json={"kind": "clear"})).raise_for_status()
-            await asyncio.sleep(a.phase_s)
-            out.append(scenario(run, phase, start, fault_at, clear_at, run.now(), slow, lines))
-            print(json.dumps({k: v for k, v in out[-1].items() if k not in ("peak_state", "metrics_at_peak")}),
-                  file=sys.stderr)
+        await asyncio.sleep(a.phase_s)
+        out = scenario(run, phase, start, fault_at, clear_at, run.now(), slow, lines)
     run.stop = True
     await asyncio.gather(load, poll)
+    print(json.dumps({k: v for k, v in out.items() if k not in ("peak_state", "metrics_at_peak")}), file=sys.stderr)
     return out
 
 
@@ -217,19 +217,27 @@ def fmt(v: Any, pct: bool = False) -> str:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    head = ("| slowed | predicted TTFT 2x peers after | ejected after (why) | share: no fault / fault / after clear "
-            "| fleet TTFT p95: no fault / fault (Δ) | fleet ITL p95: no fault / fault | back in service after clear "
-            "| requests (failed) |\n|---|---|---|---|---|---|---|---|")
+    """Each slowed run next to the no-fault run (same seed: the same arrivals and prompts), over the same windows."""
+    none = next(r for r in rows if r["phase"] == "none")
+    head = ("| slowed | predicted TTFT 2x peers after | ejected after (why) | its share: no-fault run / fault / after "
+            "clear | fleet TTFT p95: no-fault run / fault (Δ) | fleet ITL p95: no-fault run / fault (Δ) | back in "
+            "service after clear | requests (failed) |\n|---|---|---|---|---|---|---|---|")
     out = [head]
+
+    def delta(x: float | None, base: float | None) -> str:
+        return "—" if not x or not base else f"{100 * (x / base - 1):+.0f}%"
+
     for r in rows:
-        d = (r["ttft_p95_fault"] / r["ttft_p95_base"] - 1) if r["ttft_p95_fault"] and r["ttft_p95_base"] else None
+        if r["phase"] == "none":
+            continue
+        ms = lambda v: None if v is None else 1000 * v  # noqa: E731
         out.append(
             f"| {r['phase']} x{r['factor']:g} | {fmt(r['predicted_rise_s'])} s | {fmt(r['ejected_s'])} s "
-            f"({', '.join(r['reasons']) or '—'}) | {fmt(r['share_base'], True)} / {fmt(r['share_fault'], True)} / "
-            f"{fmt(r['share_after'], True)} | {fmt(r['ttft_p95_base'])} / {fmt(r['ttft_p95_fault'])} s "
-            f"({'—' if d is None else f'{100 * d:+.0f}%'}) | {fmt(r['itl_p95_base'] and 1000 * r['itl_p95_base'])} / "
-            f"{fmt(r['itl_p95_fault'] and 1000 * r['itl_p95_fault'])} ms | {fmt(r['back_in_s'])} s | "
-            f"{r['requests']} ({r['failed']}) |")
+            f"({', '.join(r['reasons']) or '—'}) | {fmt(none['share_fault'], True)} / {fmt(r['share_fault'], True)} / "
+            f"{fmt(r['share_after'], True)} | {fmt(none['ttft_p95_fault'])} / {fmt(r['ttft_p95_fault'])} s "
+            f"({delta(r['ttft_p95_fault'], none['ttft_p95_fault'])}) | {fmt(ms(none['itl_p95_fault']))} / "
+            f"{fmt(ms(r['itl_p95_fault']))} ms ({delta(r['itl_p95_fault'], none['itl_p95_fault'])}) | "
+            f"{fmt(r['back_in_s'])} s | {r['requests']} ({r['failed']}) |")
     return "\n".join(out)
 
 
@@ -245,9 +253,6 @@ def main() -> None:
     ap.add_argument("--sim-port", type=int, default=18500)
     a = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="gray-"))
-    sim = Proc("sim", [sys.executable, "-m", "gateway.cli", "sim", "--enable-cache-report", "--replicas",
-                       str(REPLICAS), "--port", str(a.sim_port), "--stream-interval", "8", "--jitter", "0"],
-               f"http://127.0.0.1:{a.sim_port}/ping", log=work / "sim.log")
     cfg = {"models": [{"name": "glm-5.2", "pools": ["mi355x"]}],
            "pools": [{"name": "mi355x", "kind": "sglang", "model": "zai-org/GLM-5.2", "pricing": MI355X_PRICE,
                       "timing": wall_timing(MI355X_TIMING, 1.0),
@@ -258,23 +263,29 @@ def main() -> None:
            "observability": {"log_requests": False}, "timeouts": {"first_byte": 120, "total": 600, "idle": 120}}
     path = work / "gateway.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    gw = Proc("gateway", [sys.executable, "-m", "gateway.cli", "serve", "--config", str(path), "--port", str(a.port)],
-              f"http://127.0.0.1:{a.port}/healthz", log=work / "gateway.log")
-    try:
-        sim.wait_ready()
-        gw.wait_ready()
-        run = Run(a, f"http://127.0.0.1:{a.port}", f"http://127.0.0.1:{a.port + 1}")
-        rows = asyncio.run(drive(a, "http://127.0.0.1:", run))
-    finally:
-        gw.stop()
-        sim.stop()
+    phases = ["none", *[p for p in a.phases.split(",") if p != "none"]]
+    rows = []
+    for phase in phases:  # each on fresh simulators and a fresh gateway: caches and learned state start equal
+        sim = Proc("sim", [sys.executable, "-m", "gateway.cli", "sim", "--enable-cache-report", "--replicas",
+                           str(REPLICAS), "--port", str(a.sim_port), "--stream-interval", "8", "--jitter", "0"],
+                   f"http://127.0.0.1:{a.sim_port}/ping", log=work / f"sim-{phase}.log")
+        gw = Proc("gateway", [sys.executable, "-m", "gateway.cli", "serve", "--config", str(path), "--port",
+                              str(a.port)], f"http://127.0.0.1:{a.port}/healthz", log=work / f"gateway-{phase}.log")
+        try:
+            sim.wait_ready()
+            gw.wait_ready()
+            run = Run(a, f"http://127.0.0.1:{a.port}", f"http://127.0.0.1:{a.port + 1}")
+            rows.append(asyncio.run(drive(a, run, phase)))
+        finally:
+            gw.stop()
+            sim.stop()
     out = Path(__file__).parent / "out"
     out.mkdir(exist_ok=True)
     (out / "gray_failure.json").write_text(json.dumps(rows, indent=1))
     print(f"Gray failure: 1 of {REPLICAS} simulated MI355X replicas slowed, {a.rate:g} req/s, phases of "
           f"{a.phase_s:g} s (logs: {work})")
     print(table(rows))
-    for r in rows:
+    for r in rows[1:]:
         print(f"\n{r['phase']}: /admin/state of {r['slow']} at its highest correction:\n"
               f"{json.dumps(r['peak_state'], indent=None)}\n/metrics ~45 s into the fault:\n{r['metrics_at_peak']}")
 
