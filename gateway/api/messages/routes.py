@@ -24,15 +24,9 @@ from gateway.api.chat_bridge import (
     with_bearer,
 )
 from gateway.api.dropped import HEADER, Dropped
+from gateway.api.messages.output import error_body, error_status, from_chat, from_gateway_error
 from gateway.api.messages.stream import MessagesStream
-from gateway.api.messages.translate import (
-    error_body,
-    error_status,
-    from_chat,
-    from_gateway_error,
-    input_tokens,
-    to_chat,
-)
+from gateway.api.messages.translate import input_tokens, to_chat
 from gateway.errors import GatewayError, ModelNotFound
 from gateway.policy_schema import Tenant
 from gateway.state import AppState

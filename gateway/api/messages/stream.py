@@ -11,7 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.api.chat_bridge import first_choice, sse_event
-from gateway.api.messages.translate import new_id, stop_reason, stream_error_type, usage
+from gateway.api.messages.output import stop_reason, stream_error_type, usage
+from gateway.api.messages.translate import new_id
 
 
 class MessagesStream:

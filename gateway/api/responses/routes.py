@@ -25,9 +25,10 @@ from gateway.api.chat_bridge import (
 from gateway.api.dropped import HEADER, Dropped
 from gateway.api.responses.affinity import affinity_of, served_by
 from gateway.api.responses.native import NativeResponses, is_native
+from gateway.api.responses.output import from_chat, history_of
 from gateway.api.responses.store import ResponseStore
 from gateway.api.responses.stream import ResponsesStream
-from gateway.api.responses.translate import ResponsesRequest, from_chat, history_of, new_id, parse_request
+from gateway.api.responses.translate import ResponsesRequest, new_id, parse_request
 from gateway.errors import GatewayError, InvalidRequest, ModelNotFound, UpgradeRequired
 from gateway.policy_schema import Tenant
 from gateway.state import AppState

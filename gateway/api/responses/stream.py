@@ -11,17 +11,16 @@ from collections.abc import Callable
 from typing import Any
 
 from gateway.api.chat_bridge import first_choice, sse_event
-from gateway.api.responses.translate import (
-    ResponsesRequest,
+from gateway.api.responses.output import (
     custom_input,
     error_code,
     function_call_item,
     message_item,
-    new_id,
     response_object,
     status_for,
     usage_from_chat,
 )
+from gateway.api.responses.translate import ResponsesRequest, new_id
 
 
 class ResponsesStream:

@@ -1,4 +1,5 @@
-"""Responses API <-> chat/completions, pure functions (no I/O, no clock unless given).
+"""Responses API -> chat/completions, pure functions (no I/O, no clock unless given). The tools' side is
+`tools.py`; the way back (chat answer -> Responses output) is `output.py`.
 
 Request: `instructions` + stored history (previous_response_id) + `input` become one chat `messages` list, built by
 `items_to_messages` from Responses items in their order, so the chat path hashes the same prefix a chat client
@@ -34,6 +35,7 @@ import orjson
 
 from gateway.api.dropped import Dropped
 from gateway.api.responses.reasoning import chat_fields, effort_of
+from gateway.api.responses.tools import NS_SEP, ToolName, additional_tools, chat_tool_choice, chat_tools, choice_of
 from gateway.errors import InvalidRequest
 from gateway.tokenizer import count_tokens, render_chat
 
@@ -44,8 +46,6 @@ KNOWN = {"model", "input", "instructions", "previous_response_id", "store", "str
          "max_tool_calls", "top_logprobs", "client_metadata"}
 # Fields that identify the client's user, installation or session: sent upstream only with `client_metadata: forward`
 CLIENT_FIELDS = ("user", "safety_identifier", "client_metadata")
-NS_SEP = "__"  # a namespace's tool `ns`/`name` is the chat function `ns__name` (chat names allow [A-Za-z0-9_-])
-CUSTOM_PARAMS = {"type": "object", "properties": {"input": {"type": "string"}}, "required": ["input"]}
 UNSUPPORTED = {"background": "background responses are not supported by this gateway",
                "conversation": "conversations are not supported; chain turns with previous_response_id",
                "prompt": "prompt templates are not supported; send instructions and input"}
@@ -53,15 +53,6 @@ UNSUPPORTED = {"background": "background responses are not supported by this gat
 
 def new_id(prefix: str) -> str:
     return f"{prefix}_{secrets.token_hex(16)}"
-
-
-@dataclass(frozen=True)
-class ToolName:
-    """What a chat function name stands for: a plain function, a namespace's tool, or a custom tool."""
-
-    name: str
-    namespace: str | None = None
-    custom: bool = False
 
 
 @dataclass(frozen=True)
@@ -262,78 +253,6 @@ def truncate(messages: list[dict[str, Any]], tools: list[Any] | None, limit: int
     return system + rest
 
 
-# -- tools ---------------------------------------------------------------------------------------------------
-def _function(t: dict[str, Any], where: str, names: dict[str, ToolName], namespace: str | None) -> dict[str, Any]:
-    if not isinstance(t.get("name"), str) or not t["name"]:
-        raise _bad(f"{where}.name must be a non-empty string.", f"{where}.name")
-    custom = t.get("type") == "custom"
-    flat = f"{namespace}{NS_SEP}{t['name']}" if namespace else t["name"]
-    fn: dict[str, Any] = {"name": flat}
-    if isinstance(t.get("description"), str):
-        fn["description"] = t["description"]
-    if custom:  # free-form input (a grammar or plain text): one string argument
-        fn["parameters"] = CUSTOM_PARAMS
-    else:
-        for k in ("parameters", "strict"):
-            if t.get(k) is not None:
-                fn[k] = t[k]
-    if namespace or custom:
-        names[flat] = ToolName(t["name"], namespace, custom)
-    return {"type": "function", "function": fn}
-
-
-def chat_tools(tools: Any, dropped: Dropped | None = None, hosted_tools: str = "drop",
-               names: dict[str, ToolName] | None = None) -> list[dict[str, Any]] | None:
-    """Function, custom and namespace tools as chat functions (`names` learns what the flattened ones stand for);
-    any other type runs on the provider's side (web_search, file_search, mcp, ...): left out, or refused with
-    `hosted_tools: refuse`."""
-    dropped = dropped if dropped is not None else Dropped()
-    names = names if names is not None else {}
-    if tools is None:
-        return None
-    if not isinstance(tools, list):
-        raise _bad("'tools' must be an array.", "tools")
-    out = []
-    for i, t in enumerate(tools):
-        where = f"tools[{i}]"
-        kind = t.get("type") if isinstance(t, dict) else None
-        if not isinstance(t, dict) or not isinstance(kind, str):
-            raise _bad(f"{where}.type must be a string.", f"{where}.type")
-        if kind in ("function", "custom"):
-            out.append(_function(t, where, names, None))
-        elif kind == "namespace":
-            ns, inner = t.get("name"), t.get("tools")
-            if not isinstance(ns, str) or not ns or not isinstance(inner, list):
-                raise _bad(f"{where}: a namespace needs a 'name' and a 'tools' array.", where)
-            for j, sub in enumerate(inner):
-                w = f"{where}.tools[{j}]"
-                if not isinstance(sub, dict) or sub.get("type") not in ("function", "custom"):
-                    raise _bad(f"{w}.type must be 'function' or 'custom'.", f"{w}.type")
-                out.append(_function(sub, w, names, ns))
-        elif hosted_tools == "refuse":
-            raise _bad(f"{where}: tools of type {kind!r} run on the provider's servers and are not supported by "
-                       "this gateway's pools.", f"{where}.type")
-        else:
-            dropped.add(where, "hosted_tool")
-    return out or None
-
-
-def tool_name(flat: str, names: dict[str, ToolName] | None) -> ToolName:
-    return (names or {}).get(flat) or ToolName(flat)
-
-
-def chat_tool_choice(choice: Any) -> Any:
-    if choice is None or choice in ("auto", "none", "required"):
-        return choice
-    if isinstance(choice, dict) and choice.get("type") in ("function", "custom") and isinstance(choice.get("name"), str):
-        name = choice["name"]
-        if isinstance(choice.get("namespace"), str) and choice["namespace"]:
-            name = f"{choice['namespace']}{NS_SEP}{name}"
-        return {"type": "function", "function": {"name": name}}
-    raise _bad("'tool_choice' must be 'auto', 'none', 'required' or {\"type\": \"function\", \"name\": ...}.",
-               "tool_choice")
-
-
 def chat_response_format(text: Any) -> dict[str, Any] | None:
     if text is None:
         return None
@@ -395,11 +314,11 @@ def parse_request(body: dict[str, Any], history: list[dict[str, Any]], auto_trun
     names: dict[str, ToolName] = {}
     declared = list(body.get("tools") or []) if isinstance(body.get("tools"), list) else body.get("tools")
     tools = chat_tools(declared, dropped, hosted_tools, names)
-    extra = _additional_tools(history + input_items, dropped, hosted_tools, names)
+    extra = additional_tools(history + input_items, dropped, hosted_tools, names)
     if extra:
         known = {t["function"]["name"] for t in tools or []}
         tools = (tools or []) + [t for t in extra if t["function"]["name"] not in known]
-    tool_choice = chat_tool_choice(_choice_of(body.get("tool_choice"), tools, body.get("tools"), dropped))
+    tool_choice = chat_tool_choice(choice_of(body.get("tool_choice"), tools, body.get("tools"), dropped))
     if tool_choice not in (None, "auto", "none") and not tools:
         raise _bad("'tool_choice' requires 'tools'.", "tool_choice")
     messages = ([{"role": "system", "content": instructions}] if instructions else []) + \
@@ -441,131 +360,3 @@ def parse_request(body: dict[str, Any], history: list[dict[str, Any]], auto_trun
     return ResponsesRequest(chat, model, stream, store, input_items, echo, names or None)
 
 
-def _additional_tools(items: list[dict[str, Any]], dropped: Dropped, hosted_tools: str,
-                      names: dict[str, ToolName]) -> list[dict[str, Any]]:
-    """The tools `additional_tools` items declare (in order; a later declaration of a name replaces an earlier
-    one). A chat request declares tools once, so they join the request's own."""
-    by_name: dict[str, dict[str, Any]] = {}
-    for k, item in enumerate(items):
-        if item.get("type") != "additional_tools":
-            continue
-        sub = Dropped()
-        for t in chat_tools(item["tools"], sub, hosted_tools, names) or []:
-            by_name[t["function"]["name"]] = t
-        for where, kind in sub.entries:
-            dropped.add(f"additional_tools[{k}].{where}", kind)
-    return list(by_name.values())
-
-
-def _choice_of(choice: Any, tools: list[dict[str, Any]] | None, raw_tools: Any, dropped: Dropped) -> Any:
-    """`tool_choice`, unless it needs or names a tool that was left out (a hosted one): then it is left out too."""
-    if choice is None or choice in ("auto", "none") or not raw_tools:
-        return choice
-    offered = {t["function"]["name"] for t in tools or []}
-    named = chat_tool_choice(choice) if isinstance(choice, dict) and choice.get("type") in ("function", "custom") \
-        else None
-    if (named is None and isinstance(choice, dict)) or not offered or \
-            (named is not None and named["function"]["name"] not in offered):
-        dropped.add("tool_choice", "tool_choice")
-        return None
-    return choice
-
-
-# -- response ------------------------------------------------------------------------------------------------
-def usage_from_chat(usage: dict[str, Any] | None) -> dict[str, Any] | None:
-    if not isinstance(usage, dict):
-        return None
-    details = usage.get("prompt_tokens_details") or {}
-    out_details = usage.get("completion_tokens_details") or {}
-    prompt, completion = int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
-    reasoning = out_details.get("reasoning_tokens") if isinstance(out_details, dict) else None
-    return {"input_tokens": prompt,
-            "input_tokens_details": {"cached_tokens": int((details or {}).get("cached_tokens") or 0)},
-            "output_tokens": completion,
-            "output_tokens_details": {"reasoning_tokens": int(reasoning or usage.get("reasoning_tokens") or 0)},
-            "total_tokens": int(usage.get("total_tokens") or prompt + completion)}
-
-
-def status_for(finish_reason: str | None) -> tuple[str, dict[str, str] | None]:
-    """(status, incomplete_details) for a chat finish_reason."""
-    if finish_reason == "length":
-        return "incomplete", {"reason": "max_output_tokens"}
-    if finish_reason == "content_filter":
-        return "incomplete", {"reason": "content_filter"}
-    return "completed", None
-
-
-def message_item(text: str, item_id: str | None = None, status: str = "completed") -> dict[str, Any]:
-    return {"type": "message", "id": item_id or new_id("msg"), "status": status, "role": "assistant",
-            "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]}
-
-
-def custom_input(arguments: str) -> str:
-    """A custom tool's input from the chat call's arguments (`{"input": ...}`; anything else is passed as it is)."""
-    try:
-        val = orjson.loads(arguments or "{}")
-    except orjson.JSONDecodeError:
-        return arguments
-    return val["input"] if isinstance(val, dict) and isinstance(val.get("input"), str) else arguments
-
-
-def function_call_item(call: dict[str, Any], item_id: str | None = None, status: str = "completed",
-                       names: dict[str, ToolName] | None = None) -> dict[str, Any]:
-    """The Responses item for a chat tool call: a function_call (with its namespace when it has one), or a
-    custom_tool_call for a custom tool."""
-    fn = call.get("function") or {}
-    tool = tool_name(fn.get("name") or "", names)
-    args = fn.get("arguments") or ""
-    if tool.custom:
-        out = {"type": "custom_tool_call", "id": item_id or new_id("ctc"), "call_id": call.get("id") or new_id("call"),
-               "name": tool.name, "input": custom_input(args) if status == "completed" else "", "status": status}
-    else:
-        out = {"type": "function_call", "id": item_id or new_id("fc"), "call_id": call.get("id") or new_id("call"),
-               "name": tool.name, "arguments": args, "status": status}
-    if tool.namespace:
-        out["namespace"] = tool.namespace
-    return out
-
-
-def output_from_chat(choice: dict[str, Any], names: dict[str, ToolName] | None = None) -> list[dict[str, Any]]:
-    msg = choice.get("message") or {}
-    out = []
-    reasoning = msg.get("reasoning_content")
-    if isinstance(reasoning, str) and reasoning:
-        out.append({"type": "reasoning", "id": new_id("rs"), "summary": [],
-                    "content": [{"type": "reasoning_text", "text": reasoning}], "status": "completed"})
-    text = msg.get("content")
-    if isinstance(text, str) and (text or not msg.get("tool_calls")):
-        out.append(message_item(text))
-    for call in msg.get("tool_calls") or []:
-        if isinstance(call, dict):
-            out.append(function_call_item(call, names=names))
-    return out
-
-
-def response_object(resp_id: str, created_at: int, req: ResponsesRequest, *, status: str, output: list[dict[str, Any]],
-                    usage: dict[str, Any] | None, incomplete: dict[str, str] | None = None,
-                    error: dict[str, Any] | None = None, completed_at: int | None = None) -> dict[str, Any]:
-    return {"id": resp_id, "object": "response", "created_at": created_at, "status": status,
-            "completed_at": completed_at if status == "completed" else None, "error": error,
-            "incomplete_details": incomplete, "model": req.model, "output": output, "usage": usage,
-            "background": False, "service_tier": "default", **req.echo}
-
-
-def from_chat(chat: dict[str, Any], resp_id: str, created_at: int, now: int, req: ResponsesRequest) -> dict[str, Any]:
-    choices = chat.get("choices") or []
-    choice = choices[0] if choices and isinstance(choices[0], dict) else {}
-    status, incomplete = status_for(choice.get("finish_reason"))
-    return response_object(resp_id, created_at, req, status=status, output=output_from_chat(choice, req.tool_names),
-                           usage=usage_from_chat(chat.get("usage")), incomplete=incomplete, completed_at=now)
-
-
-def history_of(stored: dict[str, Any]) -> list[dict[str, Any]]:
-    """The items a follow-up turn continues from: the stored turn's whole input (its own history included) and
-    its output, in order."""
-    return list(stored["input_items"]) + list(stored["response"].get("output") or [])
-
-
-def error_code(err: dict[str, Any]) -> str:
-    code = err.get("code")
-    return "rate_limit_exceeded" if code in ("rate_limit_exceeded", 429, "429") else "server_error"

@@ -7,8 +7,9 @@ import orjson
 import pytest
 
 from gateway.api.dropped import Dropped
+from gateway.api.messages.output import error_body, error_status, from_chat, stop_reason
 from gateway.api.messages.stream import MessagesStream
-from gateway.api.messages.translate import error_body, error_status, from_chat, stop_reason, to_chat
+from gateway.api.messages.translate import to_chat
 from gateway.errors import InvalidRequest
 
 

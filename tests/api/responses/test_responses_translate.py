@@ -10,9 +10,10 @@ import pytest
 
 from gateway.api.chat_bridge import SSEPayloads
 from gateway.api.dropped import Dropped
+from gateway.api.responses.output import from_chat, history_of
 from gateway.api.responses.store import MemoryResponseStore
 from gateway.api.responses.stream import ResponsesStream
-from gateway.api.responses.translate import from_chat, history_of, items_to_messages, parse_request
+from gateway.api.responses.translate import items_to_messages, parse_request
 from gateway.config import ResponsesConfig
 from gateway.errors import InvalidRequest
 from gateway.prefix.hashing import prefix_hashes
