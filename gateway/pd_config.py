@@ -10,25 +10,18 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, model_validator
 
-from gateway.typed import Strict
+from gateway.typed import HttpUrl, Strict
 
 
 class PrefillServer(Strict):
     name: str = Field(min_length=1)
-    url: str
+    url: HttpUrl
     bootstrap_port: int = Field(default=8998, gt=0, lt=65536, description="the server's "
                                 "--disaggregation-bootstrap-port (SGLang's default 8998)")
     dp_size: int = Field(default=1, ge=1, le=64, description="its DP ranks: a room lands on rank room % dp_size, "
                          "so the gateway chooses the rank by choosing the room")
-
-    @field_validator("url")
-    @classmethod
-    def _url(cls, v: str) -> str:
-        if not v.startswith(("http://", "https://")):
-            raise ValueError("must start with http:// or https://")
-        return v.rstrip("/")
 
 
 class KvLink(Strict):

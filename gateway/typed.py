@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict
+from typing import Annotated
+
+from pydantic import AfterValidator, BaseModel, ConfigDict
 
 
 class Strict(BaseModel):
@@ -18,3 +20,14 @@ def sha256_hex_list(v: list[str]) -> list[str]:
             raise ValueError("each entry must be a sha256 hex digest (64 hex chars), never a raw key")
         out.append(h)
     return out
+
+
+def _http_url(v: str) -> str:
+    if not v.startswith(("http://", "https://")):
+        raise ValueError("must start with http:// or https://")
+    return v.rstrip("/")
+
+
+# A URL the gateway connects to (a replica, a hosted endpoint, a prefill server): http(s) only, no trailing slash.
+HttpUrl = Annotated[str, AfterValidator(_http_url)]
+

@@ -8,6 +8,7 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator
 
 from gateway.pd_config import Disaggregation
+from gateway.typed import HttpUrl
 from gateway.typed import Strict as _Strict
 
 
@@ -35,16 +36,9 @@ Pricing = Annotated[PerTokenPricing | GpuHourPricing, Field(discriminator="type"
 
 class Replica(_Strict):
     name: str = Field(min_length=1)
-    url: str
+    url: HttpUrl
     dp_size: int | None = Field(default=None, ge=1, le=64, description="data-parallel ranks of this server; unset: "
                                 "discovered from /server_info (dp_size, or attn_dp_size with DP attention)")
-
-    @field_validator("url")
-    @classmethod
-    def _url(cls, v: str) -> str:
-        if not v.startswith(("http://", "https://")):
-            raise ValueError("must start with http:// or https://")
-        return v.rstrip("/")
 
 
 class PoolTiming(_Strict):
@@ -109,16 +103,9 @@ class OpenAIPool(_PoolBase):
     """Any OpenAI-compatible hosted endpoint (e.g. a provider serving GLM-5.2 on B200)."""
 
     kind: Literal["openai"] = "openai"
-    base_url: str
+    base_url: HttpUrl
     api_key_env: str | None = None
     health_path: str = "/models"
-
-    @field_validator("base_url")
-    @classmethod
-    def _url(cls, v: str) -> str:
-        if not v.startswith(("http://", "https://")):
-            raise ValueError("must start with http:// or https://")
-        return v.rstrip("/")
 
 
 class LiteLLMPool(_PoolBase):

@@ -335,15 +335,19 @@ class Rank:
                 if req.first_token_time is not None:  # a retracted request re-prefilled: it resumes decoding
                     self.running.append(req)
                     continue
-                req.done_prefill = True
-                req.first_token_time = now
-                req.generated = 1
-                self.counters.generation_tokens += 1
-                req.sink(Event(EventKind.FIRST, now, tokens=1))
-                if req.generated >= req.output_len:
-                    self._finish(req, now)
-                else:
-                    self.running.append(req)
+                self._first_token(req, now)
+
+    def _first_token(self, req: SimRequest, now: float) -> None:
+        """Its prompt is in the cache: the first token is out, and it decodes from here (or is done)."""
+        req.done_prefill = True
+        req.first_token_time = now
+        req.generated = 1
+        self.counters.generation_tokens += 1
+        req.sink(Event(EventKind.FIRST, now, tokens=1))
+        if req.generated >= req.output_len:
+            self._finish(req, now)
+        else:
+            self.running.append(req)
 
     def _complete_decode(self, step: Step, now: float) -> None:
         alpha = self.cfg.timing.alpha

@@ -150,15 +150,7 @@ class DecodeRank(Rank):
             if req.finished:
                 continue
             self.rooms.pop(req, None)
-            req.done_prefill = True
-            req.first_token_time = now
-            req.generated = 1
-            self.counters.generation_tokens += 1
-            req.sink(Event(EventKind.FIRST, now, tokens=1))
-            if req.generated >= req.output_len:
-                self._finish(req, now)
-            else:
-                self.running.append(req)
+            self._first_token(req, now)  # the first token came with the KV (SGLang's prebuilt batch)
 
     def abort(self, req: SimRequest, now: float) -> None:
         room = self.rooms.pop(req, None)
