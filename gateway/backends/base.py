@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from gateway.routing.request import RoutingRequest
 from gateway.upstreams import Target
 
 
@@ -37,6 +38,9 @@ class Opened:
     rest: AsyncIterator[bytes] | None
     body: dict[str, Any] | None
     close: Callable[[], Awaitable[None]]
+    # what the backend chose for this attempt that the client is told (a PD pool: the pair decision's branch and
+    # prefill rank, sent as x-gateway-pd)
+    choice: str | None = None
 
 
 @dataclass(frozen=True)
@@ -47,6 +51,7 @@ class UpstreamCall:
     request_id: str
     first_byte_timeout: float
     headers: dict[str, str] = field(default_factory=dict)  # extra request headers (W3C traceparent)
+    routing: RoutingRequest | None = None  # the request as routed (a PD pool's pair decision reads its prefix data)
 
 
 class Backend(Protocol):

@@ -33,7 +33,6 @@ from gateway.circuit_breaker import BreakerState
 from gateway.config import GatewayConfig
 from gateway.dispatch.ejection import StallDetector, Waiting
 from gateway.dispatch.feedback import Attempt, Feedback
-from gateway.dispatch.pd import ROUTING_REQUEST
 from gateway.dispatch.quarantine import BodyPrint, Quarantine
 from gateway.dispatch.retry_policy import (
     Cause,
@@ -103,7 +102,6 @@ class Dispatcher:
                 "This request body timed out or broke the connection on two model server replicas and is refused for "
                 f"another {self.quarantine.remaining_s(bp):.0f} s to protect the service; change the request (e.g. "
                 "smaller n, max_tokens or prompt) rather than retrying it.", should_retry=False)
-        ROUTING_REQUEST.set(req)  # what a PD pool's pair decision reads (dispatch/pd.py)
         tries = _Tries(tenant.name if tenant is not None else None)
         limit = self.cfg.retry.max_attempts
         for cand in decision.ranked:
@@ -131,7 +129,7 @@ class Dispatcher:
             attempt = Attempt(req, target, decision)
             level = self.feedback.engine.prefill_level(attempt)
             call = UpstreamCall(endpoint, adapt_body(body, target, stream, tenant, level), stream, request_id,
-                                first_byte)
+                                first_byte, routing=req)
             try:
                 await self.feedback.dispatched(attempt)
                 opened = await self._attempt(target, call, attempt, bp, tries.count, parent)

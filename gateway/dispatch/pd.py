@@ -28,7 +28,6 @@ import asyncio
 import secrets
 from collections import Counter
 from collections.abc import Sequence
-from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import urlsplit
@@ -41,16 +40,9 @@ from gateway.config import GatewayConfig, SGLangPool
 from gateway.pd_config import Disaggregation
 from gateway.prefix.memory import MemoryPrefixIndex
 from gateway.routing.pd import DecodeView, PdChoice, PdRequest, PrefillView, decide, kv_fits, room_for_rank
-from gateway.routing.request import RoutingRequest
 from gateway.tokenizer import count_tokens
 from gateway.upstreams import CAPABILITIES, Target, TargetState
 
-# The request being dispatched, set by the dispatcher for the backend's call (what the pair decision reads: prefix
-# hashes, prompt estimate, the tenant's SLA). Unset (a direct backend call): estimated from the body.
-ROUTING_REQUEST: ContextVar[RoutingRequest | None] = ContextVar("gateway_pd_request", default=None)
-# What the last attempt of this request did on a PD pool, for the response header `x-gateway-pd` (api/openai/relay.py):
-# "<branch>" or "<branch>; prefill=<rank>". Unset for other pools.
-PD_CHOICE: ContextVar[str | None] = ContextVar("gateway_pd_choice", default=None)
 PIN_FIELDS = ("data_parallel_rank", "routed_dp_rank")
 PREFILL_ATTEMPTS = 2
 
@@ -121,7 +113,6 @@ class PdBackend:
             if metrics_registry is not None and self.pools else None
 
     async def open(self, target: Target, call: UpstreamCall) -> Opened:
-        PD_CHOICE.set(None)  # this attempt's, not an earlier one's on another pool
         pd = self.pools.get(target.pool)
         if pd is None:
             return await self.inner.open(target, call)
@@ -129,8 +120,7 @@ class PdBackend:
         if (isinstance(n, int) and n > 1) or (isinstance(prompt, list) and prompt and not isinstance(prompt[0], int)):
             if pd.cfg.local_prefill:
                 self._count(pd, "unified_batch")
-                PD_CHOICE.set("unified_batch")
-                return await self.inner.open(target, call)
+                return replace(await self.inner.open(target, call), choice="unified_batch")
             raise AttemptFailed("this pool serves prefill/decode disaggregated: one sequence per request (n = 1, one "
                                 "prompt)", status=400, param="n")
         req = self._request(call)
@@ -177,14 +167,14 @@ class PdBackend:
             self._count(pd, choice.branch)
             if choice.branch == "no_prefill":
                 break
+            # what the answer's x-gateway-pd says: "<branch>" or "<branch>; prefill=<rank>"
             if not choice.disaggregate:
-                PD_CHOICE.set(choice.branch)
-                return await self.inner.open(target, call)
+                return replace(await self.inner.open(target, call), choice=choice.branch)
             assert choice.prefill is not None
             rank = next(r for r in pd.ranks if r.name == choice.prefill.name)
-            PD_CHOICE.set(f"{choice.branch}; prefill={rank.name}")
             try:
-                return await self._pair(pd, rank, target, call, req, choice)
+                return replace(await self._pair(pd, rank, target, call, req, choice),
+                               choice=f"{choice.branch}; prefill={rank.name}")
             except _PrefillFailed as e:
                 tried.add(rank.name)
                 last = e.error
@@ -194,8 +184,8 @@ class PdBackend:
 
     # -- the decision's inputs -------------------------------------------------------------------------------
     def _request(self, call: UpstreamCall) -> _Req:
-        rreq = ROUTING_REQUEST.get()
-        if rreq is not None and rreq.request_id == call.request_id:
+        rreq = call.routing  # the request as routed: prefix hashes, prompt estimate, the tenant's SLA
+        if rreq is not None:
             prompt, hashes, sla = rreq.prompt_tokens, rreq.hashes, rreq.ttft_sla_s
             out = rreq.max_output_tokens
         else:
@@ -351,4 +341,4 @@ def _estimate_prompt(body: dict[str, Any]) -> int:
     return count_tokens(p) if isinstance(p, str) else 0
 
 
-__all__ = ["PD_CHOICE", "ROUTING_REQUEST", "PdBackend", "PdPool", "build_pools", "kv_fits"]
+__all__ = ["PdBackend", "PdPool", "build_pools", "kv_fits"]

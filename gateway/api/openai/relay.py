@@ -22,7 +22,6 @@ from gateway.api.openai.exchange import Exchange
 from gateway.api.openai.usage import clean_usage, usage_counts
 from gateway.backends.openai_compat import StreamBroken, sanitize_upstream_text
 from gateway.dispatch.dispatcher import Dispatched
-from gateway.dispatch.pd import PD_CHOICE
 from gateway.errors import GatewayError, NoCapacity
 from gateway.prediction.pricing import request_cost
 from gateway.state import AppState
@@ -88,8 +87,8 @@ class Relay:
         ex.headers["x-gateway-pool"] = d.target.pool
         ex.headers["x-gateway-replica"] = d.target.name
         ex.headers["x-gateway-attempts"] = str(d.attempts)
-        if (pd := PD_CHOICE.get()) is not None:  # a PD pool: the pair decision's branch and prefill rank
-            ex.headers["x-gateway-pd"] = pd
+        if d.opened.choice is not None:  # a PD pool: the pair decision's branch and prefill rank
+            ex.headers["x-gateway-pd"] = d.opened.choice
         return d
 
     # -- non-streaming ---------------------------------------------------------------------------------------
