@@ -10,13 +10,16 @@ refused later before dispatch, by the orchestrator (the rate allowance).
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 from gateway.api.openai.budget import expected_output
-from gateway.api.openai.exchange import Exchange
+from gateway.api.openai.validation import ParsedRequest
+from gateway.config import ModelRoute
 from gateway.errors import RateLimited
 from gateway.policy_schema import Tenant
 from gateway.state import AppState
 from gateway.tenancy.concurrency import Slot
-from gateway.tenancy.ratelimit import buckets_for
+from gateway.tenancy.ratelimit import Bucket, buckets_for
 
 CONCURRENCY_RETRY_S = 1.0
 
@@ -37,22 +40,35 @@ def take_slot(state: AppState, tenant: Tenant, request_id: str) -> Slot | None:
     return slot
 
 
-async def take_fleet_slot(state: AppState, ex: Exchange) -> None:
-    cap = ex.tenant.max_concurrent
-    if ex.slot is None or cap is None or ex.tenant.max_concurrent_scope != "fleet":
+@dataclass(frozen=True)
+class Admitted:
+    """What the rate stage took (given back if the request is refused before dispatch) and the headers it owes."""
+
+    buckets: list[Bucket] = field(default_factory=list)
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+NOTHING_TAKEN = Admitted()
+
+
+async def take_fleet_slot(state: AppState, tenant: Tenant, slot: Slot | None) -> None:
+    """The fleet-wide slot (scope `fleet`, through Redis) beside this instance's `slot`; 429 when the fleet is full."""
+    cap = tenant.max_concurrent
+    if slot is None or cap is None or tenant.max_concurrent_scope != "fleet":
         return
-    if not await state.concurrency.take_fleet(ex.slot, cap):
-        state.metrics.refusals.labels(ex.tenant.name, "concurrency").inc()
+    if not await state.concurrency.take_fleet(slot, cap):
+        state.metrics.refusals.labels(tenant.name, "concurrency").inc()
         raise _over_cap(cap, " across the fleet")
 
 
-async def admit_rate(state: AppState, ex: Exchange) -> None:
-    rl = ex.tenant.rate_limits
+async def admit_rate(state: AppState, tenant: Tenant, parsed: ParsedRequest, route: ModelRoute) -> Admitted:
+    """The tenant's requests/min and tokens/min buckets, taken across every instance; 429 with Retry-After."""
+    rl = tenant.rate_limits
     if rl.requests_per_minute is None and rl.tokens_per_minute is None:
-        return
-    buckets = buckets_for(ex.tenant, ex.parsed.prompt_tokens + expected_output(state, ex.parsed, ex.route.pools[0]))
+        return NOTHING_TAKEN
+    buckets = buckets_for(tenant, parsed.prompt_tokens + expected_output(state, parsed, route.pools[0]))
     if not buckets:
-        return
+        return NOTHING_TAKEN
     adm = await state.limiter.take(buckets)
     headers = {}
     for b, left in zip(buckets, adm.remaining):
@@ -60,10 +76,9 @@ async def admit_rate(state: AppState, ex: Exchange) -> None:
         headers[f"x-ratelimit-limit-{kind}"] = str(b.limit)
         headers[f"x-ratelimit-remaining-{kind}"] = str(max(0, int(left)))
     if not adm.allowed:
-        state.metrics.refusals.labels(ex.tenant.name, "rate_limit").inc()
+        state.metrics.refusals.labels(tenant.name, "rate_limit").inc()
         err = RateLimited("Rate limit reached for this key; retry after the time in Retry-After.",
                           retry_after=max(adm.retry_after_s, 0.001))
         err.extra_headers = headers
         raise err
-    ex.buckets = buckets
-    ex.headers.update(headers)
+    return Admitted(buckets, headers)

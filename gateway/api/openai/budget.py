@@ -18,7 +18,7 @@ from gateway.api.openai.validation import ParsedRequest, limits_for
 from gateway.errors import QuotaExceeded
 from gateway.prediction.pricing import request_cost
 from gateway.state import AppState
-from gateway.tenancy.budget import Refusal, budget_caps
+from gateway.tenancy.budget import Refusal, Reservation, budget_caps
 
 
 def expected_output(state: AppState, parsed: ParsedRequest, pool: str) -> int:
@@ -39,7 +39,8 @@ def usage_bound(state: AppState, ex: Exchange, pool: str | None = None) -> Usage
                      u.prompt_slack_tokens, u.media_tokens, u.max_output_tokens)
 
 
-async def reserve(state: AppState, ex: Exchange) -> None:
+async def reserve(state: AppState, ex: Exchange) -> Reservation:
+    """The worst case held against the tenant's budgets (429 insufficient_quota when it does not fit)."""
     worst = 0.0
     if budget_caps(ex.tenant):
         for pool in ex.route.pools:
@@ -55,7 +56,7 @@ async def reserve(state: AppState, ex: Exchange) -> None:
                             f"is spent (or held by requests in flight).", should_retry=False)
         err.extra_headers = {"retry-after": str(seconds_to_reset(got.period))}
         raise err
-    ex.reservation = got
+    return got
 
 
 def seconds_to_reset(period: str) -> int:

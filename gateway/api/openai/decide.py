@@ -12,8 +12,10 @@ from gateway.config import Routing
 from gateway.errors import NoCapacity
 from gateway.prefix.hashing import group_key, prefix_hashes
 from gateway.routing import registry
+from gateway.routing.decision import Decision
 from gateway.routing.request import RoutingRequest, session_group
 from gateway.state import AppState
+from gateway.upstreams import Target
 
 
 def routing_request(r: Routing, ex: Exchange, hasher: Callable[..., list[int]] = prefix_hashes) -> RoutingRequest:
@@ -39,18 +41,24 @@ def routing_request(r: Routing, ex: Exchange, hasher: Callable[..., list[int]] =
 _DECISIONS: dict[tuple[int, str, str], tuple[Any, Any]] = {}
 
 
-async def decide(state: AppState, ex: Exchange) -> None:
-    ex.rreq = routing_request(state.config.routing, ex, state.prefix_hasher)
-    ex.decision = await state.router.decide(ex.rreq, ex.route)
-    key = (id(state.metrics), ex.route.name, ex.decision.branch)  # the served model (an alias is no label)
+async def decide(state: AppState, ex: Exchange) -> tuple[RoutingRequest, Decision[Target]]:
+    """What was routed and the router's decision (counted per served model and branch). A shed decision is returned
+    like any other, so it is recorded with the request; `refuse_shed` turns it into the 503."""
+    rreq = routing_request(state.config.routing, ex, state.prefix_hasher)
+    decision = await state.router.decide(rreq, ex.route)
+    key = (id(state.metrics), ex.route.name, decision.branch)  # the served model (an alias is no label)
     hit = _DECISIONS.get(key)
     if hit is None or hit[0] is not state.metrics:
         if len(_DECISIONS) > 4096:  # many apps over a process's life (tests): start again
             _DECISIONS.clear()
-        hit = _DECISIONS[key] = (state.metrics, state.metrics.decisions.labels(ex.route.name, ex.decision.branch))
+        hit = _DECISIONS[key] = (state.metrics, state.metrics.decisions.labels(ex.route.name, decision.branch))
     hit[1].inc()
-    ex.headers["x-gateway-route"] = ex.decision.branch
-    if ex.decision.branch == "shed":
-        retry = ex.decision.inputs.retry_after_s or 1.0
-        raise state.control.name_override(ex.tenant.name, NoCapacity(
+    return rreq, decision
+
+
+def refuse_shed(state: AppState, tenant: str, decision: Decision[Target]) -> None:
+    """503 with Retry-After when the router shed the request (naming an on-call override that caused it)."""
+    if decision.branch == "shed":
+        retry = decision.inputs.retry_after_s or 1.0
+        raise state.control.name_override(tenant, NoCapacity(
             "No replica can meet this key's TTFT target right now; retry shortly.", retry_after=retry))

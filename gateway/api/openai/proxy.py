@@ -143,16 +143,20 @@ class OpenAIProxy:
         st = self.state
         stage = "concurrency"
         try:
-            await admission.take_fleet_slot(st, ex)
+            await admission.take_fleet_slot(st, ex.tenant, ex.slot)
             stage = "rate_limit"
-            await admission.admit_rate(st, ex)
+            admitted = await admission.admit_rate(st, ex.tenant, ex.parsed, ex.route)
+            ex.buckets = admitted.buckets
+            ex.headers.update(admitted.headers)
             ex.span = start_span(st.tracer, ex)
             stage = "decide"
-            await decide.decide(st, ex)
+            ex.rreq, ex.decision = await decide.decide(st, ex)
+            ex.headers["x-gateway-route"] = ex.decision.branch
+            decide.refuse_shed(st, ex.tenant.name, ex.decision)
             if decided is not None:
                 decided(ex)
             stage = "budget"
-            await budget.reserve(st, ex)
+            ex.reservation = await budget.reserve(st, ex)
         except BaseException as e:
             for b in ex.buckets:
                 self._background(st.limiter.adjust(b, b.cost))
