@@ -1,4 +1,4 @@
-"""ASGI helpers shared by the gateway and the simulator.
+"""ASGI pieces shared by the gateway and the simulator.
 
 `EventStreamResponse` streams an async iterator of SSE bytes with two properties Starlette's StreamingResponse
 lacks: (1) the status line and headers are sent only when the first chunk exists — the commit point, before

@@ -88,7 +88,7 @@ class _Conn(asyncio.Protocol):
         self.done = True
         self._wake()
 
-    # -- helpers ---------------------------------------------------------------------------------------------
+    # -- internals ---------------------------------------------------------------------------------------------
     def _wake(self) -> None:
         if self.waiter is not None and not self.waiter.done():
             self.waiter.set_result(None)

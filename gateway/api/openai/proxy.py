@@ -60,7 +60,7 @@ class OpenAIProxy:
         self._inflight: dict[str, Any] = {}  # tenant -> its gateway_inflight_requests child (labels() costs ~1.5 us)
         self.live = LiveStreams()  # streams in flight: a shutdown past its drain timeout cuts them (serve.py)
 
-    # -- public helpers (the admin API's explain resolves exactly like a request) -------------------------------
+    # -- public entry points (the admin API's explain resolves exactly like a request) -------------------------------
     def route_for(self, tenant: Tenant, model: str) -> ModelRoute:
         return self.entitlements.route_for(tenant, model)
 

@@ -121,7 +121,7 @@ def test_health_is_slow_behind_a_long_prefill_and_the_gateway_keeps_the_replica(
         while time.monotonic() < deadline:  # several health rounds, all while the prefill runs
             assert gw.call(lambda: gw.app.state.gateway.registry.by_pool["p"][0].healthy)
             time.sleep(0.1)
-        assert prefill.is_alive()  # still prefilling: the rounds above all saw a slow /health
+        assert prefill.is_alive()  # still prefilling: every probe above saw a slow /health
     finally:
         gw.stop()
         sims.stop()
