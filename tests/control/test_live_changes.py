@@ -274,3 +274,34 @@ def test_an_admin_reload_is_audited_under_the_admin(sims, tmp_path: Path):
         assert e["who"].endswith("(alice)") and e["after"] == {"tenant-a": {"priority": "high"}}
     finally:
         gw.stop()
+
+
+def test_a_live_change_outlives_the_instance_that_made_it(sims, redis_server):
+    """Stored in Redis, not in the process: an instance started after the change (a restart, a scale-up) serves with
+    it from its first request, and its history shows the change."""
+    sim_st, _ = sims
+    cfg = config([sglang_pool("p", [f"http://127.0.0.1:{sim_st.ports[0]}"])], admin={"token_hashes": [hash_key("adm")]},
+                 routing={"redis_url": redis_server.url, "redis_prefix": f"lcp{time.monotonic_ns()}:"},
+                 tenants=[{"name": "tenant-a", "api_key_hashes": [hash_key(KEY_A)], "models": ["glm-5.2"],
+                           "rate_limits": {"requests_per_minute": 60}}])
+
+    def urls(gw) -> tuple[str, str]:  # (admin API, client API)
+        client = f"http://127.0.0.1:{gw.ports[0]}"
+        return getattr(gw, "admin_url", None) or client, client
+
+    first = start_gateway(cfg)
+    try:
+        adm, _ = urls(first)
+        r = httpx.patch(f"{adm}/admin/tenants/tenant-a/policy", headers=ADM, json={"rate_limits": {"requests_per_minute": 700}})
+        assert r.status_code == 200
+    finally:
+        first.stop()
+    later = start_gateway(cfg)
+    try:
+        adm, client = urls(later)
+        r = httpx.post(f"{client}/v1/chat/completions", headers={"authorization": f"Bearer {KEY_A}"},
+                       json={"model": "glm-5.2", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1})
+        assert r.headers["x-ratelimit-limit-requests"] == "700"
+        assert any(e["what"] == "tenant_policy" for e in audit(adm))
+    finally:
+        later.stop()
