@@ -1,5 +1,6 @@
 """How fast an on-call change reaches another gateway instance: two `gateway serve` processes on one private
-redis-server; drain / undrain a replica through A's admin API and time until B's admin API shows it.
+redis-server; drain / undrain a replica, and change a tenant's requests/min live, through A's admin API and time
+until B's admin API shows it (for the tenant: the effective policy B's request path reads).
 
     .venv/bin/python -m loadtests.control_propagation [--trials 20]
 
@@ -60,7 +61,8 @@ def main() -> None:
                 c.post(f"http://127.0.0.1:{ports[0] + 1}/admin/replicas/p-0/{action}").raise_for_status()
                 t0 = time.perf_counter()
                 while True:
-                    reps = c.get(f"http://127.0.0.1:{ports[1] + 1}/admin/replicas")  # the admin listeners: port + 1.json()["replicas"]
+                    # the admin listeners: port + 1
+                    reps = c.get(f"http://127.0.0.1:{ports[1] + 1}/admin/replicas").json()["replicas"]
                     if next(r for r in reps if r["name"] == "p-0")["drained"] == (action == "drain"):
                         break
                     if time.perf_counter() - t0 > 5:
@@ -70,6 +72,21 @@ def main() -> None:
                 time.sleep(0.1)
         print(f"drain/undrain on A seen by B, {a.trials} trials: median {statistics.median(delays):.1f} ms, "
               f"max {max(delays):.1f} ms (includes one admin GET on B, ~1 ms)")
+        limits = []
+        with httpx.Client(headers=h, trust_env=False, timeout=5) as c:
+            for i in range(a.trials):
+                rpm = 100 + i
+                c.patch(f"http://127.0.0.1:{ports[0] + 1}/admin/tenants/t/policy",
+                        json={"rate_limits": {"requests_per_minute": rpm}}).raise_for_status()
+                t0 = time.perf_counter()
+                while c.get(f"http://127.0.0.1:{ports[1] + 1}/admin/tenants/t/policy").json()["effective"]["rate_limits"][
+                        "requests_per_minute"] != rpm:
+                    if time.perf_counter() - t0 > 5:
+                        raise RuntimeError("instance B did not apply the tenant change within 5 s")
+                limits.append((time.perf_counter() - t0) * 1000)
+                time.sleep(0.1)
+        print(f"tenant requests/min changed on A in force on B, {a.trials} trials: median "
+              f"{statistics.median(limits):.1f} ms, max {max(limits):.1f} ms (includes one admin GET on B, ~1 ms)")
     finally:
         for proc in reversed(procs):
             proc.stop()
