@@ -265,10 +265,46 @@ def render_usage(d: dict[str, Any]) -> str:
     return auto_table(rows)
 
 
+def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(d, dict) or not d:
+        return {prefix.rstrip("."): d} if prefix else {}
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) and v else {f"{prefix}{k}": v})
+    return out
+
+
+def change_text(e: dict[str, Any]) -> str:
+    """`field: before -> after` for every field an audit entry changed (nested fields dotted)."""
+    if "before" not in e and "after" not in e:
+        return ""
+    b, a = _flat(e.get("before") or {}), _flat(e.get("after") or {})
+    keys = [k for k in dict.fromkeys([*b, *a]) if b.get(k) != a.get(k)]
+    return "; ".join(f"{k}: {cell(b.get(k), 24)} -> {cell(a.get(k), 24)}" for k in keys) or "(no change)"
+
+
+def render_history(d: dict[str, Any]) -> str:
+    def target(e: dict[str, Any]) -> str:
+        return cell(e.get("replica") or e.get("pool") or e.get("tenant") or e.get("path"))
+
+    def state(e: dict[str, Any]) -> str:
+        if e.get("undo_of"):
+            return f"undoes #{e['undo_of']}"
+        if e.get("undone_by"):
+            return f"undone by #{e['undone_by']}"
+        return "undoable" if e.get("undoable") else ""
+
+    return table(d.get("entries", []), [("ID", col("id")), ("AT", col("at", iso)), ("WHO", col("who")),
+                                        ("WHAT", col("what")), ("TARGET", target), ("", state),
+                                        ("CHANGE", lambda e: change_text(e)[:200])])
+
+
 def render(command: str, data: dict[str, Any]) -> str:
     """A table for the command's answer: lists of records as columns, everything else as `key  value` lines."""
     if command == "state":
         return render_state(data)
+    if command in ("history", "audit"):
+        return render_history(data)
     if command == "decisions":
         return render_decisions(data)
     if command == "usage":

@@ -42,3 +42,21 @@ def test_flags_map_to_one_call(argv, want):
 def test_without_preview_the_existing_commands_are_untouched():
     assert request(parse("pool", "b200", "--weight", "0.5")) is None  # admin_cli's own PUT
     assert request(parse("drain", "r0")) is None
+
+
+def test_history_reads_as_one_line_per_change_with_what_it_changed():
+    entries = [
+        {"id": 3, "at": 1.8e9, "who": "token:ab (bo)", "what": "undrain", "replica": "p-1", "undo_of": 2,
+         "undoable": True, "before": {"drained": True}, "after": {"drained": False}},
+        {"id": 2, "at": 1.8e9, "who": "token:ab (al)", "what": "tenant_policy", "tenant": "acme", "undoable": True,
+         "before": {"rate_limits": {"requests_per_minute": 60, "tokens_per_minute": None}},
+         "after": {"rate_limits": {"requests_per_minute": 600, "tokens_per_minute": None}}, "undo": {"kind": "x"}},
+        {"id": 1, "at": 1.8e9, "who": "policy-file", "what": "policy_reload", "undoable": False,
+         "before": {"acme": {"priority": "low"}}, "after": {"acme": {"priority": "high"}}},
+    ]
+    lines = admin_cli.render("history", {"entries": entries}).splitlines()
+    assert lines[0].split() == ["ID", "AT", "WHO", "WHAT", "TARGET", "CHANGE"]
+    assert "undoes #2" in lines[1] and "drained: yes -> no" in lines[1]
+    assert "acme" in lines[2] and "rate_limits.requests_per_minute: 60 -> 600" in lines[2]
+    assert "tokens_per_minute" not in lines[2]  # unchanged fields are left out
+    assert "acme.priority: low -> high" in lines[3]
