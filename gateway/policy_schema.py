@@ -16,16 +16,18 @@ from gateway.flow.settings import FlowPolicy
 from gateway.typed import Strict, sha256_hex_list
 
 
+# Upper bounds far above any real tenant: they catch a typo (an extra six zeros) in a file or a live change before
+# it silently lifts a limit, without ever binding a real one.
 class RateLimits(Strict):
-    requests_per_minute: int | None = Field(default=None, ge=1)
-    tokens_per_minute: int | None = Field(default=None, ge=1, description="prompt + completion tokens")
+    requests_per_minute: int | None = Field(default=None, ge=1, le=1_000_000_000)
+    tokens_per_minute: int | None = Field(default=None, ge=1, le=1_000_000_000_000, description="prompt + completion tokens")
 
 
 class Budget(Strict):
     """Spend caps in USD (UTC day / calendar month), from real usage priced per pool (cached tokens as cached)."""
 
-    usd_per_day: float | None = Field(default=None, gt=0)
-    usd_per_month: float | None = Field(default=None, gt=0)
+    usd_per_day: float | None = Field(default=None, gt=0, le=1e9)
+    usd_per_month: float | None = Field(default=None, gt=0, le=1e9)
 
 
 class CachePolicy(Strict):
@@ -69,12 +71,13 @@ class _PolicyFields(Strict):
                                     description="pools it may be served by; unset = every pool of its models")
     fallback_pools: list[str] = Field(default_factory=list, description="tried after its models' own pools")
     objective: Literal["cost", "latency"] | None = None
-    ttft_sla_ms: float | None = Field(default=None, gt=0, description="TTFT target (p95); default routing.ttft_sla_ms")
+    ttft_sla_ms: float | None = Field(default=None, gt=0, le=600_000,
+                                      description="TTFT target (p95); default routing.ttft_sla_ms; at most the SDKs' 600 s timeout")
     on_sla_miss: Literal["spill", "shed"] | None = Field(default=None, description="no replica meets the SLA")
     max_price_per_mtok: float | None = Field(default=None, ge=0,
                                              description="per-token pools priced above this (input or output) are skipped")
     priority: Literal["high", "normal", "low"] = "normal"
-    max_concurrent: int | None = Field(default=None, ge=1, description="in-flight requests; over it -> 429")
+    max_concurrent: int | None = Field(default=None, ge=1, le=1_000_000, description="in-flight requests; over it -> 429")
     max_concurrent_scope: Literal["instance", "fleet"] = Field(
         default="instance", description="instance: max_concurrent per gateway instance; fleet: across every instance "
         "(Redis; per instance while Redis is away)")

@@ -31,6 +31,8 @@ def test_no_fields_is_the_file_tenant_itself():
 
 @pytest.mark.parametrize("fields, where", [
     ({"rate_limits": {"requests_per_minute": 0}}, "rate_limits.requests_per_minute"),
+    ({"rate_limits": {"requests_per_minute": 6_000_000_000_000}}, "rate_limits.requests_per_minute"),  # a typo
+    ({"ttft_sla_ms": 1e9}, "ttft_sla_ms"),
     ({"budget": {"usd_per_month": 0}}, "budget.usd_per_month"),
     ({"rate_limits": {"per_hour": 5}}, "rate_limits.per_hour"),
     ({"pools": ["gpu-z"]}, "pools[0]"),
