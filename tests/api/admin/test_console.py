@@ -155,5 +155,16 @@ def test_console_in_a_real_browser_login_find_the_slow_replica_drain_undo(fleet,
             assert policy["live"] == {"rate_limits": {"requests_per_minute": 900}}  # only what was changed
             expect(page.locator('tr[data-tenant="tenant-a"]')).to_contain_text("/ 900")
             page.screenshot(path=str(shots / "console-tenants.png"))
+
+            # an override: pin the tenant to a pool for an hour, after its preview
+            page.locator('tr[data-tenant="tenant-a"] button').click()
+            page.locator("#modal-body label", has_text="pin to pool").locator("input").fill("p")
+            page.click("#modal-ok")
+            expect(page.locator("#modal-title")).to_have_text("Pin tenant-a to p for 1 h?")
+            expect(page.locator("#modal-body")).to_contain_text("would stay")  # one pool: nothing moves
+            page.click("#modal-ok")
+            expect(page.locator('tr[data-tenant="tenant-a"]')).to_contain_text('"pin_pool":"p"')
+            state = httpx.get(f"{fleet}/admin/state", headers=ADM).json()
+            assert state["tenant_overrides"]["tenant-a"]["pin_pool"] == "p"
         finally:
             browser.close()
