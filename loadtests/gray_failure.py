@@ -193,7 +193,7 @@ async def drive(a: argparse.Namespace, run: Run, phase: str) -> dict[str, Any]:
             r = await c.post(slow_url + "/_sim/fault", json={"kind": "slow", "phase": phase, "factor": a.factor})
             r.raise_for_status()
         await asyncio.sleep(SETTLE_S + 15)
-        text = (await c.get(run.url + "/metrics")).text
+        text = (await c.get(run.admin + "/metrics")).text  # the admin listener
         lines = "\n".join(x for x in text.splitlines() if f'replica="{slow}"' in x and not x.startswith("#")
                           and ("ejected" in x or "correction" in x or "ejections_total" in x or "ttft_predicted" in x))
         await asyncio.sleep(a.phase_s - 15)
