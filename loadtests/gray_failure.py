@@ -189,16 +189,21 @@ async def drive(a: argparse.Namespace, run: Run, phase: str) -> dict[str, Any]:
         start = run.now()
         await asyncio.sleep(a.phase_s)
         fault_at = run.now()
-        if phase != "none":
+        admin = {"authorization": f"Bearer {ADMIN}"}
+        if phase == "drained":  # the reference: the replica taken out by hand, as if on-call had found it at once
+            (await c.post(f"{run.admin}/admin/replicas/{slow}/drain", headers=admin)).raise_for_status()
+        elif phase != "none":
             r = await c.post(slow_url + "/_sim/fault", json={"kind": "slow", "phase": phase, "factor": a.factor})
             r.raise_for_status()
         await asyncio.sleep(SETTLE_S + 15)
-        text = (await c.get(run.url + "/metrics")).text
+        text = (await c.get(run.admin + "/metrics")).text  # the admin listener
         lines = "\n".join(x for x in text.splitlines() if f'replica="{slow}"' in x and not x.startswith("#")
                           and ("ejected" in x or "correction" in x or "ejections_total" in x or "ttft_predicted" in x))
         await asyncio.sleep(a.phase_s - 15)
         clear_at = run.now()
-        if phase != "none":
+        if phase == "drained":
+            (await c.post(f"{run.admin}/admin/replicas/{slow}/undrain", headers=admin)).raise_for_status()
+        elif phase != "none":
             (await c.post(slow_url + "/_sim/fault", json={"kind": "clear"})).raise_for_status()
         await asyncio.sleep(a.phase_s)
         out = scenario(run, phase, start, fault_at, clear_at, run.now(), slow, lines)
@@ -231,8 +236,9 @@ def table(rows: list[dict[str, Any]]) -> str:
         if r["phase"] == "none":
             continue
         ms = lambda v: None if v is None else 1000 * v  # noqa: E731
+        label = "drained by hand" if r["phase"] == "drained" else f"{r['phase']} x{r['factor']:g}"
         out.append(
-            f"| {r['phase']} x{r['factor']:g} | {fmt(r['predicted_rise_s'])} s | {fmt(r['ejected_s'])} s "
+            f"| {label} | {fmt(r['predicted_rise_s'])} s | {fmt(r['ejected_s'])} s "
             f"({', '.join(r['reasons']) or '—'}) | {fmt(none['share_fault'], True)} / {fmt(r['share_fault'], True)} / "
             f"{fmt(r['share_after'], True)} | {fmt(none['ttft_p95_fault'])} / {fmt(r['ttft_p95_fault'])} s "
             f"({delta(r['ttft_p95_fault'], none['ttft_p95_fault'])}) | {fmt(ms(none['itl_p95_fault']))} / "
@@ -246,7 +252,8 @@ def main() -> None:
     ap.add_argument("--rate", type=float, default=6.0, help="requests per second, whole fleet")
     ap.add_argument("--phase-s", type=float, default=60.0, help="seconds before the fault, of it (+30) and after")
     ap.add_argument("--factor", type=float, default=6.0)
-    ap.add_argument("--phases", default="prefill,decode", help="what to slow, in turn: prefill, decode, both")
+    ap.add_argument("--phases", default="prefill,decode", help="what to slow, in turn: prefill, decode, both; "
+                    "drained: the replica drained by hand instead (the reference: capacity lost, nothing slow)")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--port", type=int, default=18400, help="gateway; admin on port + 1")

@@ -212,9 +212,11 @@ def test_compose_prometheus_scrapes_the_gateways_and_engines_and_grafana_shows_t
     jobs = {j["job_name"]: [t for sc in j["static_configs"] for t in sc["targets"]] for j in prom["scrape_configs"]}
     gateways = {name for name, svc in services.items() if svc.get("command", [None])[0] == "serve"}
     assert {t.split(":")[0] for t in jobs["gateway"]} == gateways
+    admin = load_config(DEPLOY / "compose" / "gateway.yaml").admin  # /metrics is on the admin listener only
+    assert not admin.metrics_token_hashes  # (a scrape token would need bearer auth in the scrape config)
     for t in jobs["gateway"]:
         cmd = services[t.split(":")[0]]["command"]
-        assert t.split(":")[1] == cmd[cmd.index("--port") + 1]
+        assert int(t.split(":")[1]) == admin.listen_port(int(cmd[cmd.index("--port") + 1]))
     engines: set[str] = set()
     for name, svc in services.items():
         cmd = svc.get("command") or []
