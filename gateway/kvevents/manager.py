@@ -223,7 +223,7 @@ class KvEventsManager:
         sub = Subscription(self.ctx, ep.pub(rank), ep.replay(rank), ep.topic,
                            on_batch=lambda b: self._on_batch(holder["st"], b),
                            on_reset=lambda why: self._on_reset(holder["st"], why))
-        st = holder["st"] = RankState(server, rank, sub)
+        st = holder["st"] = RankState(server, rank, sub, RankBlocks(page=ep.block_size or self.settings.block_size))
         self.ranks[(server, rank)] = st
         sub.start()
 
@@ -273,7 +273,8 @@ class KvEventsManager:
         return None if any(x is None for x in out) else out  # type: ignore[return-value]
 
     def health(self) -> dict[str, Any]:
-        subs = {f"{s}/rank{r}": {**st.sub.health(), "blocks": len(st.blocks), "orphans": st.blocks.orphans}
+        subs = {f"{s}/rank{r}": {**st.sub.health(), "blocks": len(st.blocks), "orphans": st.blocks.orphans,
+                                         "partials": st.blocks.partials}
                 for (s, r), st in sorted(self.ranks.items())}
         return {"subscriptions": subs, "unsubscribed": dict(self.problems), "tokenizer": dict(self.tokenizer_checks),
                 "healthy": sum(1 for st in self.ranks.values() if st.healthy), "total": len(self.ranks)}
