@@ -2,8 +2,10 @@
 
 The same multi-turn workload (distinct prefix per session, turns in order) through: this gateway (approximate),
 this gateway in precise mode (SGLang's KV events, the model's tokenizer), two gateway instances each keeping its
-own index (turns alternate between them), and round-robin straight to the servers. Each run uses fresh sessions
-(new prefixes), so no run profits from another's cache.
+own index (turns alternate between them), and round-robin straight to the servers. Sessions run one after another
+(every turn of the first, then the second...), as a user's conversation does, so round-robin moves a session at
+every turn whatever the number of servers. Each run uses fresh sessions (new prefixes), so no run profits from
+another's cache.
 """
 
 from __future__ import annotations
@@ -62,8 +64,9 @@ class InProcessGateway:
 
 def _alternating(urls: list[str], sessions: list[Session], turns: int) -> Result:
     """Two instances with their own index: turn t of every session goes to instance t % 2."""
-    for t in range(turns):
-        run_sessions(urls[t % len(urls)], sessions, 1, headers={"Authorization": f"Bearer {KEY}"}, model="tiny")
+    for s in sessions:
+        for t in range(turns):
+            run_sessions(urls[t % len(urls)], [s], 1, headers={"Authorization": f"Bearer {KEY}"}, model="tiny")
     return Result("two instances, own index each", sessions)
 
 
@@ -72,15 +75,15 @@ def measure(urls: list[str], model_dir: Path, sessions: int, turns: int) -> list
     out = []
     with InProcessGateway(gateway_config(urls, model_dir, "approximate")) as gw:
         out.append(run_sessions(gw.url, [Session(f"approx-{i}") for i in range(sessions)], turns, h,
-                                label="gateway, approximate"))
+                                label="gateway, approximate", by_session=True))
     with InProcessGateway(gateway_config(urls, model_dir, "precise")) as gw:
         time.sleep(2)  # discovery (0.5 s) and the subscriptions' first connect: precise from the first request
         out.append(run_sessions(gw.url, [Session(f"precise-{i}") for i in range(sessions)], turns, h,
-                                label="gateway, precise (KV events)"))
+                                label="gateway, precise (KV events)", by_session=True))
     with InProcessGateway(gateway_config(urls, model_dir, "approximate")) as a, \
             InProcessGateway(gateway_config(urls, model_dir, "approximate")) as b:
         out.append(_alternating([a.url, b.url], [Session(f"two-{i}") for i in range(sessions)], turns))
-    out.append(direct_round_robin(urls, [Session(f"rr-{i}") for i in range(sessions)], turns))
+    out.append(direct_round_robin(urls, [Session(f"rr-{i}") for i in range(sessions)], turns, by_session=True))
     return out
 
 

@@ -88,26 +88,30 @@ def _send(client: httpx.Client, url: str, s: Session, headers: dict[str, str], m
     s.answered(r.json(), r.headers.get("x-gateway-replica", url), r.headers.get("x-gateway-route", ""))
 
 
+def order(sessions: list[Session], turns: int, by_session: bool) -> list[Session]:
+    """The sessions' turns in sending order: interleaved (s1t1, s2t1, ..., s1t2, ...) or one session after
+    another (s1t1, s1t2, ..., s2t1, ...)."""
+    if by_session:
+        return [s for s in sessions for _ in range(turns)]
+    return [s for _ in range(turns) for s in sessions]
+
+
 def run_sessions(url: str, sessions: list[Session], turns: int, headers: dict[str, str] | None = None,
                  model: str = "tiny", max_tokens: int = 4, between: Callable[[], None] | None = None,
-                 label: str = "gateway") -> Result:
-    """Turn by turn across sessions (s1t1, s2t1, ..., s1t2, ...), all to one URL (the gateway)."""
+                 label: str = "gateway", by_session: bool = False) -> Result:
+    """Every turn to one URL (the gateway), in `order`."""
     with httpx.Client(timeout=300) as c:
-        for _ in range(turns):
-            for s in sessions:
-                _send(c, url, s, headers or {}, model, max_tokens)
-                if between is not None:
-                    between()
+        for s in order(sessions, turns, by_session):
+            _send(c, url, s, headers or {}, model, max_tokens)
+            if between is not None:
+                between()
     return Result(label, sessions)
 
 
 def direct_round_robin(urls: list[str], sessions: list[Session], turns: int, model: str = "tiny",
-                       max_tokens: int = 4) -> Result:
+                       max_tokens: int = 4, by_session: bool = False) -> Result:
     """The same order of requests, each sent to the next server in turn (no gateway)."""
-    i = 0
     with httpx.Client(timeout=300) as c:
-        for _ in range(turns):
-            for s in sessions:
-                _send(c, urls[i % len(urls)], s, {}, model, max_tokens)
-                i += 1
+        for i, s in enumerate(order(sessions, turns, by_session)):
+            _send(c, urls[i % len(urls)], s, {}, model, max_tokens)
     return Result("round-robin", sessions)
