@@ -45,3 +45,14 @@ agent-drift: setup
 	$(BIN)/python -m tests.e2e.agents.compat --newest
 
 .PHONY: agent-clis agent-compat agent-drift
+
+# The engine tier (tests/engines, docs/engines.md): real SGLang 0.5.23 on the CPU behind the gateway, and the
+# simulator compared with it. Installs the engine environment into ~/.cache/inference-gateway/engines on first use
+# (minutes; cached by version), then runs the tier under the machine's heavy-work lock; a missing environment is a
+# failure here, never a skip.
+ENGINE ?= sglang==0.5.23
+engine-test: setup
+	$(BIN)/python -m gateway_lab.engines install $(ENGINE)
+	GATEWAY_ENGINE_TESTS=1 flock /tmp/heavy.lock $(BIN)/python -m pytest -q tests/engines
+
+.PHONY: engine-test

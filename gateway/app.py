@@ -76,7 +76,9 @@ def create_app(config: GatewayConfig, *, span_exporter: Any = None, transport: h
         metrics = GatewayMetrics()
         policies.on_reload = lambda result: metrics.policy_reloads.labels(result).inc()
         sglang_backend = SGLangBackend(http, config.retry, t.idle, t.connect)
+        # vLLM speaks the same plain HTTP/1.1 OpenAI surface: the same lean keep-alive client serves it
         backends: dict[str, Backend] = {"sglang": PdBackend(sglang_backend, config, secrets.pool_keys, metrics.registry),
+                                         "vllm": sglang_backend,
                                          "openai": HttpBackend(http, config.retry, t.idle),
                                          "litellm": LiteLLMBackend()}
         tracer, provider = build_tracer(config.observability.tracing_exporter, config.observability.service_name, span_exporter)

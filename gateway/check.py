@@ -20,7 +20,7 @@ from typing import Any
 
 import httpx
 
-from gateway.config import ConfigError, GatewayConfig, OpenAIPool, SGLangPool, load_config
+from gateway.config import ConfigError, GatewayConfig, OpenAIPool, SGLangPool, VLLMPool, load_config
 from gateway.preflight import Finding, check_config, describe
 from gateway.secrets import pool_keys
 
@@ -37,7 +37,7 @@ def duplicate_urls(cfg: GatewayConfig) -> list[Finding]:
     """One finding per URL configured under more than one replica name (in one pool or across pools)."""
     seen: dict[str, list[str]] = {}
     for pool in cfg.pools:
-        if isinstance(pool, SGLangPool):
+        if isinstance(pool, SGLangPool | VLLMPool):
             for r in pool.replicas:
                 seen.setdefault(r.url, []).append(f"{pool.name}/{r.name}")
     return [Finding("duplicate_url", f"{url} is configured as {' and '.join(names)}: one server counted as "

@@ -28,6 +28,7 @@ from gateway.settings.pools import PoolTiming as PoolTiming
 from gateway.settings.pools import Pricing as Pricing
 from gateway.settings.pools import Replica as Replica
 from gateway.settings.pools import SGLangPool as SGLangPool
+from gateway.settings.pools import VLLMPool as VLLMPool
 from gateway.settings.routing import KvEventsSettings as KvEventsSettings
 from gateway.settings.routing import KvEventsStatic as KvEventsStatic
 from gateway.settings.routing import Routing as Routing
@@ -256,10 +257,10 @@ class GatewayConfig(_Strict):
         pool_names = [p.name for p in self.pools]
         _unique(pool_names, "pools")
         _unique([m.name for m in self.models], "models")
-        replica_names = [r.name for p in self.pools if isinstance(p, SGLangPool) for r in p.replicas]
+        replica_names = [r.name for p in self.pools if isinstance(p, SGLangPool | VLLMPool) for r in p.replicas]
         replica_names += [r.name for p in self.pools if isinstance(p, SGLangPool) and p.disaggregation
                           for r in p.disaggregation.prefill]
-        _unique(replica_names + [p.name for p in self.pools if not isinstance(p, SGLangPool)], "replicas")
+        _unique(replica_names + [p.name for p in self.pools if not isinstance(p, SGLangPool | VLLMPool)], "replicas")
         for i, m in enumerate(self.models):
             for j, p in enumerate(m.pools):
                 if p not in pool_names:

@@ -1,4 +1,4 @@
-"""Preflight of one SGLang server: what `/server_info` and a one-token probe say, and which of its settings make the
+"""Preflight of one SGLang server (vLLM's: backends/vllm_engine.py): what `/server_info` and a one-token probe say, and which of its settings make the
 gateway go quietly wrong. Run at start and on every reconnect by the engine poller, and on demand by
 `gateway check --config FILE` (gateway/check.py; exits 1 when any check fails).
 
@@ -31,7 +31,7 @@ from typing import Any
 
 import httpx
 
-from gateway.config import GatewayConfig, SGLangPool
+from gateway.config import GatewayConfig, SGLangPool, VLLMPool
 from gateway.secrets import pool_keys
 from gateway.upstreams import release
 
@@ -231,12 +231,16 @@ async def check_config(cfg: GatewayConfig, client: httpx.AsyncClient | None = No
     own = client is None
     client = client or httpx.AsyncClient(trust_env=False)
     try:
+        from gateway.backends import vllm_engine  # imports this module
+
         jobs = []
         for pool in cfg.pools:
             if isinstance(pool, SGLangPool):
                 jobs += [inspect(client, pool, r.name, r.url, keys[pool.name], cfg.routing.chunk_tokens,
                                  with_probe=pool.disaggregation is None)  # a decode server needs bootstrap fields
                          for r in pool.replicas]
+            elif isinstance(pool, VLLMPool):
+                jobs += [vllm_engine.inspect(client, pool, r.name, r.url, keys[pool.name]) for r in pool.replicas]
         reports = list(await asyncio.gather(*jobs))
         for pool in cfg.pools:  # PD pools: their prefill servers and what both sides must agree on
             if isinstance(pool, SGLangPool) and pool.disaggregation is not None:
@@ -254,6 +258,8 @@ def describe(rep: Report) -> str:
     f = rep.facts
     if f is None:
         return f"{rep.pool}/{rep.server} {rep.url}"
+    if f.low_priority_values_first and f.page_size is None:  # vLLM: release and cache report only
+        return f"{rep.pool}/{rep.server} {rep.url}: vLLM {f.version or '?'}, cache report {f.cache_report}"
     return (f"{rep.pool}/{rep.server} {rep.url}: SGLang {f.version or '?'}, {f.ranks} rank(s)"
             f"{' (DP attention)' if f.dp_attention else ''}, page {f.page_size}, context {f.context_length}, "
             f"cache report {f.cache_report}, schedule policy {f.schedule_policy or '?'}, "

@@ -28,6 +28,7 @@ from gateway.config import (
     PerTokenPricing,
     PoolTiming,
     SGLangPool,
+    VLLMPool,
 )
 from gateway.observability.logging import log_event
 from gateway.prediction.ttft import LoadView
@@ -51,11 +52,16 @@ class Capabilities:
     # chat `reasoning_effort` typed to low / medium / high only (SGLang 0.5.9 and 0.5.13; anything else is a 400), and
     # "no thinking" as `chat_template_kwargs.enable_thinking: false`; without it the value is passed as the client sent it
     narrow_reasoning_effort: bool
+    # which engine API the poller, preflight and KV-event discovery speak: sglang (/server_info, /v1/loads,
+    # /v1/tokenize, kv_events in /server_info), vllm (/version, /metrics, /tokenize, /kv_event_sources), "" none
+    engine_api: str = ""
 
 
 CAPABILITIES: dict[str, Capabilities] = {
     "sglang": Capabilities(prefix_cache=True, cache_salt=True, priority=True, dp_ranks=True, engine_loads=True,
-                           health_probe=True, self_hosted=True, narrow_reasoning_effort=True),
+                           health_probe=True, self_hosted=True, narrow_reasoning_effort=True, engine_api="sglang"),
+    "vllm": Capabilities(prefix_cache=True, cache_salt=True, priority=True, dp_ranks=False, engine_loads=True,
+                         health_probe=True, self_hosted=True, narrow_reasoning_effort=False, engine_api="vllm"),
     "openai": Capabilities(prefix_cache=False, cache_salt=False, priority=False, dp_ranks=False, engine_loads=False,
                            health_probe=True, self_hosted=False, narrow_reasoning_effort=False),
     "litellm": Capabilities(prefix_cache=False, cache_salt=False, priority=False, dp_ranks=False, engine_loads=False,
@@ -95,7 +101,7 @@ SERVER_FACTS = frozenset({"incarnation", "version", "priority_scheduling", "low_
 class Target:
     pool: str
     name: str  # replica name (SGLang; `<server>/dp<rank>` for one rank of a DP server) or pool name (hosted)
-    kind: str  # sglang | openai | litellm: selects the backend; behaviour follows `caps`
+    kind: str  # sglang | vllm | openai | litellm: selects the backend; behaviour follows `caps`
     base_url: str  # SGLang: server root; openai: base URL including /v1; litellm: api_base or ""
     api_base: str  # where `<endpoint>` paths go: SGLang `<root>/v1`; otherwise base_url
     upstream_model: str
@@ -242,6 +248,16 @@ class UpstreamRegistry:
                     self._pinning[r.name] = pinning
                     if r.dp_size is not None:
                         self._fixed_ranks[r.name] = r.dp_size
+            elif isinstance(pool, VLLMPool):
+                ts = []
+                for r in pool.replicas:
+                    st = self._state(pool)
+                    st.low_priority_values_first = True  # vLLM schedules lower priority values first
+                    ts.append(Target(pool.name, r.name, "vllm", r.url, f"{r.url}/v1", pool.model, key,
+                                     pool.health_path, pool.timing, CAPABILITIES["vllm"], st,
+                                     send_priority=pool.send_priority,
+                                     priority_values={**DEFAULT_PRIORITY_VALUES,
+                                                      **{str(k): v for k, v in pool.priority_values.items()}}))
             elif isinstance(pool, OpenAIPool):
                 ts = [Target(pool.name, pool.name, "openai", pool.base_url, pool.base_url, pool.model, key,
                              pool.health_path, pool.timing, CAPABILITIES["openai"], self._state(pool))]
@@ -256,7 +272,7 @@ class UpstreamRegistry:
         for server, n in self._fixed_ranks.items():
             self.set_ranks(server, n)
 
-    def _state(self, pool: SGLangPool | OpenAIPool | LiteLLMPool) -> TargetState:
+    def _state(self, pool: SGLangPool | VLLMPool | OpenAIPool | LiteLLMPool) -> TargetState:
         return TargetState(CircuitBreaker(self._cb.failure_threshold, self._cb.cooldown_s), pool.pricing,
                            weight=pool.weight)
 

@@ -1,12 +1,12 @@
 """tests/ mirrors gateway/ (docs/architecture.md, README's contributing notes): a test directory names the package it tests, so the tests of
 a module are found where the module is; tests/lab/ mirrors the lab package gateway_lab/ the same way. Only
-whole-stack tests (e2e/) and shared fakes (fakes/) stand apart."""
+whole-stack tests (e2e/), the tier against real engines (engines/) and shared fakes (fakes/) stand apart."""
 
 import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-APART = {"e2e", "fakes"}
+APART = {"e2e", "engines", "fakes"}
 
 
 def test_every_test_directory_mirrors_a_gateway_package():

@@ -7,6 +7,14 @@ simulator's incarnation. At start and after every reconnect (a server that was u
 the full preflight (gateway/preflight.py, with a probe request): each failed check is logged once, counted in
 `gateway_replica_misconfigured{pool,replica,check}` and kept on the targets for `/readyz`.
 
+vLLM servers (pool kind `vllm`) have no /server_info or /v1/loads: their load is read from /metrics and their
+preflight is vLLM's own (backends/vllm_engine.py).
+
+A server that answers the start-up read with 404 (/server_info: not that engine, or an older release) is not
+unreachable, and asking again at once will not change it: the reason is logged once, and the read is retried after
+1, 2, 4, ... up to 64 polls instead of on every poll. Any other answer (a 503 while a server starts) is asked again
+on the next poll, as before.
+
 The engines' gauges lag bursts, so they are a floor under the gateways' counts, not the primary signal; they also
 cover traffic that did not come through any gateway. What the facts mean for the prefix index (an index key out of
 use, a replica's KV capacity) goes to the routing state's one writer (`dispatch/feedback.py`) as events.
@@ -22,14 +30,20 @@ import httpx
 from prometheus_client import Gauge
 
 from gateway import preflight
+from gateway.backends import vllm_engine
 from gateway.background import BackgroundTask
-from gateway.config import GatewayConfig, SGLangPool
+from gateway.config import GatewayConfig, SGLangPool, VLLMPool
 from gateway.observability.logging import log_event
 from gateway.prediction.ttft import LoadView
 from gateway.upstreams import Target, UpstreamRegistry
 
 log = logging.getLogger("gateway.engine")
 INFO_EVERY = 10  # polls between /server_info reads
+BACKOFF_MAX = 64  # polls between retries of a start-up read that keeps failing on a server that answers
+
+
+class _Answered(Exception):
+    """The server answered, but not what the start-up read needs (logged once; retried with backoff)."""
 
 
 class ReplicaFacts(Protocol):
@@ -47,7 +61,8 @@ class EnginePoller:
         self.facts = facts
         self.chunk_tokens = chunk_tokens
         self.period = period
-        self.pools: dict[str, SGLangPool] = {p.name: p for p in config.pools if isinstance(p, SGLangPool)} if config else {}
+        self.pools: dict[str, SGLangPool | VLLMPool] = (
+            {p.name: p for p in config.pools if isinstance(p, SGLangPool | VLLMPool)} if config else {})
         self.misconfigured = Gauge("gateway_replica_misconfigured", "1 while a preflight check fails for an SGLang "
                                    "server (log line and /readyz name it)", ["pool", "replica", "check"],
                                    registry=metrics_registry) if metrics_registry is not None else None
@@ -56,6 +71,7 @@ class EnginePoller:
         self._refused: set[str] = set()  # servers whose last poll found nothing listening
         self._bg = BackgroundTask(self._run, "engine-poller")
         self._n = 0
+        self._backoff: dict[str, tuple[int, int, str]] = {}  # server -> (failures, next poll number, last reason)
 
     def start(self) -> None:
         self._bg.start()
@@ -77,7 +93,7 @@ class EnginePoller:
         while True:
             await self.poll_once(servers=pending)
             pending = {s: ts for s, ts in self.registry.servers().items()
-                       if not self._reachable.get(s, False) and s not in self._refused}
+                       if not self._reachable.get(s, False) and s not in self._refused and s not in self._backoff}
             if not pending:
                 return
             await asyncio.sleep(0.05)
@@ -101,7 +117,12 @@ class EnginePoller:
 
     async def _poll(self, server: str, targets: list[Target], info: bool) -> None:
         t = targets[0]
+        if t.caps.engine_api == "vllm":
+            await self._poll_vllm(server, targets, info)
+            return
         reconnect = not self._reachable.get(server, False)
+        if reconnect and not self._due(server):
+            return
         try:
             # a server whose preflight failed is checked again at each /server_info read: fixed without going down
             # (a flag changed, the pool's key rotated), its finding clears at the next reconcile, not at a restart
@@ -119,7 +140,12 @@ class EnginePoller:
                 _assign_kv(targets, _kv_usage(r.json()) if r.status_code == 200 else None)
             self._reachable[server] = True
             self._refused.discard(server)
+            self._backoff.pop(server, None)
             _assign(targets, rows)
+        except _Answered as e:
+            self._failed(server, t, str(e))
+            for x in targets:
+                x.state.engine_load = None
         except (httpx.HTTPError, ValueError, KeyError, TypeError) as e:
             self._reachable[server] = False
             if isinstance(e, httpx.ConnectError):
@@ -133,10 +159,17 @@ class EnginePoller:
         pool = self.pools.get(t.pool)
         if pool is None:  # a registry built without the config (tests): server facts only
             return await self._server_info(server, t)
+        assert isinstance(pool, SGLangPool)
         rep = await preflight.inspect(self.client, pool, server, t.base_url, t.api_key, self.chunk_tokens)
         if rep.facts is None and any(f.check == "reachable" for f in rep.findings):
+            reason = next(f.message for f in rep.findings if f.check == "reachable")
+            if "answered 404" in reason:  # up, and not this engine (or too old): logged, retried with backoff
+                raise _Answered(reason)
             # not a misconfiguration: try again next poll
             raise httpx.ConnectError("refused") if rep.refused else httpx.ReadTimeout("unreachable")
+        return await self._record(server, t, rep)
+
+    async def _record(self, server: str, t: Target, rep: preflight.Report) -> list[Target] | None:
         old = self.reports.get(server)
         self.reports[server] = rep
         for f in rep.findings:
@@ -157,6 +190,65 @@ class EnginePoller:
                 x.state.misconfigured = checks
             return None
         return await self._apply(server, t, rep.facts, misconfigured=checks)
+
+    def _due(self, server: str) -> bool:
+        b = self._backoff.get(server)
+        return b is None or self._n >= b[1]
+
+    def _failed(self, server: str, t: Target, reason: str) -> None:
+        n, _, last = self._backoff.get(server, (0, 0, ""))
+        wait = min(BACKOFF_MAX, 1 << n)
+        self._backoff[server] = (n + 1, self._n + wait, reason)
+        self._reachable[server] = False
+        self._refused.discard(server)
+        if reason != last:
+            log.warning("replica %s of pool %s answers but its start-up read failed: %s (pool kind %s; retried after "
+                        "1, 2, 4 ... up to %d polls)", server, t.pool, reason, t.kind, BACKOFF_MAX)
+
+    async def _poll_vllm(self, server: str, targets: list[Target], info: bool) -> None:
+        """Load from /metrics every poll; the preflight at start, after a reconnect and (backed off) after a failure."""
+        t = targets[0]
+        reconnect = not self._reachable.get(server, False)
+        try:
+            if reconnect:
+                if not self._due(server):
+                    return
+                pool = self.pools.get(t.pool)
+                if isinstance(pool, VLLMPool):
+                    rep = await vllm_engine.inspect(self.client, pool, server, t.base_url, t.api_key)
+                else:  # a registry built without the config (tests): the release only
+                    rep = await vllm_engine.inspect(self.client, VLLMPool(name=t.pool, model=t.upstream_model,
+                                                    replicas=[{"name": server, "url": t.base_url}]),  # type: ignore[list-item]
+                                                    server, t.base_url, t.api_key, with_probe=False)
+                if rep.facts is None:
+                    reason = next((f.message for f in rep.findings if f.check == "reachable"), "no answer")
+                    if "answered 404" in reason:
+                        raise _Answered(reason)
+                    raise httpx.ConnectError("refused") if rep.refused else httpx.ReadTimeout("unreachable")
+                targets = await self._record(server, t, rep) or targets
+            r = await self.client.get(f"{t.base_url}/metrics", headers=self._headers(t), timeout=2.0)
+            if r.status_code != 200:
+                raise _Answered(f"/metrics answered {r.status_code}")
+            view = vllm_engine.load_from_metrics(r.text)
+            if view is None:
+                raise _Answered("/metrics has no vllm:num_requests_running (not a vLLM server?)")
+            self._reachable[server] = True
+            self._refused.discard(server)
+            self._backoff.pop(server, None)
+            for x in targets:
+                x.state.engine_load = view
+        except _Answered as e:
+            self._failed(server, t, str(e))
+            for x in targets:
+                x.state.engine_load = None
+        except (httpx.HTTPError, ValueError) as e:
+            self._reachable[server] = False
+            if isinstance(e, httpx.ConnectError):
+                self._refused.add(server)
+            else:
+                self._refused.discard(server)
+            for x in targets:
+                x.state.engine_load = None
 
     async def _server_info(self, server: str, t: Target) -> list[Target] | None:
         _, data = await preflight.server_info(self.client, t.base_url, self._headers(t))

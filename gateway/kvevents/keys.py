@@ -35,8 +35,10 @@ def seed(namespace: str | None) -> bytes:
 
 def orphan_seed(engine_parent: int) -> bytes:
     """A block whose parent the consumer never saw starts a chain of its own: it is indexed (so its removal and
-    its children resolve) but can never match a request's chain from the root."""
-    return hashlib.blake2b(b"gw-kv-orphan\x00" + engine_parent.to_bytes(8, "big", signed=True), digest_size=8).digest()
+    its children resolve) but can never match a request's chain from the root. The engine hash is taken modulo
+    2^64: SGLang's are signed and vLLM's unsigned 64-bit, and either must seed, never raise."""
+    raw = (engine_parent & 0xFFFF_FFFF_FFFF_FFFF).to_bytes(8, "big")
+    return hashlib.blake2b(b"gw-kv-orphan\x00" + raw, digest_size=8).digest()
 
 
 def chain(prev: bytes, tokens: np.ndarray | Sequence[int], block_size: int) -> list[int]:

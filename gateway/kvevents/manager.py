@@ -2,7 +2,8 @@
 
 Every instance subscribes to every publisher itself (PUB fans out; no shared state), as llm-d's active-active
 replicas do. Endpoints come from `/server_info.kv_events` (0.5.13+: a wildcard host means the replica URL's host,
-ports are the base + rank) or, for 0.5.9, from `routing.kv_events.static`. Servers are re-read every
+ports are the base + rank), from vLLM's `/kv_event_sources` (pool kind vllm), or, for 0.5.9, from
+`routing.kv_events.static`. Servers are re-read every
 `discovery_interval_s`: a new server, a changed descriptor or a dead subscription is (re)subscribed.
 Each batch updates the rank's blocks, and its removals, flushes and restarts are applied to the approximate index
 too (index keys of the targets that stand for that rank).
@@ -22,6 +23,7 @@ import httpx
 import zmq.asyncio
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from gateway.backends import vllm_engine
 from gateway.config import KvEventsSettings
 from gateway.kvevents.blocks import Applied, RankBlocks
 from gateway.kvevents.subscriber import Subscription
@@ -173,6 +175,8 @@ class KvEventsManager:
             port = urlsplit(static.endpoint).port or 0
             replay = urlsplit(static.replay_endpoint).port if static.replay_endpoint else None
             return Endpoints(host, port, replay, static.topic, static.dp_size, None)
+        if t.caps.engine_api == "vllm":
+            return await self._vllm_endpoints(server, t)
         try:
             r = await self.http.get(f"{t.base_url}/server_info", timeout=2.0,
                                     headers={"Authorization": f"Bearer {t.api_key}"} if t.api_key else None)
@@ -188,6 +192,23 @@ class KvEventsManager:
                                      "routing.kv_events.static): approximate routing for this replica")
         return ep
 
+    async def _vllm_endpoints(self, server: str, t: Target) -> Endpoints | None:
+        try:
+            r = await self.http.get(f"{t.base_url}/kv_event_sources", timeout=2.0,
+                                    headers={"Authorization": f"Bearer {t.api_key}"} if t.api_key else None)
+            sources = r.json() if r.status_code == 200 else None
+        except (httpx.HTTPError, ValueError):
+            return self.endpoints.get(server)
+        ranks = vllm_engine.endpoints_of(sources, t.base_url)
+        if not ranks:
+            self.problems[server] = ("no publisher in /kv_event_sources (start vLLM with --kv-events-config): "
+                                     "approximate routing for this replica")
+            return None
+        _, pub, replay, topic = ranks[0]
+        host, port = urlsplit(pub).hostname or "", urlsplit(pub).port or 0
+        rport = urlsplit(replay).port if replay else None
+        return Endpoints(host, port, rport, topic, len(ranks), None)  # vLLM offsets each rank's ports by its rank
+
     async def _check_tokenizer(self, server: str, t: Target) -> str:
         """Once per server: the engine's /v1/tokenize of a sample chat against ours (0.5.13+; `messages` there).
         A mismatch means our keys can never match its events: that replica is routed approximately."""
@@ -199,7 +220,8 @@ class KvEventsManager:
         else:
             body = {"model": t.upstream_model, "messages": SAMPLE_CHAT}
             try:
-                r = await self.http.post(f"{t.base_url}/v1/tokenize", json=body, timeout=5.0,
+                path = "/tokenize" if t.caps.engine_api == "vllm" else "/v1/tokenize"
+                r = await self.http.post(f"{t.base_url}{path}", json=body, timeout=5.0,
                                          headers={"Authorization": f"Bearer {t.api_key}"} if t.api_key else None)
                 data = r.json() if r.status_code == 200 else None
             except (httpx.HTTPError, ValueError):
@@ -223,7 +245,7 @@ class KvEventsManager:
         sub = Subscription(self.ctx, ep.pub(rank), ep.replay(rank), ep.topic,
                            on_batch=lambda b: self._on_batch(holder["st"], b),
                            on_reset=lambda why: self._on_reset(holder["st"], why))
-        st = holder["st"] = RankState(server, rank, sub)
+        st = holder["st"] = RankState(server, rank, sub, RankBlocks(page=ep.block_size or self.settings.block_size))
         self.ranks[(server, rank)] = st
         sub.start()
 
@@ -273,7 +295,8 @@ class KvEventsManager:
         return None if any(x is None for x in out) else out  # type: ignore[return-value]
 
     def health(self) -> dict[str, Any]:
-        subs = {f"{s}/rank{r}": {**st.sub.health(), "blocks": len(st.blocks), "orphans": st.blocks.orphans}
+        subs = {f"{s}/rank{r}": {**st.sub.health(), "blocks": len(st.blocks), "orphans": st.blocks.orphans,
+                                         "partials": st.blocks.partials}
                 for (s, r), st in sorted(self.ranks.items())}
         return {"subscriptions": subs, "unsubscribed": dict(self.problems), "tokenizer": dict(self.tokenizer_checks),
                 "healthy": sum(1 for st in self.ranks.values() if st.healthy), "total": len(self.ranks)}

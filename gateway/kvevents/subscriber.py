@@ -45,6 +45,7 @@ class SubStats:
     resets: int = 0  # sequence restarts (engine restarts)
     disconnects: int = 0
     bad_payloads: int = 0
+    apply_errors: int = 0  # batches whose application raised (logged; the subscription goes on)
     last_seq: int | None = None
     lag_s: float = 0.0  # receive time - the batch's timestamp, last batch
     last_batch_at: float = 0.0  # wall clock
@@ -227,11 +228,16 @@ class Subscription:
         st.lag_s = max(0.0, now - batch.ts) if batch.ts else 0.0
         if batch.events:
             st.encoding = "maps" if batch.maps else "arrays"
-        self.on_batch(batch)
+        try:
+            self.on_batch(batch)
+        except Exception:  # no event an engine can send may end the subscription: counted, logged, skipped
+            st.apply_errors += 1
+            log.exception("KV events %s: batch %d could not be applied (skipped; the subscription goes on)",
+                          self.endpoint, seq)
 
     def health(self) -> dict[str, object]:
         st = self.stats
         return {"endpoint": self.endpoint, "healthy": self.healthy, "connected": self.connected,
                 "resyncing": self.resyncing, "last_seq": st.last_seq, "batches": st.batches, "gaps": st.gaps,
-                "replayed": st.replays, "replay_failures": st.replay_failures, "resets": st.resets,
+                "replayed": st.replays, "replay_failures": st.replay_failures, "resets": st.resets, "apply_errors": st.apply_errors,
                 "disconnects": st.disconnects, "lag_s": round(st.lag_s, 4), "encoding": st.encoding or None}

@@ -4,6 +4,14 @@ A message is three frames `[topic, seq (8 bytes big-endian), payload]`; the payl
 `[ts, events, attn_dp_rank?]`. Events are tagged arrays up to 0.5.13 (`["BlockStored", hashes, parent, tokens,
 block_size, lora_id, medium?]`) and tagged maps from 0.5.23 (`{"type": "BlockStored", ...}`). Both are accepted;
 unknown keys, trailing elements and unknown event types are ignored (a newer engine must not blind the consumer).
+
+vLLM (0.32) sends the same framing and maps, with three differences read here:
+- its block hashes are unsigned 64-bit (SGLang's are signed), or raw bytes with VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0;
+  both become Python ints, used only as map keys;
+- it names no `cache_salt`: a request's salt is one of the first block's `extra_keys` (`extra_keys[0]`: the LoRA
+  name first when `lora_name` is set, `(mm_id, offset)` pairs, then the salt string), present only on an event
+  whose first block is the sequence's first (no parent), which is the only place a namespace seeds a chain;
+- `block_size` on a partial prefix-cache block is that block's own length, not the page size (kvevents/blocks.py).
 """
 
 from __future__ import annotations
@@ -78,8 +86,32 @@ def decode_batch(payload: bytes) -> Batch:
     return Batch(ts, events, rank, maps)
 
 
+def _hash(x: Any) -> int | None:
+    if isinstance(x, int) and not isinstance(x, bool):
+        return x
+    if isinstance(x, bytes):  # vLLM with VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0: the digest itself
+        return int.from_bytes(x[:8].rjust(8, b"\0"), "big") if x else None
+    return None
+
+
 def _ints(v: Any) -> list[int]:
-    return [x for x in v if isinstance(x, int)] if isinstance(v, list) else []
+    if not isinstance(v, list):
+        return []
+    return [h for h in map(_hash, v) if h is not None]
+
+
+def _salt_of(d: dict[str, Any], lora: str | None) -> str | None:
+    """SGLang's `cache_salt`, else vLLM's salt in `extra_keys[0]` (see the module docstring)."""
+    salt = d.get("cache_salt")
+    if isinstance(salt, str):
+        return salt
+    extra = d.get("extra_keys")
+    if not isinstance(extra, list) or not extra or not isinstance(extra[0], list | tuple):
+        return None
+    first = list(extra[0])
+    if lora and first and first[0] == lora:
+        first = first[1:]
+    return next((k for k in first if isinstance(k, str) and k), None)
 
 
 def _tokens(v: Any) -> list[int]:
@@ -91,11 +123,10 @@ def _tokens(v: Any) -> list[int]:
 def _from_map(d: dict[str, Any]) -> Event | None:
     kind = d.get("type")
     if kind == "BlockStored":
-        salt, lora = d.get("cache_salt"), d.get("lora_name")
-        parent = d.get("parent_block_hash")
-        return Stored(_ints(d.get("block_hashes")), parent if isinstance(parent, int) else None,
-                      _tokens(d.get("token_ids")), int(d.get("block_size") or 0), salt if isinstance(salt, str) else None,
-                      lora if isinstance(lora, str) else None)
+        lora = d.get("lora_name") if isinstance(d.get("lora_name"), str) else None
+        bs = d.get("block_size")
+        return Stored(_ints(d.get("block_hashes")), _hash(d.get("parent_block_hash")), _tokens(d.get("token_ids")),
+                      bs if isinstance(bs, int) else 0, _salt_of(d, lora), lora)
     if kind == "BlockRemoved":
         return Removed(_ints(d.get("block_hashes")))
     if kind == "AllBlocksCleared":
@@ -106,8 +137,7 @@ def _from_map(d: dict[str, Any]) -> Event | None:
 def _from_array(a: list[Any]) -> Event | None:
     kind = a[0]
     if kind == "BlockStored" and len(a) >= 5:
-        parent = a[2]
-        return Stored(_ints(a[1]), parent if isinstance(parent, int) else None, _tokens(a[3]),
+        return Stored(_ints(a[1]), _hash(a[2]), _tokens(a[3]),
                       int(a[4]) if isinstance(a[4], int) else 0)
     if kind == "BlockRemoved" and len(a) >= 2:
         return Removed(_ints(a[1]))

@@ -99,6 +99,37 @@ class SGLangPool(_PoolBase):
         return {"high": 10, "normal": 0, "low": -10, **v}  # a partial mapping keeps the defaults for the rest
 
 
+class VLLMPool(_PoolBase):
+    """Self-hosted vLLM servers (0.32+; docs/engines.md), one entry per server. vLLM has no /server_info or
+    /v1/loads: its load is read from /metrics (`vllm:num_requests_running` + `waiting`), its release from /version,
+    its KV-event publishers from /kv_event_sources. Start it with `--enable-prefix-caching`,
+    `--enable-prompt-tokens-details` (usage then carries cached_tokens) and, for precise routing, `--kv-events-config`."""
+
+    kind: Literal["vllm"] = "vllm"
+    replicas: list[Replica] = Field(min_length=1)
+    api_key_env: str | None = None  # vLLM --api-key, if the servers use one
+    health_path: str = Field(default="/health", description="liveness probe (vLLM answers /health and /ping)")
+    send_priority: Literal["never", "always"] = Field(
+        default="never", description="always: send `priority` (servers started with --scheduling-policy priority; "
+        "vLLM refuses it otherwise); the class values are negated, since vLLM serves lower values first")
+    priority_values: dict[Literal["high", "normal", "low"], int] = Field(
+        default_factory=lambda: {"high": 10, "normal": 0, "low": -10},  # type: ignore[arg-type]
+        description="the priority per tenant class, as for sglang pools (higher = sooner; sent negated)")
+
+    @field_validator("priority_values")
+    @classmethod
+    def _all_classes(cls, v: dict[str, int]) -> dict[str, int]:
+        return {"high": 10, "normal": 0, "low": -10, **v}
+
+    @field_validator("replicas")
+    @classmethod
+    def _no_dp(cls, v: list[Replica]) -> list[Replica]:
+        for r in v:
+            if r.dp_size not in (None, 1):
+                raise ValueError(f"{r.name}: dp_size: vLLM ranks cannot be pinned per request; list one server each")
+        return v
+
+
 class OpenAIPool(_PoolBase):
     """Any OpenAI-compatible hosted endpoint (e.g. a provider serving GLM-5.2 on B200)."""
 
@@ -123,7 +154,7 @@ class LiteLLMPool(_PoolBase):
         return v
 
 
-Pool = Annotated[SGLangPool | OpenAIPool | LiteLLMPool, Field(discriminator="kind")]
+Pool = Annotated[SGLangPool | VLLMPool | OpenAIPool | LiteLLMPool, Field(discriminator="kind")]
 
 
 class ModelRoute(_Strict):

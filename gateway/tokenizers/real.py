@@ -30,6 +30,28 @@ from gateway.tokenizers.sim import token_ids_of
 CACHE_ENTRIES = 256
 
 
+def engine_tools(tools: Any) -> list[Any] | None:
+    """The tools as SGLang 0.5.23 hands them to the chat template: each the dump of its request model, the client's
+    keys first, then the fields it left out at their defaults (`function.description` and `.parameters` None, the
+    tool's `defer_loading` None), so the template writes them as `null`. Seen against a real server's /v1/tokenize
+    (tests/engines/test_tier.py); rendered as sent, a request with tools got other ids than the engine's, and
+    precise routing never matched its pages."""
+    if not isinstance(tools, list) or not tools:
+        return None
+    out: list[Any] = []
+    for t in tools:
+        if not isinstance(t, dict) or not isinstance(t.get("function"), dict):
+            out.append(t)
+            continue
+        fn = dict(t["function"])
+        for k in ("description", "parameters"):
+            fn.setdefault(k, None)
+        tool = {**t, "function": fn}
+        tool.setdefault("defer_loading", None)
+        out.append(tool)
+    return out
+
+
 class TokenizerFilesError(ValueError):
     """The tokenizer directory is missing a file or holds one that cannot be read."""
 
@@ -100,7 +122,7 @@ class HfTokenizer:
                 return np.asarray(self.tok.encode(prompt, add_special_tokens=True).ids, dtype=np.uint32)
             return token_ids_of(prompt)
         messages = body.get("messages") or []
-        tools = body.get("tools")
+        tools = engine_tools(body.get("tools"))
         text = self.render(messages, tools)
         ids = self._from_cache(text, messages, tools)
         # what the next turn will extend: this conversation without the generation prompt

@@ -1,0 +1,3 @@
+from gateway_lab.engines.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,103 @@
+"""`gateway engines affinity`: the routing figure against real engines, measured by the engines' own counters.
+
+The same multi-turn workload (distinct prefix per session, turns in order) through: this gateway (approximate),
+this gateway in precise mode (SGLang's KV events, the model's tokenizer), two gateway instances each keeping its
+own index (turns alternate between them), and round-robin straight to the servers. Sessions run one after another
+(every turn of the first, then the second...), as a user's conversation does, so round-robin moves a session at
+every turn whatever the number of servers. Each run uses fresh sessions (new prefixes), so no run profits from
+another's cache.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from gateway.app import create_app
+from gateway.config import hash_key, parse_config
+from gateway.servers import free_ports, make_server
+from gateway_lab.engines.envs import EngineEnv
+from gateway_lab.engines.servers import running
+from gateway_lab.engines.workload import Result, Session, direct_round_robin, run_sessions
+
+KEY = "sk-engines-affinity"
+
+
+def gateway_config(urls: list[str], model_dir: Path, mode: str, kind: str = "sglang") -> dict[str, Any]:
+    routing: dict[str, Any] = {"mode": mode, "chunk_tokens": 256}
+    if mode != "approximate":
+        routing["kv_events"] = {"discovery_interval_s": 0.5, "block_size": 64,
+                                "tokenizer": {"kind": "hf", "path": str(model_dir)}}
+    return {"models": [{"name": "tiny", "pools": ["p"]}],
+            "pools": [{"name": "p", "kind": kind, "model": "tiny",
+                       "replicas": [{"name": f"p-{i}", "url": u} for i, u in enumerate(urls)]}],
+            "tenants": [{"name": "t", "api_key_hashes": [hash_key(KEY)], "models": ["tiny"]}],
+            "timeouts": {"connect": 2.0, "first_byte": 120.0, "idle": 60.0, "total": 300.0},
+            "routing": routing}
+
+
+class InProcessGateway:
+    def __init__(self, cfg: dict[str, Any]) -> None:
+        self.app = create_app(parse_config(cfg))
+        self.port = free_ports("127.0.0.1", 1)[0]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.server = make_server(self.app, "127.0.0.1", self.port)
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=lambda: self.loop.run_until_complete(self.server.serve()), daemon=True)
+
+    def __enter__(self) -> InProcessGateway:
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            if time.monotonic() > deadline:
+                raise RuntimeError("gateway did not start")
+            time.sleep(0.05)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(15)
+
+
+def _alternating(urls: list[str], sessions: list[Session], turns: int) -> Result:
+    """Two instances with their own index: turn t of every session goes to instance t % 2."""
+    for s in sessions:
+        for t in range(turns):
+            run_sessions(urls[t % len(urls)], [s], 1, headers={"Authorization": f"Bearer {KEY}"}, model="tiny")
+    return Result("two instances, own index each", sessions)
+
+
+def measure(urls: list[str], model_dir: Path, sessions: int, turns: int) -> list[Result]:
+    h = {"Authorization": f"Bearer {KEY}"}
+    out = []
+    with InProcessGateway(gateway_config(urls, model_dir, "approximate")) as gw:
+        out.append(run_sessions(gw.url, [Session(f"approx-{i}") for i in range(sessions)], turns, h,
+                                label="gateway, approximate", by_session=True))
+    with InProcessGateway(gateway_config(urls, model_dir, "precise")) as gw:
+        time.sleep(2)  # discovery (0.5 s) and the subscriptions' first connect: precise from the first request
+        out.append(run_sessions(gw.url, [Session(f"precise-{i}") for i in range(sessions)], turns, h,
+                                label="gateway, precise (KV events)", by_session=True))
+    with InProcessGateway(gateway_config(urls, model_dir, "approximate")) as a, \
+            InProcessGateway(gateway_config(urls, model_dir, "approximate")) as b:
+        out.append(_alternating([a.url, b.url], [Session(f"two-{i}") for i in range(sessions)], turns))
+    out.append(direct_round_robin(urls, [Session(f"rr-{i}") for i in range(sessions)], turns, by_session=True))
+    return out
+
+
+def table(results: list[Result]) -> str:
+    lines = ["| router | prompt tokens cached (all turns) | turns 2+ | sessions moved |", "|---|---|---|---|"]
+    for r in results:
+        lines.append(f"| {r.label} | {r.hit_rate:.1%} | {r.later_hit_rate:.1%} | {r.moves} |")
+    return "\n".join(lines) + "\n"
+
+
+def run_affinity(env: EngineEnv, model_dir: Path, logs: Path, n: int, sessions: int, turns: int) -> str:
+    t0 = time.monotonic()
+    with running(env, str(model_dir), n, logs) as fleet:
+        results = measure(fleet.urls, model_dir, sessions, turns)
+    return (f"{n} real {env.recipe.engine} {env.recipe.version} servers (engine kit, CPU), {sessions} sessions x "
+            f"{turns} turns each, cached tokens as the engines reported them ({time.monotonic() - t0:.0f} s):\n\n"
+            + table(results))

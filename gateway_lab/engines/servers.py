@@ -1,0 +1,191 @@
+"""N real engine servers on free loopback ports, started with a recipe's flags, waited on until they serve.
+
+Ready means served, not merely listening: `/v1/models` answers while SGLang's scheduler is still warming up (its
+`/health` and `/ping` answer 503 then), so readiness is a one-token completion that comes back 200. A server that
+exits before that fails the start with the tail of its log.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from gateway_lab.engines.envs import EngineEnv
+from gateway_lab.engines.recipes import ServerFlags, server_env, sglang_argv, vllm_argv
+
+
+class StartError(RuntimeError):
+    pass
+
+
+@dataclass
+class EngineServer:
+    engine: str
+    flags: ServerFlags
+    proc: subprocess.Popen[bytes]
+    log: Path
+    started_at: float
+    ready_s: float | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.flags.port}"
+
+    @property
+    def kv_endpoint(self) -> str:
+        return f"tcp://127.0.0.1:{self.flags.kv_port}"
+
+    @property
+    def replay_endpoint(self) -> str:
+        return f"tcp://127.0.0.1:{self.flags.kv_port + 1}"
+
+    def describe(self) -> dict[str, object]:
+        return {"engine": self.engine, "url": self.url, "pid": self.proc.pid, "kv_events": self.kv_endpoint,
+                "replay": self.replay_endpoint, "ready_s": self.ready_s, "log": str(self.log)}
+
+    def log_tail(self, n: int = 25) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+
+@dataclass
+class Fleet:
+    servers: list[EngineServer] = field(default_factory=list)
+
+    @property
+    def urls(self) -> list[str]:
+        return [s.url for s in self.servers]
+
+    def stop(self) -> None:
+        for s in self.servers:
+            stop_server(s)
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    with socket.socket() as s:  # the PUB binds the wildcard address
+        try:
+            s.bind(("0.0.0.0", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port_pair(taken: set[int]) -> int:
+    """A port p with p and p+1 free (the KV-event PUB and its replay ROUTER)."""
+    for _ in range(200):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            p = int(s.getsockname()[1])
+        if p + 1 < 65536 and not {p, p + 1} & taken and _port_free(p) and _port_free(p + 1):
+            return p
+    raise StartError("no two consecutive free ports for KV events")
+
+
+def launch(env: EngineEnv, flags: ServerFlags, core: int, log: Path) -> EngineServer:
+    argv = sglang_argv(flags) if env.recipe.engine == "sglang" else vllm_argv(flags)
+    proc_env = dict(os.environ)
+    for k in ("PYTHONPATH", "VIRTUAL_ENV"):  # the engine sees its own environment only
+        proc_env.pop(k, None)
+    proc_env |= server_env(env.recipe.engine, core, env.stub_dir)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("wb") as f:
+        f.write((" ".join([str(env.python), *argv]) + "\n").encode())
+        f.flush()
+        # a process group of its own: the engine forks schedulers and detokenizers, all ended with it
+        proc = subprocess.Popen([str(env.python), *argv], stdout=f, stderr=subprocess.STDOUT, env=proc_env,
+                                start_new_session=True, cwd=str(log.parent))
+    return EngineServer(env.recipe.engine, flags, proc, log, time.monotonic())
+
+
+def wait_ready(server: EngineServer, timeout_s: float = 600.0) -> float:
+    """Blocks until the server completes a one-token request; returns the seconds since launch."""
+    deadline = server.started_at + timeout_s
+    body = {"model": server.flags.served_name, "prompt": "ready", "max_tokens": 1, "temperature": 0}
+    with httpx.Client(timeout=30.0) as c:
+        while True:
+            if server.proc.poll() is not None:
+                raise StartError(f"{server.engine} on {server.url} exited ({server.proc.returncode}) before serving; "
+                                 f"log {server.log}:\n{server.log_tail()}")
+            try:
+                if c.get(server.url + "/v1/models").status_code == 200 and \
+                        c.post(server.url + "/v1/completions", json=body).status_code == 200:
+                    server.ready_s = round(time.monotonic() - server.started_at, 1)
+                    return server.ready_s
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                stop_server(server)
+                raise StartError(f"{server.engine} on {server.url} not serving after {timeout_s:.0f} s; "
+                                 f"log {server.log}:\n{server.log_tail()}")
+            time.sleep(0.5)
+
+
+def start_fleet(env: EngineEnv, model: str, n: int, logs: Path, flags: dict[str, object] | None = None,
+                timeout_s: float = 600.0) -> Fleet:
+    """N servers, one core each (round-robin over the machine's cores), started together and waited on."""
+    fleet = Fleet()
+    taken: set[int] = set()
+    cores = os.cpu_count() or 1
+    try:
+        for i in range(n):
+            port = free_port_pair(taken)
+            taken |= {port, port + 1}
+            kv = free_port_pair(taken)
+            taken |= {kv, kv + 1}
+            sf = ServerFlags(port=port, kv_port=kv, model=model, **(flags or {}))  # type: ignore[arg-type]
+            fleet.servers.append(launch(env, sf, i % cores, logs / f"{env.recipe.engine}-{i}-{port}.log"))
+        for s in fleet.servers:
+            wait_ready(s, timeout_s)
+    except BaseException:
+        fleet.stop()
+        raise
+    return fleet
+
+
+def stop_server(server: EngineServer, grace_s: float = 15.0) -> None:
+    if server.proc.poll() is not None:
+        return
+    try:
+        os.killpg(server.proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    try:
+        server.proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(server.proc.pid, signal.SIGKILL)
+        server.proc.wait(5)
+    # children that outlived the leader (a scheduler mid-forward) are in the same group
+    try:
+        os.killpg(server.proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+@contextmanager
+def running(env: EngineEnv, model: str, n: int, logs: Path, **kw: object) -> Iterator[Fleet]:
+    fleet = start_fleet(env, model, n, logs, **kw)  # type: ignore[arg-type]
+    try:
+        yield fleet
+    finally:
+        fleet.stop()
+
+
+def write_state(fleet: Fleet, path: Path) -> None:
+    path.write_text(json.dumps([s.describe() for s in fleet.servers], indent=2) + "\n")
