@@ -8,7 +8,8 @@ Order of service, when the fleet has room for one more request (`gate.py` decide
    F; the band has a virtual time V. The flow served next is the one with the least start tag max(F, V); serving a
    request of cost c (prefill-weighted tokens) at weight w sets F = start + c / w and V = max(V, start). Over any
    busy period, tenants of one band get service in proportion to their weights, whatever their arrival rates; a
-   flow that was idle restarts at V, so idleness banks no credit. Ties: the earlier deadline, then the name.
+   flow that was idle restarts at V less a bounded burst credit (`burst_credit`), so idleness banks no more than
+   one burst. Ties: the earlier deadline, then the name.
 3. Request, within the tenant: the earliest deadline (the latest dispatch that still meets the tenant's TTFT SLA:
    arrival + SLA - the TTFT it is dispatched against) first, among those whose deadline has not passed; a request past its deadline goes only when its tenant has none that can still make it
    (then oldest first). Under overload, plain earliest-deadline-first serves only requests that are already late —
@@ -31,7 +32,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from gateway.flow.settings import FlowControl
@@ -77,14 +78,18 @@ class Refusal:
 
 class FairTags:
     """Per band a virtual time V, per (band, tenant) a finish tag F. `merge` takes values another instance wrote
-    (Redis): tags only grow, so the larger value is the later one."""
+    (Redis): tags only grow, so the larger value is the later one. `burst`: how far behind V a flow may start (in
+    cost / weight): a tenant within its share that sends a burst (the conversation trace delivers ~10 turns in one
+    millisecond every few seconds) has its burst served first instead of interleaved with a backlogged tenant's
+    requests; a backlogged flow's F is ahead of V, so it never has credit."""
 
-    def __init__(self) -> None:
+    def __init__(self, burst: float = 0.0) -> None:
+        self.burst = burst
         self.finish: dict[tuple[int, str], float] = {}
         self.vtime: dict[int, float] = {}
 
     def start(self, band: int, tenant: str) -> float:
-        return max(self.finish.get((band, tenant), 0.0), self.vtime.get(band, 0.0))
+        return max(self.finish.get((band, tenant), 0.0), self.vtime.get(band, 0.0) - self.burst)
 
     def charge(self, band: int, tenant: str, amount: float) -> float:
         s = self.start(band, tenant)
@@ -108,12 +113,11 @@ class _Served:
     last: float | None = None
 
 
-@dataclass
 class FlowController:
-    cfg: FlowControl
-    tags: FairTags = field(default_factory=FairTags)
-
-    def __post_init__(self) -> None:
+    def __init__(self, cfg: FlowControl, tags: FairTags | None = None) -> None:
+        """`tags`: shared with other controllers (the fleet's instances on one state); default its own."""
+        self.cfg = cfg
+        self.tags = tags if tags is not None else FairTags(cfg.burst_credit)
         self._queues: list[dict[str, list[tuple[float, int, Ticket]]]] = [{} for _ in self.cfg.bands]
         self._late: dict[tuple[int, str], list[tuple[int, Ticket]]] = {}  # past their deadline, by arrival (heap)
         self._expiry: list[tuple[float, int, Ticket]] = []  # lazy: entries of tickets no longer queued are skipped

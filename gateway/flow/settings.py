@@ -45,6 +45,9 @@ class FlowControl(Strict):
     engine_queue: float = Field(default=0.25, gt=0, le=2, description="under contention a request is dispatched "
                                 "when a target has at most this fraction of its SLA queued ahead of it (or a warmer "
                                 "one saves more than its extra wait): engines stay busy, not deep (gate.py)")
+    burst_credit: float = Field(default=200_000, ge=0, description="how far behind its band's virtual time an idle "
+                                "or under-share tenant may start, in prefill-weighted tokens / weight: its burst goes "
+                                "first (controller.py)")
     contention_window_s: float = Field(default=10.0, gt=0, description="flows (tenant, band) seen within this window "
                                        "contend; a single flow is never held (its order is first come either way)")
     tick_s: float = Field(default=0.02, gt=0, le=1, description="how often a non-empty queue re-checks the fleet")

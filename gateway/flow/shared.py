@@ -24,12 +24,12 @@ from gateway.shared_redis import REDIS_ERRORS, RedisGuard
 VTIME = "__v"
 TTL_S = 86_400  # a band idle for a day starts again from zero
 
-# KEYS[1] the band's hash; ARGV: tenant, amount. Returns {new finish tag, band virtual time} as strings (Lua numbers
-# would be truncated to integers by the reply conversion).
+# KEYS[1] the band's hash; ARGV: tenant, amount, ttl, burst credit. Returns {new finish tag, band virtual time} as
+# strings (Lua numbers would be truncated to integers by the reply conversion). The same rule as FairTags.charge.
 CHARGE = """
 local v = tonumber(redis.call('HGET', KEYS[1], '__v') or '0')
 local f = tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '0')
-local s = math.max(f, v)
+local s = math.max(f, v - tonumber(ARGV[4]))
 local nf = s + tonumber(ARGV[2])
 redis.call('HSET', KEYS[1], ARGV[1], tostring(nf))
 if s > v then
@@ -58,7 +58,7 @@ class RedisFairTags:
             return
         started = self.guard.clock()
         try:
-            f, v = await self._charge(keys=[self._key(band)], args=[tenant, repr(amount), TTL_S])
+            f, v = await self._charge(keys=[self._key(band)], args=[tenant, repr(amount), TTL_S, repr(tags.burst)])
         except REDIS_ERRORS as e:
             self.guard.fallback(self.guard.failed(e, started))
             return

@@ -145,13 +145,13 @@ class Fleet:
         self.tenant_priority = dict(tenant_priority or {})
         # the self-hosted pool's timing (the gateway: the request's first pool's): a request's idle prefill time
         self.flow_timing = next((i.timing for i in self.infos if i.self_hosted), self.infos[0].timing)
-        shared_tags = FairTags()
+        shared_tags = FairTags(flow.burst_credit if flow is not None else 0.0)
         self.instances = []
         for _ in range(instances):
             index, loads = shared_state if shared else (make_index(), MemoryLoadTracker())
             engine = build_engine(routing, corrector() if corrector else None)
             engine.corrector.clock = clock  # a replica's own correction decays on the virtual clock, not the wall's
-            ctl = FlowController(self.flow_cfg, shared_tags if shared else FairTags()) if self.flow_cfg else None
+            ctl = FlowController(self.flow_cfg, shared_tags if shared else None) if self.flow_cfg else None
             self.instances.append(Instance(engine, index, loads, ctl))
         self.on_decision = on_decision
         self.records: list[Record] = []

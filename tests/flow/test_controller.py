@@ -59,10 +59,22 @@ def test_backlogged_tenants_share_by_weight_in_tokens():
     assert abs(tokens["heavy"] / tokens["light"] - 3.0) < 0.1
 
 
-def test_an_idle_tenant_banks_no_credit():
-    """A tenant idle while another was served restarts at the band's virtual time: it gets its share from then on,
-    not a burst that makes up for the idle time."""
-    c = ctl(max_queued_per_tenant=10_000, max_queued=20_000)
+def test_an_idle_tenant_banks_one_burst_at_most():
+    """A tenant idle while another was served restarts `burst_credit` behind the band's virtual time: its next burst
+    goes first (here 5 requests' worth), then it gets its share, not what would make up for all its idle time."""
+    c = ctl(max_queued_per_tenant=10_000, max_queued=20_000, burst_credit=5000)
+    for i in range(100):
+        c.offer(tk(c, "busy", 0.0, key=f"b{i}"), 0.0)
+    drain(c, 50)
+    for i in range(50):
+        c.offer(tk(c, "back", 1.0, key=f"k{i}"), 1.0)
+    nxt = [t.tenant for t in drain(c, 26)]
+    assert nxt[:6] == ["back"] * 6  # its burst credit, and the one at the virtual time itself
+    assert nxt.count("back") == 16 and nxt.count("busy") == 10
+
+
+def test_without_burst_credit_an_idle_tenant_starts_at_the_virtual_time():
+    c = ctl(max_queued_per_tenant=10_000, max_queued=20_000, burst_credit=0)
     for i in range(100):
         c.offer(tk(c, "busy", 0.0, key=f"b{i}"), 0.0)
     drain(c, 50)
