@@ -38,6 +38,7 @@ def test_requests_are_served_in_their_policys_band(gw):
     a, b = post(gw, KEY_A), post(gw, KEY_B, **{"x-gateway-band": "critical"})
     assert (a.status_code, a.headers["x-gateway-band"]) == (200, "standard")
     assert (b.status_code, b.headers["x-gateway-band"]) == (200, "sheddable")  # not in its client_bands
+    assert "x-gateway-flow-wait-ms" in b.headers  # two tenants seen: held, let through by the pump on its decision
     c = post(gw, KEY_A, **{"x-gateway-band": "critical"})
     assert (c.status_code, c.headers["x-gateway-band"]) == (200, "critical")
 
