@@ -144,6 +144,10 @@ class FlowController:
     def depth(self, tenant: str) -> int:
         return self._per_tenant.get(tenant, 0)
 
+    def seen(self, flow: tuple[int, str], now: float) -> None:
+        """A flow served elsewhere (another instance, through the shared tags) counts towards contention here."""
+        self._seen[flow] = max(now, self._seen.get(flow, now))
+
     def contended(self, now: float) -> bool:
         """More than one flow seen within the contention window, or anything queued: only then is a request held.
         A single flow's order is first come, first served in the gateway's queue or the engine's alike, and the

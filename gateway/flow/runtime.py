@@ -74,15 +74,20 @@ class FlowGate:
         self.clock = clock
         self._wake = asyncio.Event()
         self._pump = BackgroundTask(self._run, "flow-pump")
+        self._watch = BackgroundTask(self._watch_shared, "flow-watch")
+        self._tags_seen: dict[tuple[int, str], float] = {}
         self._bg: set[asyncio.Task[None]] = set()
         self._served: dict[tuple[int, str], tuple[float, float]] = {}  # flow -> (cost / weight in window, last at)
         metrics.fairness.set_function(self.fairness)
 
     def start(self) -> None:
         self._pump.start()
+        if self.shared is not None:
+            self._watch.start()
 
     async def stop(self) -> None:
         await self._pump.stop()
+        await self._watch.stop()
         for t in list(self.ctl.queued()):  # shutdown: nothing queued is left unanswered
             self.ctl.cancel(t)
             h: Held = t.payload
@@ -125,6 +130,28 @@ class FlowGate:
             elif held.done.done() and not held.done.cancelled() and held.done.exception() is None:
                 self.release(rreq.request_id)  # granted as it left: the claim goes back
             raise
+
+    # -- other instances ---------------------------------------------------------------------------------------
+    async def _watch_shared(self) -> None:
+        """Contention is fleet-wide: a tenant served only on another instance still contends with this one's, so the
+        shared tags are read every tenth of the contention window and a flow whose tag moved counts as seen here."""
+        assert self.shared is not None
+        while True:
+            try:
+                await self.watch_once()
+            except Exception:  # logged, tried again: contention seen late is a fairness lapse, not an outage
+                log.exception("flow watch failed")
+            await asyncio.sleep(max(0.05, self.cfg.contention_window_s / 10))
+
+    async def watch_once(self) -> None:
+        assert self.shared is not None
+        tags = await self.shared.scan(self.ctl.tags, len(self.cfg.bands))
+        now = self.clock()
+        for flow, f in tags.items():
+            if f > self._tags_seen.get(flow, 0.0):
+                if flow in self._tags_seen:  # moved since the last read (the first read is only a baseline)
+                    self.ctl.seen(flow, now)
+                self._tags_seen[flow] = f
 
     # -- the pump ----------------------------------------------------------------------------------------------
     async def _run(self) -> None:

@@ -65,6 +65,30 @@ class RedisFairTags:
         self.guard.succeeded()
         tags.merge(band, tenant, float(f), float(v))
 
+    async def scan(self, tags: FairTags, bands: int) -> dict[tuple[int, str], float]:
+        """Every flow's tag in every band (merged into `tags`): which tenants other instances are serving."""
+        if not self.guard.available:
+            self.guard.fallback("away")
+            return {}
+        started = self.guard.clock()
+        try:
+            pipe = self.client.pipeline(transaction=False)
+            for band in range(bands):
+                pipe.hgetall(self._key(band))
+            replies = await pipe.execute()
+        except REDIS_ERRORS as e:
+            self.guard.fallback(self.guard.failed(e, started))
+            return {}
+        self.guard.succeeded()
+        out: dict[tuple[int, str], float] = {}
+        for band, h in enumerate(replies):
+            fields = {(k.decode() if isinstance(k, bytes) else k): float(v) for k, v in h.items()}
+            v = fields.pop(VTIME, 0.0)
+            for tenant, f in fields.items():
+                tags.merge(band, tenant, f, v)
+                out[(band, tenant)] = f
+        return out
+
     async def refresh(self, tags: FairTags, flows: Iterable[tuple[int, str]]) -> None:
         by_band: dict[int, list[str]] = {}
         for band, tenant in flows:

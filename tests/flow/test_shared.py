@@ -157,3 +157,33 @@ def test_a_client_band_is_honoured_only_when_its_policy_lists_it():
     assert fg.band_of(None, [], "critical") == 1  # not allowed: the default band (standard)
     assert fg.band_of("sheddable", ["critical"], "critical") == 0
     assert fg.band_of("sheddable", ["critical"], "standard") == 2  # a band the policy does not list: ignored
+
+
+def test_a_tenant_served_only_on_another_instance_makes_this_one_contended(redis_server: RedisServer):
+    """Contention is fleet-wide: B alone on instance 2 is not held until A, served only on instance 1, shows in the
+    shared tags; from then on B's requests are held in the fair order there too."""
+    async def main() -> None:
+        g1, g2 = Gate(), Gate()
+        g1.open = True
+        one, two = make(g1, redis_server.url, "watch:"), make(g2, redis_server.url, "watch:")
+        one.start()
+        two.start()
+        two.ctl.ticket("b0", "B", 1, 1.0, 1000, 10, two.clock(), 2.0)  # B seen on instance 2
+        assert not two.ctl.contended(two.clock())
+        i = 0
+
+        def served_a_elsewhere() -> bool:
+            return two.ctl.contended(two.clock())
+
+        for _ in range(2000):
+            if served_a_elsewhere():
+                break
+            i += 1
+            await one.hold(one.ctl.ticket(f"a{i}", "A", 1, 1.0, 1000, 10, one.clock(), 2.0), rreq(f"a{i}", "A"), None,
+                           PoolTiming())
+            await asyncio.sleep(0.01)
+        assert served_a_elsewhere()
+        await one.stop()
+        await two.stop()
+
+    asyncio.run(main())
