@@ -6,8 +6,9 @@ replicas, without and with flow control, in one run.
 
 Tenant B replays the victim trace as recorded, tenant A the aggressor trace sped up to `--aggressor-x` times B's
 demand (gateway_lab/replay/mix.py: the same mixer and demand unit as `gateway replay --noisy`). Two gateway
-instances share one Redis: B's requests go to the first, A's to the second, so flow control's fair tags are what
-tells the first instance how much A is being served. The simulators and the arrivals run `--time-scale` times faster
+instances share one Redis; each tenant's requests alternate between them as a load balancer would spread them
+(`--split`: B only on the first, A only on the second — each instance's queue then holds one tenant, and only the
+shared tags tell it about the other). The simulators and the arrivals run `--time-scale` times faster
 than real time; the gateways' SLA, timing and flow-control times are stated in wall seconds accordingly, and TTFTs are
 reported in simulated seconds. A refusal (429/503 from flow control) is counted with its status, never as lost.
 """
@@ -82,8 +83,13 @@ async def run(a: argparse.Namespace, work: Path, label: str, flow: bool, b: list
             urls.append(f"http://127.0.0.1:{port}/v1")
         for p in procs:
             p.wait_ready(120)
-        rb, ra = await asyncio.gather(run_http(b, urls[0], MODEL, KEYS["B"], a.time_scale, a.concurrency),
-                                      run_http(aggr, urls[1], MODEL, KEYS["A"], a.time_scale, a.concurrency))
+        if a.split:  # each tenant on its own instance: the shared tags alone carry the other's service
+            rb, ra = await asyncio.gather(run_http(b, urls[0], MODEL, KEYS["B"], a.time_scale, a.concurrency),
+                                          run_http(aggr, urls[1], MODEL, KEYS["A"], a.time_scale, a.concurrency))
+        else:  # a load balancer's spread: every other request of each tenant to each instance
+            parts = await asyncio.gather(*(run_http(tr[i::2], urls[i], MODEL, KEYS[t], a.time_scale, a.concurrency)
+                                           for t, tr in (("B", b), ("A", aggr)) for i in (0, 1)))
+            rb, ra = parts[0] + parts[1], parts[2] + parts[3]
     finally:
         for p in procs + sims:
             p.stop()
@@ -110,8 +116,9 @@ async def main_async(a: argparse.Namespace) -> None:
     finally:
         redis.stop()
     print(f"\nnoisy neighbour over HTTP: {2 * a.nodes} MI355X TP4 ranks, time scale {a.time_scale:g}, first "
-          f"{a.window_s:.0f} s; B = {a.victim} ({len(b)} requests) on instance 1, A = {a.aggressor} at "
-          f"{a.aggressor_x:g}x B's demand (speed {speed:.2f}, {len(aggr)} requests) on instance 2, one Redis; "
+          f"{a.window_s:.0f} s; B = {a.victim} ({len(b)} requests), A = {a.aggressor} at "
+          f"{a.aggressor_x:g}x B's demand (speed {speed:.2f}, {len(aggr)} requests), "
+          f"{'B on instance 1 and A on instance 2' if a.split else 'each spread over two instances'}, one Redis; "
           f"TTFT in simulated s, SLA {a.sla} s")
     print(table(["run", "tenant", "requests", "within SLA", "TTFT p95", "refused / failed", "lost"], rows))
 
@@ -129,6 +136,8 @@ def main() -> None:
     p.add_argument("--b200-replicas", type=int, default=0)
     p.add_argument("--sla", type=float, default=2.22)
     p.add_argument("--concurrency", type=int, default=1024)
+    p.add_argument("--split", action="store_true", help="B only on the first instance, A only on the second (the "
+                   "default spreads each tenant over both, as a load balancer would)")
     p.add_argument("--sim-port", type=int, default=24100)
     p.add_argument("--port", type=int, default=24300)
     p.add_argument("--redis-port", type=int, default=24390)
