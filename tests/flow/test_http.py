@@ -75,3 +75,13 @@ def test_admin_moves_a_tenant_to_another_band_live_and_the_change_is_audited(gw)
     assert flow["enabled"] is True and "fairness" in flow
     httpx.delete(f"{gw.admin_url}/admin/tenants/tenant-b/override", headers=h, timeout=10)
     assert post(gw, KEY_B).headers["x-gateway-band"] == "sheddable"
+
+
+def test_the_admin_cli_moves_a_tenant_to_another_band(gw, capsys):
+    from gateway.cli import main
+
+    assert main(["admin", "override", "tenant-b", "--flow-band", "standard", "--flow-weight", "2", "--ttl", "60",
+                 "--url", gw.admin_url, "--token", ADMIN]) == 0
+    assert post(gw, KEY_B).headers["x-gateway-band"] == "standard"
+    assert main(["admin", "override", "tenant-b", "--clear", "--url", gw.admin_url, "--token", ADMIN]) == 0
+    assert post(gw, KEY_B).headers["x-gateway-band"] == "sheddable"
