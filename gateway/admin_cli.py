@@ -62,6 +62,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     sp.add_argument("--pin")
     sp.add_argument("--objective", choices=["cost", "latency"])
     sp.add_argument("--on-sla-miss", choices=["spill", "shed"])
+    sp.add_argument("--flow-band", help="flow control band (one of the config's flow.bands)")
+    sp.add_argument("--flow-weight", type=float, help="flow control weight within its band")
     sp.add_argument("--clear", action="store_true")
     sp.add_argument("--preview", action="store_true", help="say what recent decisions --pin would move; change nothing")
     sp = cmd("decisions", "recent routing decisions on that instance")
@@ -111,7 +113,7 @@ def _request(a: argparse.Namespace) -> tuple[str, str, dict[str, Any] | None, di
         if a.clear:
             return "DELETE", f"/admin/tenants/{a.tenant}/override", None, {}
         body = {"ttl_s": a.ttl, "ttft_sla_ms": a.sla_ms, "pin_pool": a.pin, "objective": a.objective,
-                "on_sla_miss": a.on_sla_miss}
+                "on_sla_miss": a.on_sla_miss, "flow_band": a.flow_band, "flow_weight": a.flow_weight}
         return "PUT", f"/admin/tenants/{a.tenant}/override", {k: v for k, v in body.items() if v is not None}, {}
     if c == "decisions":
         return "GET", "/admin/decisions", None, {k: v for k, v in (("limit", a.limit), ("tenant", a.tenant)) if v}

@@ -32,6 +32,7 @@ from gateway.dispatch.outliers import LatencyOutliers
 from gateway.dispatch.pd import PdBackend
 from gateway.dispatch.quarantine import Quarantine
 from gateway.dispatch.replica_stats import ReplicaStats
+from gateway.flow.runtime import build as build_flow
 from gateway.kvevents.setup import build as build_precise
 from gateway.observability.logging import setup_logging
 from gateway.observability.metrics import GatewayMetrics
@@ -152,6 +153,11 @@ def create_app(config: GatewayConfig, *, span_exporter: Any = None, transport: h
             state.prefix_hasher, state.kv_events = precise.hasher, precise.manager
         state.idempotency = RedisIdempotencyStore(redis_client, rc.redis_prefix, config.idempotency.ttl_s) \
             if redis_client is not None else MemoryIdempotencyStore(config.idempotency.ttl_s)
+        if config.flow.enabled:  # flow control between admission and routing (gateway/flow/)
+            state.flow = build_flow(config.flow, router.decide, router.reservations.release, metrics.registry,
+                                    redis_client, rc.redis_prefix, rc.redis_timeout_s,
+                                    RedisGuard("flow", on_fallback=fell_back, hung_after=rc.redis_hung_after_s))
+            state.flow.start()
         app.state.gateway = state
         app.state.proxy = OpenAIProxy(state)
         app.state.responses_store = build_response_store(config.responses, redis_client, rc.redis_prefix,
@@ -171,6 +177,8 @@ def create_app(config: GatewayConfig, *, span_exporter: Any = None, transport: h
         finally:
             await control.stop()
             await policies.stop()
+            if state.flow is not None:
+                await state.flow.stop()
             await app.state.proxy.drain()
             await state.concurrency.stop()
             await health.stop()

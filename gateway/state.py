@@ -15,6 +15,7 @@ from gateway.config import GatewayConfig
 from gateway.control.plane import ControlPlane
 from gateway.dispatch.dispatcher import Dispatcher
 from gateway.dispatch.feedback import Feedback
+from gateway.flow.runtime import FlowGate
 from gateway.observability.metrics import GatewayMetrics
 from gateway.prediction.ttft import TtftCorrector
 from gateway.prefix.hashing import prefix_hashes
@@ -62,4 +63,5 @@ class AppState:
     tracer_provider: Any = None
     draining: bool = False
     concurrency: ConcurrencyLimiter = field(default_factory=ConcurrencyLimiter)  # tenants' max_concurrent
+    flow: FlowGate | None = None  # flow control between admission and routing (flow.enabled)
     idempotency: IdempotencyStore | None = None  # clients' Idempotency-Key outcomes (tenancy/idempotency.py)

@@ -263,13 +263,16 @@ class ControlPlane:
 
     # -- reads -------------------------------------------------------------------------------------------------
     def effective(self, tenant: Tenant) -> Tenant:
-        """The tenant's policy with its live on-call override applied (SLA, objective, SLA-miss behaviour; the pin
-        is read with `pinned_pool`)."""
+        """The tenant's policy with its live on-call override applied (SLA, objective, SLA-miss behaviour, flow
+        control band and weight; the pin is read with `pinned_pool`)."""
         o = self.state.tenants.get(tenant.name)
         if o is None or not o.active():
             return tenant
         upd: dict[str, Any] = {k: v for k, v in (("ttft_sla_ms", o.ttft_sla_ms), ("objective", o.objective),
                                                  ("on_sla_miss", o.on_sla_miss)) if v is not None}
+        flow = {k: v for k, v in (("band", o.flow_band), ("weight", o.flow_weight)) if v is not None}
+        if flow:  # flow control's band and weight, changed live (docs/flow-control.md)
+            upd["flow"] = tenant.flow.model_copy(update=flow)
         return tenant.model_copy(update=upd) if upd else tenant
 
     def name_override(self, tenant: str, err: GatewayError) -> GatewayError:

@@ -26,6 +26,8 @@ class TenantOverride(Strict):
     pin_pool: str | None = Field(default=None, min_length=1, description="serve only from this pool")
     objective: Literal["cost", "latency"] | None = None
     on_sla_miss: Literal["spill", "shed"] | None = None
+    flow_band: str | None = Field(default=None, min_length=1, description="flow control band (one of flow.bands)")
+    flow_weight: float | None = Field(default=None, gt=0, le=10_000, description="flow control weight in its band")
 
     def active(self, now: float | None = None) -> bool:
         return (time.time() if now is None else now) < self.expires_at

@@ -8,8 +8,13 @@ Order of service, when the fleet has room for one more request (`gate.py` decide
    F; the band has a virtual time V. The flow served next is the one with the least start tag max(F, V); serving a
    request of cost c (prefill-weighted tokens) at weight w sets F = start + c / w and V = max(V, start). Over any
    busy period, tenants of one band get service in proportion to their weights, whatever their arrival rates; a
-   flow that was idle restarts at V, so idleness banks no credit. Ties: the earlier deadline, then the name.
-3. Request, within the tenant: the earliest deadline (arrival + the tenant's TTFT SLA) first.
+   flow that was idle restarts at V less a bounded burst credit (`burst_credit`), so idleness banks no more than
+   one burst. Ties: the earlier deadline, then the name.
+3. Request, within the tenant: the earliest deadline (the latest dispatch that still meets the tenant's TTFT SLA:
+   arrival + SLA - the TTFT it is dispatched against) first, among those whose deadline has not passed; a request past its deadline goes only when its tenant has none that can still make it
+   (then oldest first). Under overload, plain earliest-deadline-first serves only requests that are already late —
+   each one served late makes the next one late too; this way a tenant over its share gets its share served within
+   the SLA, and its requests that can no longer be time out (503) instead of taking capacity to be late.
 
 Refusals (each a `Refusal` with a status, a reason and a Retry-After):
 - `queue_full` (429): the tenant's own queue is at its bound; the tenant is over its share, nobody else is.
@@ -27,7 +32,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from gateway.flow.settings import FlowControl
@@ -38,7 +43,8 @@ RETRY_AFTER_MAX_S = 60.0  # the OpenAI SDK ignores a longer Retry-After
 
 @dataclass(eq=False, slots=True)
 class Ticket:
-    """One request's place in the queue. `cost`: prefill-weighted tokens; `deadline`: when its SLA runs out."""
+    """One request's place in the queue. `cost`: prefill-weighted tokens; `deadline`: the latest dispatch that can
+    still meet its SLA."""
 
     key: str
     tenant: str
@@ -54,6 +60,7 @@ class Ticket:
     state: str = "new"  # new -> queued -> granted | refused | cancelled
     granted_at: float | None = None
     start_tag: float = 0.0
+    output_tokens: int = 0
 
     @property
     def flow(self) -> tuple[int, str]:
@@ -64,21 +71,25 @@ class Ticket:
 class Refusal:
     ticket: Ticket
     status: int  # 429 the tenant's own queue; 503 the fleet's
-    reason: str  # queue_full | evicted | overloaded | queue_timeout | preempted_lost (never: preemption re-queues)
+    reason: str  # queue_full | evicted | overloaded | queue_timeout
     retry_after_s: float
     message: str
 
 
 class FairTags:
     """Per band a virtual time V, per (band, tenant) a finish tag F. `merge` takes values another instance wrote
-    (Redis): tags only grow, so the larger value is the later one."""
+    (Redis): tags only grow, so the larger value is the later one. `burst`: how far behind V a flow may start (in
+    cost / weight): a tenant within its share that sends a burst (the conversation trace delivers ~10 turns in one
+    millisecond every few seconds) has its burst served first instead of interleaved with a backlogged tenant's
+    requests; a backlogged flow's F is ahead of V, so it never has credit."""
 
-    def __init__(self) -> None:
+    def __init__(self, burst: float = 0.0) -> None:
+        self.burst = burst
         self.finish: dict[tuple[int, str], float] = {}
         self.vtime: dict[int, float] = {}
 
     def start(self, band: int, tenant: str) -> float:
-        return max(self.finish.get((band, tenant), 0.0), self.vtime.get(band, 0.0))
+        return max(self.finish.get((band, tenant), 0.0), self.vtime.get(band, 0.0) - self.burst)
 
     def charge(self, band: int, tenant: str, amount: float) -> float:
         s = self.start(band, tenant)
@@ -102,13 +113,13 @@ class _Served:
     last: float | None = None
 
 
-@dataclass
 class FlowController:
-    cfg: FlowControl
-    tags: FairTags = field(default_factory=FairTags)
-
-    def __post_init__(self) -> None:
+    def __init__(self, cfg: FlowControl, tags: FairTags | None = None) -> None:
+        """`tags`: shared with other controllers (the fleet's instances on one state); default its own."""
+        self.cfg = cfg
+        self.tags = tags if tags is not None else FairTags(cfg.burst_credit)
         self._queues: list[dict[str, list[tuple[float, int, Ticket]]]] = [{} for _ in self.cfg.bands]
+        self._late: dict[tuple[int, str], list[tuple[int, Ticket]]] = {}  # past their deadline, by arrival (heap)
         self._expiry: list[tuple[float, int, Ticket]] = []  # lazy: entries of tickets no longer queued are skipped
         self._per_tenant: dict[str, int] = {}
         self._queued = 0
@@ -126,9 +137,16 @@ class FlowController:
             for heap in band.values():
                 for _, _, t in heap:
                     yield t
+        for late in self._late.values():
+            for _, t in late:
+                yield t
 
     def depth(self, tenant: str) -> int:
         return self._per_tenant.get(tenant, 0)
+
+    def seen(self, flow: tuple[int, str], now: float) -> None:
+        """A flow served elsewhere (another instance, through the shared tags) counts towards contention here."""
+        self._seen[flow] = max(now, self._seen.get(flow, now))
 
     def contended(self, now: float) -> bool:
         """More than one flow seen within the contention window, or anything queued: only then is a request held.
@@ -144,12 +162,15 @@ class FlowController:
 
     # -- arrivals ----------------------------------------------------------------------------------------------
     def ticket(self, key: str, tenant: str, band: int, weight: float, prompt_tokens: int, output_tokens: int,
-               now: float, sla_s: float, timeout_s: float | None = None, payload: Any = None) -> Ticket:
-        cost = prompt_tokens * self.cfg.prefill_weight + output_tokens * self.cfg.output_weight
+               now: float, sla_s: float, timeout_s: float | None = None, payload: Any = None,
+               lead_s: float = 0.0) -> Ticket:
+        """`lead_s`: the TTFT the request is dispatched against (gate.bound); its deadline is then the latest
+        dispatch that can still meet the SLA, so "late" means it can no longer make it, not that it already missed."""
         self._seen[(band, tenant)] = now
-        return Ticket(key, tenant, band, weight, max(cost, 1.0), now, now + sla_s,
+        return Ticket(key, tenant, band, weight, self.cost(prompt_tokens, 0, output_tokens), now,
+                      now + max(0.0, sla_s - lead_s),
                       now + (timeout_s if timeout_s is not None else self.cfg.queue_timeout_s),
-                      self.sheddable[band], payload)
+                      self.sheddable[band], payload, output_tokens=output_tokens)
 
     def offer(self, t: Ticket, now: float, tenant_cap: int | None = None) -> list[Refusal]:
         """Queue `t`, or refuse it. Returns the refusals this arrival caused: `t`'s own, or an evicted request's."""
@@ -183,50 +204,60 @@ class FlowController:
         self._per_tenant[t.tenant] = self._per_tenant.get(t.tenant, 0) + 1
         self._queued += 1
 
-    def requeue(self, t: Ticket, now: float) -> None:
-        """A granted request taken back before its first byte (preempted): queued again with its deadline and
-        place, its charge kept (it will be served)."""
-        self._seen[t.flow] = now
-        self._push(t)
-
     def _eviction_victim(self, band: int) -> Ticket | None:
         for b in range(len(self._queues) - 1, band, -1):  # lowest band first, strictly below the arrival's
             if not self.sheddable[b] or not self._queues[b]:
                 continue
-            return max((e[2] for heap in self._queues[b].values() for e in heap), key=lambda t: t.seq)
+            return max((t for t in self.queued() if t.band == b), key=lambda t: t.seq)
         return None
 
     # -- service -----------------------------------------------------------------------------------------------
-    def head(self) -> Ticket | None:
+    def head(self, now: float) -> Ticket | None:
         """The next request to serve (not removed): the highest non-empty band, its flow with the least start tag,
-        that flow's earliest deadline."""
+        that flow's earliest deadline still ahead (else its oldest late request)."""
+        heads = self.heads(now, 1)
+        return heads[0] if heads else None
+
+    def heads(self, now: float, limit: int) -> list[Ticket]:
+        """Up to `limit` flows' next requests, in service order."""
+        out: list[Ticket] = []
+        tags = self.tags
         for b, flows in enumerate(self._queues):
             if not flows:
                 continue
-            tags = self.tags
-            tenant = min(flows, key=lambda n: (tags.start(b, n), flows[n][0][0], n))
-            return flows[tenant][0][2]
-        return None
-
-    def heads(self, limit: int) -> list[Ticket]:
-        """Up to `limit` flows' next requests in service order, for late binding: when the first cannot be placed
-        within its SLA now, a later one (a prefix hit on a replica with room) may be."""
-        out: list[Ticket] = []
-        for b, flows in enumerate(self._queues):
-            tags = self.tags
-            for n in sorted(flows, key=lambda n: (tags.start(b, n), flows[n][0][0], n)):
-                out.append(flows[n][0][2])
+            nxt = {n: self._next(b, n, now) for n in flows}
+            for n in sorted(flows, key=lambda n: (tags.start(b, n), nxt[n].deadline, n)):
+                out.append(nxt[n])
                 if len(out) >= limit:
                     return out
         return out
 
-    def grant(self, t: Ticket, now: float) -> None:
-        """Serve `t` (queued): remove it and charge its flow."""
-        self._remove(t)
-        self.charge(t, now)
+    def _next(self, band: int, tenant: str, now: float) -> Ticket:
+        heap = self._queues[band][tenant]
+        late = self._late.get((band, tenant))
+        while heap and heap[0][0] <= now:  # deadline passed: to the late list, served after those that can make it
+            _, seq, t = heapq.heappop(heap)
+            if late is None:
+                late = self._late[(band, tenant)] = []
+            heapq.heappush(late, (seq, t))
+        if heap:
+            return heap[0][2]
+        assert late
+        return late[0][1]
 
-    def charge(self, t: Ticket, now: float) -> None:
+    def cost(self, uncached: int, cached: int, output: int) -> float:
+        c = self.cfg
+        return max(1.0, uncached * c.prefill_weight + cached * c.cached_weight + output * c.output_weight)
+
+    def grant(self, t: Ticket, now: float, cost: float | None = None) -> None:
+        """Serve `t` (queued): remove it and charge its flow (`cost`: as placed, e.g. less its cached prefix)."""
+        self._remove(t)
+        self.charge(t, now, cost)
+
+    def charge(self, t: Ticket, now: float, cost: float | None = None) -> None:
         """Charge `t`'s flow for its service (also for a request that never queued: what it used counts)."""
+        if cost is not None:
+            t.cost = cost
         t.start_tag = self.tags.charge(t.band, t.tenant, t.cost / t.weight)
         t.state, t.granted_at = "granted", now
         s = self._served.setdefault(t.tenant, _Served())
@@ -257,12 +288,20 @@ class FlowController:
 
     def _remove(self, t: Ticket) -> None:
         heap = self._queues[t.band][t.tenant]
-        if heap[0][2] is t:
+        late = self._late.get(t.flow)
+        if heap and heap[0][2] is t:
             heapq.heappop(heap)
+        elif late and late[0][1] is t:
+            heapq.heappop(late)
+        elif late and (t.seq, t) in late:
+            late.remove((t.seq, t))
+            heapq.heapify(late)
         else:
             heap.remove((t.deadline, t.seq, t))
             heapq.heapify(heap)
-        if not heap:
+        if late is not None and not late:
+            del self._late[t.flow]
+        if not heap and not late:
             del self._queues[t.band][t.tenant]
         self._per_tenant[t.tenant] -= 1
         if not self._per_tenant[t.tenant]:
@@ -280,7 +319,7 @@ class FlowController:
     def waits(self, now: float) -> dict[tuple[int, str], tuple[int, float]]:
         """Per flow: (queued, oldest wait in seconds)."""
         out: dict[tuple[int, str], tuple[int, float]] = {}
-        for b, flows in enumerate(self._queues):
-            for n, heap in flows.items():
-                out[(b, n)] = (len(heap), now - min(e[2].arrived for e in heap))
+        for t in self.queued():
+            n, oldest = out.get(t.flow, (0, 0.0))
+            out[t.flow] = (n + 1, max(oldest, now - t.arrived))
         return out

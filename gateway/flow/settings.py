@@ -13,9 +13,15 @@ class Band(Strict):
     name: str = Field(min_length=1, pattern=r"^[a-z][a-z0-9_-]*$")
     sheddable: bool = Field(default=False, description="queued requests of this band are evicted (503) to make room "
                             "for a higher band's, and it is the first to be refused when the queues are full")
+    engine_queue: float | None = Field(default=None, gt=0, le=4, description="this band's queue allowance (default "
+                                       "flow.engine_queue): a lower band held to a shorter engine queue leaves room a "
+                                       "higher band's arrival finds at once")
 
 
-DEFAULT_BANDS = (Band(name="critical"), Band(name="standard"), Band(name="sheddable", sheddable=True))
+# the top band may queue deeper on the engines (its policy's engine priority puts it first there), the sheddable one
+# only on a nearly idle replica: room for a higher band's arrival is kept by the lower bands, not taken from it
+DEFAULT_BANDS = (Band(name="critical", engine_queue=1.0), Band(name="standard"),
+                 Band(name="sheddable", sheddable=True, engine_queue=0.1))
 
 
 class FlowControl(Strict):
@@ -31,16 +37,20 @@ class FlowControl(Strict):
     max_queued: int = Field(default=4096, ge=1, description="every queue on this instance together; past it a higher "
                             "band's arrival evicts the newest sheddable request, else the arrival is refused (503)")
     queue_timeout_s: float = Field(default=10.0, gt=0, le=600, description="longest wait in the queue; then 503")
-    prefill_weight: float = Field(default=1.0, gt=0, description="fair-share cost of one prompt token")
+    prefill_weight: float = Field(default=1.0, gt=0, description="fair-share cost of one prompt token to prefill")
+    cached_weight: float = Field(default=0.1, ge=0, description="fair-share cost of one prompt token the chosen "
+                                 "replica holds in its prefix cache (no prefill; still KV memory)")
     output_weight: float = Field(default=4.6, ge=0, description="fair-share cost of one expected output token (an "
                                  "MI355X decodes ~3.6k tok/s against ~16.7k prefill tok/s per replica)")
-    sla_headroom: float = Field(default=0.1, ge=0, lt=1, description="dispatch when the routing engine predicts a "
-                                "TTFT within (1 - headroom) x the time left to the request's deadline")
+    engine_queue: float = Field(default=0.25, gt=0, le=2, description="under contention a request is dispatched "
+                                "when a target has at most this fraction of its SLA queued ahead of it (or a warmer "
+                                "one saves more than its extra wait): engines stay busy, not deep (gate.py)")
+    burst_credit: float = Field(default=200_000, ge=0, description="how far behind its band's virtual time an idle "
+                                "or under-share tenant may start, in prefill-weighted tokens / weight: its burst goes "
+                                "first (controller.py)")
     contention_window_s: float = Field(default=10.0, gt=0, description="flows (tenant, band) seen within this window "
                                        "contend; a single flow is never held (its order is first come either way)")
     tick_s: float = Field(default=0.02, gt=0, le=1, description="how often a non-empty queue re-checks the fleet")
-    preempt: bool = Field(default=False, description="a queued request of a higher band may cancel a lower band's "
-                          "request that has not sent its first byte; that request is queued again, not lost")
 
     @model_validator(mode="after")
     def _bands(self) -> FlowControl:
@@ -51,6 +61,10 @@ class FlowControl(Strict):
         if self.default_band not in names:
             raise ValueError(f"default_band: {self.default_band!r} is not one of bands {names}")
         return self
+
+    def queue_for(self, band: int) -> float:
+        q = self.bands[band].engine_queue
+        return q if q is not None else self.engine_queue
 
     def band_index(self, name: str | None) -> int:
         names = [b.name for b in self.bands]

@@ -19,6 +19,7 @@ from dataclasses import asdict
 from typing import Any
 
 from gateway.config import ConfigError, Routing, load_config
+from gateway.flow.settings import FlowControl
 from gateway.recording.trace import TraceError, read_trace
 from gateway.routing import registry
 from gateway_lab.replay.bounds import ideal_hit_rate, lru_hit_rate
@@ -74,6 +75,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="prefill/decode disaggregation on P + D MI355X TP4 ranks: unified (P + D ranks, this router) "
                    "vs PD with every request disaggregated vs PD with the per-request decision (docs/pd.md)")
     p.add_argument("--itl-sla-ms", type=float, default=30.0, help="with --pd: the inter-token latency target of goodput")
+    p.add_argument("--flow", action="store_true", help="also replay each run through flow control (gateway/flow/, "
+                   "docs/flow-control.md): a single tenant's trace must come out the same")
+    p.add_argument("--noisy", metavar="AGGRESSOR", help="the noisy-neighbour scenario: TRACE as tenant B at its "
+                   "share, AGGRESSOR as tenant A at --aggressor-x times its share, without and with flow control")
+    p.add_argument("--aggressor-x", type=float, default=5.0, help="with --noisy: A's demand over its weighted share")
+    p.add_argument("--bands", action="store_true", help="the priority scenario: TRACE split into three tenants, "
+                   "one per band (critical, standard, sheddable), at --speed, without and with flow control")
+    p.add_argument("--window-s", type=float, default=1200.0, help="with --noisy/--bands: arrivals replayed (s)")
     p.add_argument("--json", dest="json_out", help="write the results as JSON here")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--http", metavar="BASE_URL", help="replay open-loop against a live OpenAI-compatible endpoint")
@@ -176,6 +185,8 @@ def _run(args: argparse.Namespace) -> int:
                                                                             "recompute_weight": args.recompute_weight}})
     if args.fcfs:
         routing = routing.model_copy(update={"shortest_prefill_first": False})
+    if args.noisy or args.bands:
+        return _scenario(args, trace, targets, routing, fleet_label)
     if args.compare:
         mine = routing.policy.type  # then every other registered policy, then two instances with unshared state
         runs = [(mine, 1, True), *((n, 1, True) for n in registry.POLICIES if n != mine), (mine, 2, False)]
@@ -185,12 +196,14 @@ def _run(args: argparse.Namespace) -> int:
     for m in modes:
         if m not in ("approximate", "precise", "hybrid"):
             raise ValueError(f"--modes: unknown mode {m!r} (approximate, precise, hybrid)")
-    with_modes = [(policy, n, shared, m) for policy, n, shared in runs for m in modes]
+    with_modes = [(policy, n, shared, m, False) for policy, n, shared in runs for m in modes]
+    if args.flow:
+        with_modes += [(policy, n, shared, m, True) for policy, n, shared, m, _ in with_modes]
     seeds = list(range(1, args.seeds + 1)) if args.jitter else [0]
     kv = sum(c.max_total_num_tokens for i, c in targets if i.prefix_cache)
     bounds = ideal_hit_rate(trace), lru_hit_rate(trace, kv)
     results = []
-    for (policy, instances, shared, mode), seed in ((run, seed) for run in with_modes for seed in seeds):
+    for (policy, instances, shared, mode, flow), seed in ((run, seed) for run in with_modes for seed in seeds):
         bar = None
         if not args.no_progress:
             from tqdm import tqdm  # light, and already used by the load tests
@@ -205,7 +218,9 @@ def _run(args: argparse.Namespace) -> int:
 
         r = replay(trace, targets, rc, instances=instances, shared=shared, speed=args.speed,
                    progress=bar.update if bar else None, bounds=bounds, fleet_hook=hook, seed=seed, jitter=args.jitter,
-                   schedule=args.schedule)
+                   schedule=args.schedule, flow=FlowControl(enabled=True) if flow else None)
+        if flow:
+            r.label += " +flow control"
         if len(modes) > 1:
             r.label += f" [{mode}]"
         if args.jitter:
@@ -272,4 +287,35 @@ def _run_pd(trace: list[Any], args: argparse.Namespace) -> int:
         with open(args.json_out, "w") as f:
             json.dump({"trace": args.trace, "requests": len(trace), "speed": args.speed, "pd": args.pd,
                        "results": [asdict(r) for r in results]}, f, indent=1)
+    return 0
+
+
+def _scenario(args: argparse.Namespace, trace: list[Any], targets: list[Any], routing: Routing, fleet_label: str) -> int:
+    """--noisy / --bands: multi-tenant runs through flow control (gateway_lab/replay/mix.py), one table."""
+    from gateway_lab.replay import mix
+
+    flow = FlowControl()
+
+    def progress(label: str, n: int) -> Any:
+        print(f"  {label}: {n} requests", file=sys.stderr)
+        return None
+
+    if args.noisy:
+        aggressor = read_trace(args.noisy)
+        results = mix.noisy_neighbour(trace, aggressor, targets, routing, flow, args.aggressor_x, args.window_s,
+                                      progress=None if args.no_progress else progress)
+        x = results[-1].extra
+        print(f"\nnoisy neighbour on {fleet_label}, first {args.window_s:.0f} s: B = {args.trace} at its share "
+              f"({x['b_demand'] / 1000:.1f}k units/s), A = {args.noisy} at {args.aggressor_x:g}x its share (speed "
+              f"{x['aggressor_speed']:.2f}, {x['a_demand'] / 1000:.1f}k units/s); equal weights; TTFT SLA "
+              f"{routing.ttft_sla_ms / 1000:.2f} s; units: prefill-weighted tokens (docs/flow-control.md)")
+    else:
+        results = mix.priority_bands(trace, targets, routing, flow, args.speed, args.window_s,
+                                     progress=None if args.no_progress else progress)
+        print(f"\nthree bands on {fleet_label}, first {args.window_s:.0f} s of {args.trace} at speed {args.speed:g}: "
+              f"tenant-1 critical, tenant-2 standard, tenant-3 sheddable; TTFT SLA {routing.ttft_sla_ms / 1000:.2f} s")
+    print(_table(mix.HEADERS, [row for r in results for row in r.rows()]))
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump({"trace": args.trace, "fleet": fleet_label, "results": [asdict(r) for r in results]}, f, indent=1)
     return 0

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.config import GatewayConfig, Routing
+from gateway.flow.settings import FlowControl
 from gateway.prefix.hashing import MAX_CHUNKS, group_key
 from gateway.recording.trace import BLOCK_TOKENS, TraceRecord
 from gateway.routing.features import TargetInfo
@@ -93,12 +94,13 @@ def replay(trace: Sequence[TraceRecord], targets: Sequence[tuple[TargetInfo[Any]
            *, instances: int = 1, shared: bool = True, speed: float = 1.0, label: str | None = None,
            progress: Callable[[], None] | None = None, fleet_hook: Callable[[Fleet], None] | None = None,
            bounds: tuple[float, float] | None = None, seed: int = 0, jitter: float = 0.0,
-           schedule: str = "priority") -> ReplayResult:
+           schedule: str = "priority", flow: FlowControl | None = None) -> ReplayResult:
     """Run the trace (arrivals divided by `speed`) and summarize. `bounds`: (ideal, LRU) if already computed;
     `jitter`: lognormal sigma of every engine forward's duration, drawn per rank from `seed` (0: the timing model
     exactly, so every replay of one trace is the same); `schedule`: how the self-hosted engines order their queue,
-    "priority" or "shortest-prefill-first" (sim/fleet.py)."""
-    fleet = Fleet(targets, routing, instances, shared, seed=seed, jitter=jitter, schedule=schedule)
+    "priority" or "shortest-prefill-first" (sim/fleet.py); `flow`: the gateway's flow control between admission
+    and routing (gateway/flow/; every tenant on the defaults)."""
+    fleet = Fleet(targets, routing, instances, shared, seed=seed, jitter=jitter, schedule=schedule, flow=flow)
     if fleet_hook:
         fleet_hook(fleet)
     fleet.on_arrival = progress

@@ -12,7 +12,7 @@ The feedback arrives when the gateway would see it: the first token and the usag
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +20,9 @@ import numpy as np
 
 from gateway.config import GpuHourPricing, PerTokenPricing, PoolTiming, Routing
 from gateway.dispatch.feedback import apply_sync
+from gateway.flow.controller import FairTags, FlowController, Refusal
+from gateway.flow.gate import admits, bound, placed_cost, tightened, verdict
+from gateway.flow.settings import FlowControl, FlowPolicy
 from gateway.prediction.pricing import request_cost
 from gateway.prediction.ttft import TtftCorrector
 from gateway.prefix.hashing import chain, group_key
@@ -82,24 +85,36 @@ class Record:
     ttft: float | None = None
     idle_ttft: float | None = None
     end: float | None = None
+    tenant: str = ""
+    queued_s: float = 0.0  # time held by flow control before dispatch (part of the TTFT)
+    refused: str = ""  # flow control's refusal reason (queue_full, queue_timeout, evicted, overloaded); never dispatched
 
 
 class Instance:
     """One gateway instance: its engine (policy + corrector) over an index and a load view (maybe shared)."""
 
-    def __init__(self, engine: RoutingEngine, index: MemoryPrefixIndex, loads: MemoryLoadTracker) -> None:
+    def __init__(self, engine: RoutingEngine, index: MemoryPrefixIndex, loads: MemoryLoadTracker,
+                 flow: FlowController | None = None) -> None:
         self.engine = engine
         self.index = index
         self.loads = loads
+        self.flow = flow  # the gateway's flow controller (gateway/flow/), when the fleet runs with one
+        self.pump_at: float | None = None  # the next timed re-check of a non-empty queue
 
 
 class Fleet:
     def __init__(self, targets: Sequence[tuple[TargetInfo[Any], ReplicaConfig]], routing: Routing, instances: int = 1,
                  shared: bool = True, seed: int = 0, corrector: Callable[[], TtftCorrector] | None = None,
                  on_decision: Callable[[Instance, RoutingRequest, Decision[Any]], None] | None = None,
-                 jitter: float = 0.0, schedule: str = "priority", itl: list[tuple[float, int]] | None = None) -> None:
+                 jitter: float = 0.0, schedule: str = "priority", itl: list[tuple[float, int]] | None = None,
+                 flow: FlowControl | None = None, flow_tenants: Mapping[str, FlowPolicy] | None = None,
+                 tenant_priority: Mapping[str, int] | None = None) -> None:
         """`itl`: when given, every inter-token gap is appended to it as (seconds per token, tokens) — the engines
-        then stream every decode step, which costs events; without it one TOKENS event per request."""
+        then stream every decode step, which costs events; without it one TOKENS event per request.
+        `flow`: run every instance's arrivals through the gateway's flow controller (gateway/flow/), its tenants'
+        bands and weights from `flow_tenants` (a tenant not named there: the defaults); fair tags shared between
+        instances when `shared` (the Redis-backed design). `tenant_priority`: each tenant's class value (the policy's
+        `priority`: high 10, normal 0, low -10), sent to the engines with the prefill level as the gateway sends it."""
         self.loop = EventLoop()
         clock = lambda: self.loop.now  # noqa: E731
         self.infos = [info for info, _ in targets]
@@ -125,12 +140,19 @@ class Fleet:
             return idx
 
         shared_state = (make_index(), MemoryLoadTracker())
+        self.flow_cfg = flow if flow is not None and flow.enabled else None
+        self.flow_tenants = dict(flow_tenants or {})
+        self.tenant_priority = dict(tenant_priority or {})
+        # the self-hosted pool's timing (the gateway: the request's first pool's): a request's idle prefill time
+        self.flow_timing = next((i.timing for i in self.infos if i.self_hosted), self.infos[0].timing)
+        shared_tags = FairTags(flow.burst_credit if flow is not None else 0.0)
         self.instances = []
         for _ in range(instances):
             index, loads = shared_state if shared else (make_index(), MemoryLoadTracker())
             engine = build_engine(routing, corrector() if corrector else None)
             engine.corrector.clock = clock  # a replica's own correction decays on the virtual clock, not the wall's
-            self.instances.append(Instance(engine, index, loads))
+            ctl = FlowController(self.flow_cfg, shared_tags if shared else None) if self.flow_cfg else None
+            self.instances.append(Instance(engine, index, loads, ctl))
         self.on_decision = on_decision
         self.records: list[Record] = []
         self.on_arrival: Callable[[], None] | None = None  # progress hook
@@ -175,29 +197,90 @@ class Fleet:
         self.loop.run()
         return self.records
 
+    def _decide(self, inst: Instance, job: Job, req: RoutingRequest | None = None) -> Decision[Any]:
+        eng, infos = inst.engine, self.infos
+        req = req or job.req
+        matches = inst.index.match_sync(req.hashes, [i.key for i in infos]) if eng.uses_prefix and req.hashes else {}
+        loads = {i.name: inst.loads.view(i.name) for i in infos}
+        return eng.decide(req, infos, matches, loads, self.loop.now)
+
     def _arrive(self, k: int, job: Job) -> None:
         now = self.loop.now
         inst = self.instances[k % len(self.instances)]
-        eng, req = inst.engine, job.req
-        infos = self.infos
         if self.on_job:
             self.on_job(job)
-        matches = inst.index.match_sync(req.hashes, [i.key for i in infos]) if eng.uses_prefix and req.hashes else {}
-        loads = {i.name: inst.loads.view(i.name) for i in infos}
-        decision = eng.decide(req, infos, matches, loads, now)
+        ctl = inst.flow
+        if ctl is None:
+            self._dispatch(k, inst, job, self._decide(inst, job), now)
+            return
+        # flow control (gateway/flow/): the same controller and gate the gateway runs between admission and routing
+        req, pol = job.req, self.flow_tenants.get(job.req.tenant, FlowPolicy())
+        t = ctl.ticket(req.request_id, req.tenant, ctl.cfg.band_index(pol.band), pol.weight, job.prompt_len,
+                       job.output_len, now, req.ttft_sla_s, pol.queue_timeout_s, (k, job),
+                       bound(req, self.flow_timing, ctl.cfg.queue_for(ctl.cfg.band_index(pol.band))))
+        if not ctl.contended(now):  # a lone flow goes straight to routing, charged for what it uses
+            decision = self._decide(inst, job)
+            ctl.charge(t, now, placed_cost(ctl, t, decision))
+            self._dispatch(k, inst, job, decision, now)
+            return
+        for r in ctl.offer(t, now, pol.max_queued):
+            self._refused(r)
+        self._pump(inst)
+
+    def _refused(self, r: Refusal) -> None:
+        k, job = r.ticket.payload
+        self.records.append(Record(r.ticket.arrived, k % len(self.instances), "", "", r.reason, job.prompt_len,
+                                   job.output_len, 0, 0, True, tenant=r.ticket.tenant, refused=r.reason,
+                                   queued_s=self.loop.now - r.ticket.arrived))
+
+    def _pump(self, inst: Instance) -> None:
+        """Serve the queue while the routing engine predicts its next request meets its SLA (gateway/flow/gate.py);
+        re-checked at each feedback event and every `tick_s` while anything waits."""
+        ctl = inst.flow
+        assert ctl is not None
+        now = self.loop.now
+        for r in ctl.expire(now):
+            self._refused(r)
+        cfg = ctl.cfg
+        while (t := ctl.head(now)) is not None:
+            k, job = t.payload
+            q = cfg.queue_for(t.band)
+            decision = self._decide(inst, job, tightened(job.req, bound(job.req, self.flow_timing, q)))
+            ok, again = verdict(decision, job.req, q)
+            if again is not None:
+                decision = self._decide(inst, job, tightened(job.req, again))
+                ok = admits(decision, again)
+            if not ok:
+                break
+            ctl.grant(t, now, placed_cost(ctl, t, decision))
+            self._dispatch(k, inst, job, decision, t.arrived)
+        if len(ctl) and (inst.pump_at is None or inst.pump_at <= now):
+            inst.pump_at = now + ctl.cfg.tick_s
+
+            def tick(inst: Instance = inst) -> None:
+                inst.pump_at = None
+                self._pump(inst)
+
+            self.loop.at(inst.pump_at, tick)
+
+    def _dispatch(self, k: int, inst: Instance, job: Job, decision: Decision[Any], arrived: float) -> None:
+        """Dispatch `job` on `decision`; its TTFT counts from `arrived` (any wait in flow control's queue included)."""
+        now = self.loop.now
+        eng, req = inst.engine, job.req
         if self.on_decision:
             self.on_decision(inst, req, decision)
         chosen = decision.chosen
         if chosen is None:  # shed: counted, never dispatched
-            self.records.append(Record(now, k % len(self.instances), "", "", decision.branch, job.prompt_len,
-                                       job.output_len, 0, 0, True))
+            self.records.append(Record(arrived, k % len(self.instances), "", "", decision.branch, job.prompt_len,
+                                       job.output_len, 0, 0, True, tenant=req.tenant))
             return
         a = Attempt(req, chosen, decision)
         feats = decision.features
         info = feats[chosen.name].info  # ranked holds the gateway's Targets when the fleet was built from a config
-        rec = Record(now, k % len(self.instances), info.name, info.pool, decision.branch, job.prompt_len,
+        rec = Record(arrived, k % len(self.instances), info.name, info.pool, decision.branch, job.prompt_len,
                      job.output_len, a.predicted_cached, max((c.cached_tokens for c in feats.values()), default=0),
-                     info.self_hosted, feats[chosen.name].ttft, feats[chosen.name].ttft_raw)
+                     info.self_hosted, feats[chosen.name].ttft, feats[chosen.name].ttft_raw, tenant=req.tenant,
+                     queued_s=now - arrived)
         self.records.append(rec)
         apply_sync(eng.dispatched(a), inst.index, inst.loads)
         vr = self.ranks[info.name]
@@ -213,11 +296,17 @@ class Fleet:
                 last[0] = ev.time
             if ev.kind is EventKind.FIRST:
                 last[0] = ev.time
-                rec.ttft = ev.time + t_api - now
+                rec.ttft = ev.time + t_api - arrived
                 rec.cached = sim_req.cached
                 rec.idle_ttft = idle_ttft(cfg, job.prompt_len, sim_req.cached)
-                ttft = rec.ttft
-                loop.at(ev.time + t_api, lambda: apply_sync(eng.first_token(a, ttft), inst.index, inst.loads))
+                ttft = ev.time + t_api - now  # what the engine took: the corrector learns its own prediction's error
+
+                def first() -> None:
+                    apply_sync(eng.first_token(a, ttft), inst.index, inst.loads)
+                    if inst.flow is not None and len(inst.flow):
+                        self._pump(inst)
+
+                loop.at(ev.time + t_api, first)
             elif ev.kind is EventKind.FINISH:
                 rec.end = ev.time + t_api
                 cached = sim_req.cached
@@ -227,11 +316,13 @@ class Fleet:
                     self.corrections += bool(corrected)
                     apply_sync(corrected, inst.index, inst.loads)
                     apply_sync(eng.finished(a), inst.index, inst.loads)
+                    if inst.flow is not None and len(inst.flow):
+                        self._pump(inst)
 
                 loop.at(ev.time + t_api, done)
 
         sim_req = SimRequest(req.request_id, job.page_keys, job.prompt_len, max(1, job.output_len), "length", now, sink)
-        sim_req.priority = eng.prefill_level(a)  # the priority the gateway sends for a normal-class tenant (0)
+        sim_req.priority = self.tenant_priority.get(req.tenant, 0) + eng.prefill_level(a)  # as the gateway sends it
         vr.rank.submit(sim_req)
         vr.kick()
 

@@ -20,7 +20,7 @@ def tk(c: FlowController, tenant: str, now: float = 0.0, band: int = STANDARD, w
 def drain(c: FlowController, n: int | None = None, now: float = 1.0) -> list[Ticket]:
     out = []
     while len(c) and (n is None or len(out) < n):
-        t = c.head()
+        t = c.head(now)
         assert t is not None
         c.grant(t, now)
         out.append(t)
@@ -59,10 +59,22 @@ def test_backlogged_tenants_share_by_weight_in_tokens():
     assert abs(tokens["heavy"] / tokens["light"] - 3.0) < 0.1
 
 
-def test_an_idle_tenant_banks_no_credit():
-    """A tenant idle while another was served restarts at the band's virtual time: it gets its share from then on,
-    not a burst that makes up for the idle time."""
-    c = ctl(max_queued_per_tenant=10_000, max_queued=20_000)
+def test_an_idle_tenant_banks_one_burst_at_most():
+    """A tenant idle while another was served restarts `burst_credit` behind the band's virtual time: its next burst
+    goes first (here 5 requests' worth), then it gets its share, not what would make up for all its idle time."""
+    c = ctl(max_queued_per_tenant=10_000, max_queued=20_000, burst_credit=5000)
+    for i in range(100):
+        c.offer(tk(c, "busy", 0.0, key=f"b{i}"), 0.0)
+    drain(c, 50)
+    for i in range(50):
+        c.offer(tk(c, "back", 1.0, key=f"k{i}"), 1.0)
+    nxt = [t.tenant for t in drain(c, 26)]
+    assert nxt[:6] == ["back"] * 6  # its burst credit, and the one at the virtual time itself
+    assert nxt.count("back") == 16 and nxt.count("busy") == 10
+
+
+def test_without_burst_credit_an_idle_tenant_starts_at_the_virtual_time():
+    c = ctl(max_queued_per_tenant=10_000, max_queued=20_000, burst_credit=0)
     for i in range(100):
         c.offer(tk(c, "busy", 0.0, key=f"b{i}"), 0.0)
     drain(c, 50)
@@ -103,7 +115,7 @@ def test_a_request_times_out_with_503_and_is_gone_from_the_queue():
     assert c.expire(2.9) == []
     r = c.expire(3.0)
     assert [(x.ticket.key, x.status, x.reason) for x in r] == [("a", 503, "queue_timeout")]
-    assert len(c) == 1 and c.head() is b
+    assert len(c) == 1 and c.head(3.0) is b
 
 
 def test_a_cancelled_request_leaves_no_charge():
@@ -133,3 +145,15 @@ def test_fair_tags_merge_keeps_the_later_values():
     assert t.finish[(1, "a")] == 10.0
     t.merge(1, "a", 30.0, 20.0)
     assert t.finish[(1, "a")] == 30.0 and t.vtime[1] == 20.0
+
+
+def test_requests_past_their_deadline_go_after_those_that_can_still_make_it():
+    """Under overload plain earliest-deadline-first serves only late requests, each making the next one late; a
+    request past its deadline waits until its tenant has none that can still make the SLA (then oldest first)."""
+    c = ctl()
+    old1, old2 = tk(c, "a", 0.0, sla=1.0, key="old1"), tk(c, "a", 0.1, sla=1.0, key="old2")
+    fresh = tk(c, "a", 2.0, sla=1.0, key="fresh")
+    for t in (old1, old2, fresh):
+        c.offer(t, t.arrived)
+    assert [t.key for t in drain(c, now=2.5)] == ["fresh", "old1", "old2"]
+    assert len(c) == 0 and c.depth("a") == 0

@@ -11,6 +11,7 @@ PUT  /admin/pools/{name}                   {"weight": w, "pricing": {...per_toke
 PUT  /admin/tenants/{name}/override        {"ttl_s", "ttft_sla_ms", "pin_pool", "objective", "on_sla_miss"}; DELETE
 GET  /admin/decisions?limit=N              recent routing decisions on this instance, with their explanation
 POST /admin/explain                        dry run: what the router would do with a request for a tenant
+GET  /admin/flow                           flow control: queues per tenant and band, waits, fair tags, fairness
 POST /admin/policies/reload                re-read the policy directory on every instance (invalid: 400, old kept)
 GET  /admin/policies                       policy status (fingerprint, last error)
 GET  /admin/audit?limit=N                  the audit log, newest first
@@ -166,6 +167,13 @@ async def state(request: Request, uncached_tokens: int = Query(8000, ge=0, le=10
                          "control_applied_at": st.control.applied_at, "policies": st.policies.status()})
 
 
+@router.get("/flow")
+async def flow(request: Request) -> Response:
+    """Flow control on this instance: queues per tenant and band, their oldest wait, fair tags, fairness index."""
+    st = _state(request)
+    return JSONResponse(st.flow.snapshot() if st.flow is not None else {"enabled": False})
+
+
 @router.get("/replicas")
 async def replicas(request: Request) -> Response:
     """Compact replica list (kept for scripts written against the first admin API)."""
@@ -242,6 +250,8 @@ class OverrideIn(Strict):
     pin_pool: str | None = None
     objective: Literal["cost", "latency"] | None = None
     on_sla_miss: Literal["spill", "shed"] | None = None
+    flow_band: str | None = Field(default=None, description="flow control band (one of the config's flow.bands)")
+    flow_weight: float | None = Field(default=None, gt=0, le=10_000, description="flow control weight in its band")
 
 
 @router.put("/tenants/{name}/override")
@@ -252,6 +262,9 @@ async def override_tenant(name: str, request: Request, who: Admin) -> Response:
     body = await _body(request, OverrideIn)
     if body.pin_pool is not None and body.pin_pool not in st.registry.by_pool:
         raise InvalidRequest(f"Unknown pool {body.pin_pool!r}.", param="pin_pool")
+    bands = [b.name for b in st.config.flow.bands]
+    if body.flow_band is not None and body.flow_band not in bands:
+        raise InvalidRequest(f"Unknown band {body.flow_band!r} (flow.bands: {bands}).", param="flow_band")
     o = TenantOverride(expires_at=time.time() + body.ttl_s, **body.model_dump(exclude={"ttl_s"}))
     entry = await _apply(st.control.override_tenant(who, name, o))
     return JSONResponse({"tenant": name, "override": o.model_dump(mode="json"), "audit_id": entry["id"]})

@@ -55,7 +55,7 @@ def reason_for(stage: str, err: BaseException) -> tuple[str, str]:
     metric label): invalid_http (the HTTP parser refused it: servers.py), headers_too_large, header_timeout,
     too_many_connections (the connection limits, servers.py), auth, body_too_large, body_timeout,
     invalid_body, malformed_json, invalid_request, model_not_found, pool_not_allowed, concurrency_limit, rate_limit,
-    shed, budget, quarantined, upstream_rejected, upstream_error, no_capacity, upstream_timeout, client_disconnect, internal.
+    shed, flow_* (flow control's refusals: api/openai/flow.py), budget, quarantined, upstream_rejected, upstream_error, no_capacity, upstream_timeout, client_disconnect, internal.
     (Ends of admitted requests add: ok, stream_error, client_stall, shutdown — a stream cut by the shutdown —,
     idempotency — a refused Idempotency-Key — and idempotent_replay — a kept outcome sent again.)"""
     if isinstance(err, (ClientDisconnect, asyncio.CancelledError)):
@@ -72,6 +72,8 @@ def reason_for(stage: str, err: BaseException) -> tuple[str, str]:
                 "concurrency": "concurrency_limit", "rate_limit": "rate_limit", "decide": "shed", "budget": "budget"}
     if stage in by_stage:
         return status, by_stage[stage]
+    if stage == "flow":  # flow_queue_full, flow_queue_timeout, flow_evicted, flow_overloaded
+        return status, err.code or "flow"
     if stage == "entitlements":
         return status, "model_not_found" if err.status == 404 else "pool_not_allowed"
     return status, upstream_reason(err.status, err.code)

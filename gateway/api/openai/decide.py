@@ -41,11 +41,16 @@ def routing_request(r: Routing, ex: Exchange, hasher: Callable[..., list[int]] =
 _DECISIONS: dict[tuple[int, str, str], tuple[Any, Any]] = {}
 
 
-async def decide(state: AppState, ex: Exchange) -> tuple[RoutingRequest, Decision[Target]]:
+async def decide(state: AppState, ex: Exchange,
+                 held: tuple[RoutingRequest, Decision[Target]] | None = None) -> tuple[RoutingRequest, Decision[Target]]:
     """What was routed and the router's decision (counted per served model and branch). A shed decision is returned
-    like any other, so it is recorded with the request; `refuse_shed` turns it into the 503."""
-    rreq = routing_request(state.config.routing, ex, state.prefix_hasher)
-    decision = await state.router.decide(rreq, ex.route)
+    like any other, so it is recorded with the request; `refuse_shed` turns it into the 503. `held`: the routing
+    request and decision flow control let the request through on (made as it left the queue): kept, not redone."""
+    if held is not None:
+        rreq, decision = held
+    else:
+        rreq = routing_request(state.config.routing, ex, state.prefix_hasher)
+        decision = await state.router.decide(rreq, ex.route)
     key = (id(state.metrics), ex.route.name, decision.branch)  # the served model (an alias is no label)
     hit = _DECISIONS.get(key)
     if hit is None or hit[0] is not state.metrics:

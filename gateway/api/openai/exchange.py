@@ -57,6 +57,7 @@ class Exchange:
     id: str = field(default_factory=lambda: os.urandom(16).hex())
     idem: Any = None  # the client's Idempotency-Key this request holds (api/openai/idempotency.py), if any
     call: Call = PLAIN  # the API adapter's: API label, agent session, stored turn's replica (api/call.py)
+    flow_band: str | None = None  # the client's x-gateway-band: honoured only for bands its policy lists
 
     @property
     def served_by(self) -> Any:

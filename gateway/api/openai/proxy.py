@@ -5,6 +5,7 @@
     read body -> JSON -> validate        body.py, validation.py  (413, 400)
     entitlements: model -> pools, pin    entitlements.py  (404, 403)
     admission: fleet slot, rate limits   admission.py  (429)
+    flow control: fair queue, bands      flow.py  (429/503 with a reason; off unless flow.enabled)
     the request's span (tracing on)      telemetry.py
     decide: routing request -> Decision  decide.py  (503 when shed)
     budget: reserve the worst case       budget.py  (429 insufficient_quota)
@@ -28,7 +29,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from gateway.api.call import PLAIN, Call
-from gateway.api.openai import admission, budget, decide, idempotency
+from gateway.api.openai import admission, budget, decide, flow, idempotency
 from gateway.api.openai.accounting import Accounting, Edge, reason_for
 from gateway.api.openai.body import read_body
 from gateway.api.openai.entitlements import Entitlements
@@ -134,7 +135,8 @@ class OpenAIProxy:
             refuse_images(parsed.body, route.name)
         check_limits(parsed, endpoint, limits_for(st.config, route.pools, st.registry))  # n and context caps of these pools
         return Exchange(edge.request_id, tenant, endpoint, parsed, route, edge.started,
-                        edge.started + st.config.timeouts.total, headers={"x-request-id": edge.request_id}, call=edge.call)
+                        edge.started + st.config.timeouts.total, headers={"x-request-id": edge.request_id}, call=edge.call,
+                        flow_band=request.headers.get("x-gateway-band"))
 
     async def admit(self, ex: Exchange, decided: Callable[[Exchange], None] | None = None) -> None:
         """The stages before dispatch — fleet slot, rate limits, span, routing decision (then `decided`, the native
@@ -148,9 +150,11 @@ class OpenAIProxy:
             admitted = await admission.admit_rate(st, ex.tenant, ex.parsed, ex.route)
             ex.buckets = admitted.buckets
             ex.headers.update(admitted.headers)
+            stage = "flow"
+            held = await flow.hold(st, ex)
             ex.span = start_span(st.tracer, ex)
             stage = "decide"
-            ex.rreq, ex.decision = await decide.decide(st, ex)
+            ex.rreq, ex.decision = await decide.decide(st, ex, held)
             ex.headers["x-gateway-route"] = ex.decision.branch
             decide.refuse_shed(st, ex.tenant.name, ex.decision)
             if decided is not None:

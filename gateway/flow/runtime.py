@@ -1,0 +1,244 @@
+"""Flow control in the gateway: the controller (`controller.py`) behind one async call per request, a pump that
+serves the queue while the routing engine says the fleet has room (`gate.py`), and the fair tags shared through
+Redis (`shared.py`).
+
+    await flow.hold(ticket, route)   -> the routing Decision it was let through on (or None: not held; route as usual)
+                                        raises FlowRefused (429 queue_full; 503 queue_timeout, evicted, overloaded)
+
+A request is held only under contention (two or more flows within the window, or anything queued). The pump runs
+while anything is queued: at each arrival and every `tick_s`, it expires what waited too long, then serves the
+head of the fair order while its decision admits it. Every request held ends in exactly one of: granted (with its
+decision), refused (with a reason and Retry-After), cancelled (the client left; no charge).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.background import BackgroundTask
+from gateway.config import PoolTiming
+from gateway.errors import NoCapacity, RateLimited
+from gateway.flow.controller import FlowController, Refusal, Ticket
+from gateway.flow.gate import admits, bound, placed_cost, tightened, verdict
+from gateway.flow.metrics import FlowMetrics
+from gateway.flow.settings import FlowControl
+from gateway.flow.shared import RedisFairTags
+from gateway.routing.decision import Decision
+from gateway.routing.request import RoutingRequest
+
+log = logging.getLogger("gateway.flow")
+
+# decide(request, route, tightened request) -> the routing engine's decision, with the chosen target's load claimed
+Decide = Callable[[RoutingRequest, Any], Awaitable[Decision[Any]]]
+
+
+class FlowRefused(Exception):
+    """Turned into the API's error by the request path (`api/openai/flow.py`)."""
+
+    def __init__(self, refusal: Refusal) -> None:
+        super().__init__(refusal.message)
+        self.refusal = refusal
+
+    def error(self) -> RateLimited | NoCapacity:
+        r = self.refusal
+        cls = RateLimited if r.status == 429 else NoCapacity
+        return cls(r.message, code=f"flow_{r.reason}", retry_after=r.retry_after_s)
+
+
+@dataclass
+class Held:
+    """What a queued request waits on: its routing request and route, the future the pump resolves."""
+
+    rreq: RoutingRequest
+    route: Any
+    timing: PoolTiming
+    done: asyncio.Future[Decision[Any]]
+
+
+class FlowGate:
+    def __init__(self, cfg: FlowControl, decide: Decide, release: Callable[[str], None], metrics: FlowMetrics,
+                 shared: RedisFairTags | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        """`decide`: the router's decision (claims the chosen target's load); `release`: drop that claim (a decision
+        that did not admit)."""
+        self.cfg = cfg
+        self.ctl = FlowController(cfg)
+        self.decide = decide
+        self.release = release
+        self.metrics = metrics
+        self.shared = shared
+        self.clock = clock
+        self._wake = asyncio.Event()
+        self._pump = BackgroundTask(self._run, "flow-pump")
+        self._watch = BackgroundTask(self._watch_shared, "flow-watch")
+        self._tags_seen: dict[tuple[int, str], float] = {}
+        self._bg: set[asyncio.Task[None]] = set()
+        self._served: dict[tuple[int, str], tuple[float, float]] = {}  # flow -> (cost / weight in window, last at)
+        metrics.fairness.set_function(self.fairness)
+
+    def start(self) -> None:
+        self._pump.start()
+        if self.shared is not None:
+            self._watch.start()
+
+    async def stop(self) -> None:
+        await self._pump.stop()
+        await self._watch.stop()
+        for t in list(self.ctl.queued()):  # shutdown: nothing queued is left unanswered
+            self.ctl.cancel(t)
+            h: Held = t.payload
+            if not h.done.done():
+                h.done.set_exception(FlowRefused(Refusal(t, 503, "overloaded", 1.0, "The gateway is shutting down; "
+                                                         "retry on another instance.")))
+        if self._bg:
+            await asyncio.gather(*self._bg, return_exceptions=True)
+
+    # -- per request -------------------------------------------------------------------------------------------
+    def band_of(self, policy_band: str | None, client_bands: list[str], asked: str | None) -> int:
+        """The tenant's band; a client's `x-gateway-band` only when its policy lists that band."""
+        if asked and asked in client_bands:
+            return self.cfg.band_index(asked)
+        return self.cfg.band_index(policy_band)
+
+    async def hold(self, t: Ticket, rreq: RoutingRequest, route: Any, timing: PoolTiming,
+                   tenant_cap: int | None = None) -> Decision[Any] | None:
+        """Hold `t` until the fleet has room for it in the fair order: its decision, or None when not held."""
+        now = self.clock()
+        band = self.cfg.bands[t.band].name
+        if not self.ctl.contended(now):
+            self.ctl.charge(t, now)
+            self._charged(t, held=False, waited=0.0)
+            return None
+        loop = asyncio.get_running_loop()
+        held = Held(rreq, route, timing, loop.create_future())
+        t.payload = held
+        for r in self.ctl.offer(t, now, tenant_cap):
+            self._refuse(r)
+        if t.state == "refused":
+            return await held.done  # raises the refusal
+        self.metrics.depth.labels(t.tenant, band).inc()
+        self._wake.set()
+        try:
+            return await held.done
+        except asyncio.CancelledError:
+            if self.ctl.cancel(t):  # the client left while queued: gone, uncharged
+                self.metrics.depth.labels(t.tenant, band).dec()
+            elif held.done.done() and not held.done.cancelled() and held.done.exception() is None:
+                self.release(rreq.request_id)  # granted as it left: the claim goes back
+            raise
+
+    # -- other instances ---------------------------------------------------------------------------------------
+    async def _watch_shared(self) -> None:
+        """Contention is fleet-wide: a tenant served only on another instance still contends with this one's, so the
+        shared tags are read every tenth of the contention window and a flow whose tag moved counts as seen here."""
+        assert self.shared is not None
+        while True:
+            try:
+                await self.watch_once()
+            except Exception:  # logged, tried again: contention seen late is a fairness lapse, not an outage
+                log.exception("flow watch failed")
+            await asyncio.sleep(max(0.05, self.cfg.contention_window_s / 10))
+
+    async def watch_once(self) -> None:
+        assert self.shared is not None
+        tags = await self.shared.scan(self.ctl.tags, len(self.cfg.bands))
+        now = self.clock()
+        for flow, f in tags.items():
+            if f > self._tags_seen.get(flow, 0.0):
+                if flow in self._tags_seen:  # moved since the last read (the first read is only a baseline)
+                    self.ctl.seen(flow, now)
+                self._tags_seen[flow] = f
+
+    # -- the pump ----------------------------------------------------------------------------------------------
+    async def _run(self) -> None:
+        while True:
+            if not len(self.ctl):
+                self._wake.clear()
+                await self._wake.wait()
+            try:
+                await self.pump()
+            except Exception:  # one bad pass must not stop the queue: logged, tried again at the next tick
+                log.exception("flow pump failed")
+            await asyncio.sleep(self.cfg.tick_s)
+
+    async def pump(self) -> None:
+        ctl = self.ctl
+        if self.shared is not None and len(ctl):
+            await self.shared.refresh(ctl.tags, {t.flow for t in ctl.queued()})
+        now = self.clock()
+        for r in ctl.expire(now):
+            self._refuse(r)
+        while (t := ctl.head(now)) is not None:
+            h: Held = t.payload
+            q = self.cfg.queue_for(t.band)
+            decision = await self.decide(tightened(h.rreq, bound(h.rreq, h.timing, q)), h.route)
+            ok, again = verdict(decision, h.rreq, q)
+            if again is not None and t.state == "queued":
+                self.release(h.rreq.request_id)
+                decision = await self.decide(tightened(h.rreq, again), h.route)
+                ok = admits(decision, again)
+            now = self.clock()
+            if t.state != "queued":  # cancelled while the decision was awaited
+                self.release(h.rreq.request_id)
+                continue
+            if not ok:
+                self.release(h.rreq.request_id)
+                return
+            ctl.grant(t, now, placed_cost(ctl, t, decision))
+            self.metrics.depth.labels(t.tenant, self.cfg.bands[t.band].name).dec()
+            self._charged(t, held=True, waited=now - t.arrived)
+            h.done.set_result(decision)
+
+    # -- bookkeeping -------------------------------------------------------------------------------------------
+    def _refuse(self, r: Refusal) -> None:
+        t, band = r.ticket, self.cfg.bands[r.ticket.band].name
+        self.metrics.refused.labels(t.tenant, band, r.reason).inc()
+        h = t.payload
+        if isinstance(h, Held):
+            if t.seq:  # it was queued (an eviction or a timeout), not refused on arrival
+                self.metrics.depth.labels(t.tenant, band).dec()
+            if not h.done.done():
+                h.done.set_exception(FlowRefused(r))
+
+    def _charged(self, t: Ticket, held: bool, waited: float) -> None:
+        band = self.cfg.bands[t.band].name
+        self.metrics.granted.labels(t.tenant, band, "yes" if held else "no").inc()
+        self.metrics.wait.labels(t.tenant, band).observe(waited)
+        self.metrics.served_cost.labels(t.tenant, band).inc(t.cost)
+        now = self.clock()
+        used, at = self._served.get(t.flow, (0.0, now))
+        decay = max(0.0, 1 - (now - at) / self.cfg.contention_window_s)
+        self._served[t.flow] = (used * decay + t.cost / t.weight, now)
+        if self.shared is not None:
+            task = asyncio.get_running_loop().create_task(
+                self.shared.charge(self.ctl.tags, t.band, t.tenant, t.cost / t.weight))
+            self._bg.add(task)
+            task.add_done_callback(self._bg.discard)
+
+    def fairness(self) -> float:
+        """Jain's index over the flows' weight-normalised service within the contention window."""
+        now = self.clock()
+        xs = [used * max(0.0, 1 - (now - at) / self.cfg.contention_window_s) for used, at in self._served.values()]
+        xs = [x for x in xs if x > 0]
+        sq = sum(x * x for x in xs)
+        return (sum(xs) ** 2) / (len(xs) * sq) if sq else 1.0
+
+    def snapshot(self) -> dict[str, Any]:
+        """The admin view: queues per flow, the fair tags, the fairness index."""
+        now = self.clock()
+        names = [b.name for b in self.cfg.bands]
+        return {"enabled": True, "queued": len(self.ctl), "fairness": round(self.fairness(), 4),
+                "flows": [{"tenant": tenant, "band": names[band], "queued": n, "oldest_wait_s": round(w, 3),
+                           "start_tag": round(self.ctl.tags.start(band, tenant), 1)}
+                          for (band, tenant), (n, w) in sorted(self.ctl.waits(now).items())]}
+
+
+def build(cfg: FlowControl, decide: Decide, release: Callable[[str], None], registry: Any, redis_client: Any,
+          prefix: str, timeout_s: float, guard: Any) -> FlowGate:
+    """The gateway's flow gate: tags shared through Redis when the gateway has one."""
+    shared = RedisFairTags(redis_client, prefix, timeout_s, guard) if redis_client is not None else None
+    return FlowGate(cfg, decide, release, FlowMetrics(registry), shared)

@@ -1,0 +1,189 @@
+"""Flow gates over a real Redis: two instances share the fair order; Redis away leaves each instance a local fair
+share and loses nothing."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from gateway.config import PoolTiming
+from gateway.flow.controller import Ticket
+from gateway.flow.metrics import FlowMetrics
+from gateway.flow.runtime import FlowGate, FlowRefused, build
+from gateway.flow.settings import FlowControl
+from gateway.prediction.ttft import LoadView
+from gateway.routing.decision import Decision, Inputs
+from gateway.routing.features import Candidate, TargetInfo
+from gateway.routing.request import RoutingRequest
+from gateway.shared_redis import RedisGuard, build_client
+from tests.helpers import RedisServer
+
+
+def chosen(req: RoutingRequest) -> Decision[None]:
+    """A decision for one target without a prediction (ttft_raw 0: policies that do not predict), which admits."""
+    cand = Candidate(TargetInfo("r0", "r0@0", "p", PoolTiming(), None, None), 0, 0, req.prompt_tokens, LoadView(),
+                     0.0, 0.0, 0.0)
+    return Decision.of([cand], "test", Inputs.of(req))
+
+
+class Gate:
+    """The routing seam, reduced to its answer: `open` a chosen target without predictions (admits), closed a shed
+    (never admits). What is under test is the order the queue is served in, not where requests go."""
+
+    def __init__(self) -> None:
+        self.open = False
+        self.released: list[str] = []
+
+    async def decide(self, req: RoutingRequest, route: Any) -> Decision[None]:
+        return chosen(req) if self.open else Decision((), "shed", Inputs.of(req))
+
+
+def rreq(rid: str, tenant: str) -> RoutingRequest:
+    return RoutingRequest(rid, tenant, "m", "chat/completions", True, 1000, 10)
+
+
+def make(gate: Gate, redis_url: str | None, prefix: str = "t:", **cfg: Any) -> FlowGate:
+    client = build_client(redis_url, password=None, max_connections=8, pool_timeout=1.0, connect_timeout=0.5) \
+        if redis_url else None
+    return build(FlowControl.model_validate({"enabled": True, "tick_s": 0.005, **cfg}), gate.decide,
+                 gate.released.append, CollectorRegistry(), client, prefix, 0.5, RedisGuard("flow", retry_after=60))
+
+
+async def submit(fg: FlowGate, rid: str, tenant: str, order: list[str]) -> Ticket:
+    t = fg.ctl.ticket(rid, tenant, 1, 1.0, 1000, 10, fg.clock(), 2.0)
+
+    async def run() -> None:
+        await fg.hold(t, rreq(rid, tenant), None, PoolTiming())
+        order.append(rid)
+
+    asyncio.get_running_loop().create_task(run())
+    return t
+
+
+async def until(pred: Any, what: str) -> None:
+    for _ in range(2000):
+        if pred():
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_a_tenant_served_on_one_instance_waits_behind_another_tenant_on_the_other(redis_server: RedisServer):
+    """Two instances on one Redis: tenant A's service on instance 1 counts on instance 2, so with A and B both
+    queued there, B (unserved anywhere) goes first although A's requests arrived first."""
+    async def main() -> None:
+        g1, g2 = Gate(), Gate()
+        one, two = make(g1, redis_server.url, "share:"), make(g2, redis_server.url, "share:")
+        one.start()
+        two.start()
+        g1.open = True
+        for i in range(20):  # A alone on instance 1: not held, charged (in Redis too)
+            assert await one.hold(one.ctl.ticket(f"a1-{i}", "A", 1, 1.0, 5000, 0, one.clock(), 2.0),
+                                  rreq(f"a1-{i}", "A"), None, PoolTiming()) is None
+        await until(lambda: not one._bg, "instance 1's charges to reach Redis")
+        order: list[str] = []
+        for i in range(3):
+            await submit(two, f"a2-{i}", "A", order)
+        for i in range(3):
+            await submit(two, f"b2-{i}", "B", order)
+        await until(lambda: len(two.ctl) == 6, "six queued on instance 2")
+        g2.open = True
+        await until(lambda: len(order) == 6, "all six granted")
+        assert order[:3] == ["b2-0", "b2-1", "b2-2"], order
+        await one.stop()
+        await two.stop()
+
+    asyncio.run(main())
+
+
+def test_with_redis_away_an_instance_keeps_a_local_fair_share_and_loses_nothing():
+    """Redis gone: charges and reads fall back (counted), the order is this instance's own fair share, and every
+    queued request is granted once there is room."""
+    server = RedisServer()
+    url = server.url
+    server.stop()
+
+    async def main() -> None:
+        g = Gate()
+        fg = make(g, url, "away:")
+        fg.start()
+        order: list[str] = []
+        for i in range(4):
+            await submit(fg, f"a{i}", "A", order)
+        for i in range(2):
+            await submit(fg, f"b{i}", "B", order)
+        await until(lambda: len(fg.ctl) == 6, "six queued")
+        g.open = True
+        await until(lambda: len(order) == 6, "all six granted")
+        assert order[:4] == ["a0", "b0", "a1", "b1"], order  # equal weights, equal costs: alternate
+        assert fg.shared is not None and fg.shared.guard.down_reason is not None
+        await fg.stop()
+
+    asyncio.run(main())
+
+
+def test_a_full_queue_refuses_with_429_and_a_timeout_with_503_and_retry_after():
+    async def main() -> None:
+        g = Gate()
+        fg = make(g, None, max_queued_per_tenant=2, queue_timeout_s=0.05)
+        fg.start()
+        order: list[str] = []
+        for i in range(2):
+            await submit(fg, f"a{i}", "A", order)
+        await submit(fg, "b0", "B", order)
+        await until(lambda: len(fg.ctl) == 3, "three queued")
+        t = fg.ctl.ticket("a9", "A", 1, 1.0, 1000, 10, fg.clock(), 2.0)
+        with pytest.raises(FlowRefused) as full:
+            await fg.hold(t, rreq("a9", "A"), None, PoolTiming())
+        err = full.value.error()
+        assert (err.status, err.code) == (429, "flow_queue_full") and err.headers()["retry-after"]
+        t = fg.ctl.ticket("b9", "B", 1, 1.0, 1000, 10, fg.clock(), 2.0)
+        with pytest.raises(FlowRefused) as late:  # the gate stays closed: it waits its 50 ms and is refused
+            await fg.hold(t, rreq("b9", "B"), None, PoolTiming())
+        err = late.value.error()
+        assert (err.status, err.code) == (503, "flow_queue_timeout") and "retry-after" in err.headers()
+        await until(lambda: len(fg.ctl) == 0, "the rest timed out too")
+        assert order == []
+        await fg.stop()
+
+    asyncio.run(main())
+
+
+def test_a_client_band_is_honoured_only_when_its_policy_lists_it():
+    fg = FlowGate(FlowControl(enabled=True), Gate().decide, lambda _: None, FlowMetrics(CollectorRegistry()))
+    assert fg.band_of(None, [], "critical") == 1  # not allowed: the default band (standard)
+    assert fg.band_of("sheddable", ["critical"], "critical") == 0
+    assert fg.band_of("sheddable", ["critical"], "standard") == 2  # a band the policy does not list: ignored
+
+
+def test_a_tenant_served_only_on_another_instance_makes_this_one_contended(redis_server: RedisServer):
+    """Contention is fleet-wide: B alone on instance 2 is not held until A, served only on instance 1, shows in the
+    shared tags; from then on B's requests are held in the fair order there too."""
+    async def main() -> None:
+        g1, g2 = Gate(), Gate()
+        g1.open = True
+        one, two = make(g1, redis_server.url, "watch:"), make(g2, redis_server.url, "watch:")
+        one.start()
+        two.start()
+        two.ctl.ticket("b0", "B", 1, 1.0, 1000, 10, two.clock(), 2.0)  # B seen on instance 2
+        assert not two.ctl.contended(two.clock())
+        i = 0
+
+        def served_a_elsewhere() -> bool:
+            return two.ctl.contended(two.clock())
+
+        for _ in range(2000):
+            if served_a_elsewhere():
+                break
+            i += 1
+            await one.hold(one.ctl.ticket(f"a{i}", "A", 1, 1.0, 1000, 10, one.clock(), 2.0), rreq(f"a{i}", "A"), None,
+                           PoolTiming())
+            await asyncio.sleep(0.01)
+        assert served_a_elsewhere()
+        await one.stop()
+        await two.stop()
+
+    asyncio.run(main())
