@@ -37,6 +37,7 @@ from gateway.kvevents.setup import build as build_precise
 from gateway.observability.logging import setup_logging
 from gateway.observability.metrics import GatewayMetrics
 from gateway.observability.tracing import build_tracer
+from gateway.offload import CpuPool
 from gateway.prefix.index import PrefixIndex
 from gateway.prefix.memory import MemoryPrefixIndex
 from gateway.prefix.redis import RedisPrefixIndex
@@ -148,6 +149,7 @@ def create_app(config: GatewayConfig, *, span_exporter: Any = None, transport: h
             health=health, feedback=feedback, tracer=tracer, tracer_provider=provider,
             concurrency=ConcurrencyLimiter(redis_client, rc.redis_prefix, rc.concurrency_lease_s, rc.limits_redis_timeout_s),
             index=index, loads=loads, corrector=corrector, poller=poller, admin_hashes=secrets.admin_hashes, recorder=recorder,
+            cpu=CpuPool(config.offload, metrics),
         )
         if precise is not None:
             state.prefix_hasher, state.kv_events = precise.hasher, precise.manager
@@ -195,6 +197,7 @@ def create_app(config: GatewayConfig, *, span_exporter: Any = None, transport: h
                 await redis_client.aclose()
             await http.aclose()
             sglang_backend.close()
+            state.cpu.close()
             if provider is not None:
                 provider.shutdown()
 

@@ -207,6 +207,28 @@ class HttpLimits(_Strict):
                                                "balancer every connection comes from the balancer's few addresses")
 
 
+class BodyLimits(_Strict):
+    """The largest request body per API, in bytes (413 past it); unset: `max_body_bytes`. An agent's Responses or
+    Messages history can be raised alone without letting every chat body grow with it."""
+
+    chat_completions: int | None = Field(default=None, ge=1024, le=1 << 30)
+    completions: int | None = Field(default=None, ge=1024, le=1 << 30)
+    responses: int | None = Field(default=None, ge=1024, le=1 << 30)
+    messages: int | None = Field(default=None, ge=1024, le=1 << 30)
+
+
+class Offload(_Strict):
+    """Large bodies' CPU-heavy steps (parse, translate, validate, count, prefix-hash, tokenize) run on a small thread
+    pool, not on the event loop: one 8 MB body then delays other requests by a GIL switch interval at a time instead
+    of holding every one of them for the whole of its processing (gateway/offload.py)."""
+
+    min_body_bytes: int = Field(default=256 * 1024, ge=0, description="bodies at least this large are processed "
+                                "off the event loop; smaller ones inline (a hop to a thread costs more than they do)")
+    threads: int = Field(default=2, ge=1, le=64, description="threads processing large bodies")
+    max_queued: int = Field(default=16, ge=1, le=10_000, description="large-body steps running or waiting at once; "
+                            "one more is answered 503 with Retry-After (the API's own shape) instead of queueing")
+
+
 class UsageBounds(_Strict):
     """What an upstream's reported usage may claim before it is clamped (api/openai/usage.py): no upstream can bill
     a request for more than it could have used."""
@@ -248,9 +270,17 @@ class GatewayConfig(_Strict):
     idempotency: Idempotency = Idempotency()
     usage_bounds: UsageBounds = UsageBounds()
     flow: FlowControl = FlowControl()
-    max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
+    max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024, description="every API's body limit unless "
+                                "`body_limits` sets its own")
+    body_limits: BodyLimits = BodyLimits()
+    offload: Offload = Offload()
     max_json_depth: int = Field(default=64, ge=8, le=200, description="deeper request bodies get a 400 (orjson "
                                 "re-serialises at most 254 levels)")
+
+    def body_limit(self, api: str) -> int:
+        """The body limit of one API (`chat/completions`, `completions`, `responses`, `messages`)."""
+        own: int | None = getattr(self.body_limits, api.replace("/", "_"), None)
+        return own if own is not None else self.max_body_bytes
 
     @model_validator(mode="after")
     def _references(self) -> GatewayConfig:

@@ -11,12 +11,13 @@ import httpx
 
 from gateway.backends.base import Backend
 from gateway.backends.health import HealthChecker
-from gateway.config import GatewayConfig
+from gateway.config import GatewayConfig, Offload
 from gateway.control.plane import ControlPlane
 from gateway.dispatch.dispatcher import Dispatcher
 from gateway.dispatch.feedback import Feedback
 from gateway.flow.runtime import FlowGate
 from gateway.observability.metrics import GatewayMetrics
+from gateway.offload import CpuPool
 from gateway.prediction.ttft import TtftCorrector
 from gateway.prefix.hashing import prefix_hashes
 from gateway.prefix.index import PrefixIndex
@@ -65,3 +66,4 @@ class AppState:
     concurrency: ConcurrencyLimiter = field(default_factory=ConcurrencyLimiter)  # tenants' max_concurrent
     flow: FlowGate | None = None  # flow control between admission and routing (flow.enabled)
     idempotency: IdempotencyStore | None = None  # clients' Idempotency-Key outcomes (tenancy/idempotency.py)
+    cpu: CpuPool = field(default_factory=lambda: CpuPool(Offload()))  # large bodies' CPU steps (offload.py)

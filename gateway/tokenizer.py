@@ -67,20 +67,26 @@ def _canonical(obj: Any) -> str:
     return orjson.dumps(obj, option=orjson.OPT_SORT_KEYS).decode()
 
 
+GENERATION_PROMPT = "<|assistant|>\n"
+
+
+def render_head(tools: list[Any] | None) -> str:
+    """What precedes the messages in `render_chat`."""
+    return "[gMASK]<sop>" + ("<|system|>\n# Tools\n" + _canonical(tools) if tools else "")
+
+
+def render_message(msg: dict[str, Any]) -> str:
+    """One message's part of `render_chat`: the rendering is the head, each message's part, the generation prompt,
+    concatenated, so a message's contribution does not depend on the others (what `truncation: auto` relies on)."""
+    role = msg.get("role", "user")
+    if role == "tool":
+        role = "observation"
+    text = f"<|{role}|>\n" + content_text(msg.get("content"))
+    return text + _canonical(msg["tool_calls"]) if msg.get("tool_calls") else text
+
+
 def render_chat(messages: list[dict[str, Any]], tools: list[Any] | None = None) -> str:
-    parts = ["[gMASK]<sop>"]
-    if tools:
-        parts.append("<|system|>\n# Tools\n" + _canonical(tools))
-    for msg in messages:
-        role = msg.get("role", "user")
-        if role == "tool":
-            role = "observation"
-        parts.append(f"<|{role}|>\n")
-        parts.append(content_text(msg.get("content")))
-        if msg.get("tool_calls"):
-            parts.append(_canonical(msg["tool_calls"]))
-    parts.append("<|assistant|>\n")
-    return "".join(parts)
+    return "".join([render_head(tools), *map(render_message, messages), GENERATION_PROMPT])
 
 
 def prompt_text(prompt: Any) -> str | None:

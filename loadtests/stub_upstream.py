@@ -1,9 +1,11 @@
 """An OpenAI-compatible upstream that answers instantly, for measuring proxy overhead only (peers.md's method).
 
 Raw ASGI, no framework: non-streaming chat returns a canned completion; streaming chat sends `max_tokens` one-token
-chunks as fast as the connection takes them, then the usage chunk and [DONE]. `/health` answers 200.
+chunks as fast as the connection takes them (or one every `--chunk-interval-ms`, for streams that last like a model's),
+then the usage chunk and [DONE]. `/health` answers 200. A body past 1 MiB is not parsed (answered as non-streamed):
+a large prompt must not stall the stub's own loop and the streams it serves.
 
-    .venv/bin/python -m loadtests.stub_upstream --port 18400 [--replicas 2]
+    .venv/bin/python -m loadtests.stub_upstream --port 18400 [--replicas 2] [--chunk-interval-ms 0]
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ ROLE = b'data: {"id":"stub","object":"chat.completion.chunk","created":176722560
 TAIL = (b'data: {"id":"stub","object":"chat.completion.chunk","created":1767225600,"model":"zai-org/GLM-5.2","choices":[],'
         b'"usage":{"prompt_tokens":60,"completion_tokens":%d,"total_tokens":%d}}\n\ndata: [DONE]\n\n')
 JSON = [(b"content-type", b"application/json")]
+LARGE = 1 << 20
+INTERVAL_S = 0.0
 
 
 async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -46,7 +50,7 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": JSON})
         await send({"type": "http.response.body", "body": b'{"object":"list","data":[]}'})
         return
-    req = orjson.loads(body or b"{}")
+    req = orjson.loads(body or b"{}") if len(body) < LARGE else {}
     if not req.get("stream"):
         await send({"type": "http.response.start", "status": 200, "headers": JSON})
         await send({"type": "http.response.body", "body": COMPLETION})
@@ -55,6 +59,8 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
     await send({"type": "http.response.body", "body": ROLE, "more_body": True})
     for _ in range(n):
+        if INTERVAL_S:
+            await asyncio.sleep(INTERVAL_S)
         await send({"type": "http.response.body", "body": CHUNK, "more_body": True})
     await send({"type": "http.response.body", "body": TAIL % (n, n + 60)})
 
@@ -63,7 +69,10 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--port", type=int, default=18400)
     p.add_argument("--replicas", type=int, default=2)
+    p.add_argument("--chunk-interval-ms", type=float, default=0.0)
     a = p.parse_args()
+    global INTERVAL_S
+    INTERVAL_S = a.chunk_interval_ms / 1000
     asyncio.run(serve_all([make_server(app, "127.0.0.1", a.port + i) for i in range(a.replicas)]))
 
 

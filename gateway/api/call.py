@@ -23,6 +23,8 @@ class Call:
     # (target name, prompt tokens) of the replica that served the stored turn this one continues (Responses
     # previous_response_id): a routing floor, since that replica holds the turn's prompt whatever the index says
     affinity: tuple[str, int] | None = None
+    # the size of the client's body the adapter parsed: a large one's CPU steps run off the event loop (offload.py)
+    body_bytes: int = 0
 
     def api_for(self, endpoint: str) -> str:
         return self.api or ENDPOINT_APIS.get(endpoint, "other")

@@ -25,6 +25,7 @@ from gateway.api.call import Call
 from gateway.api.openai.body import read_body
 from gateway.api.openai.validation import parse_json
 from gateway.errors import GatewayError
+from gateway.offload import CpuPool
 from gateway.routing.request import MAX_SESSION_CHARS
 
 
@@ -39,9 +40,11 @@ def note_refusal(request: Request, model: object, err: GatewayError, served: str
     request.scope.setdefault("state", {})["refusal"] = {"model": name, "error": reason[:120]}
 
 
-async def read_json(request: Request, limit: int) -> dict[str, Any]:
-    """The client's body, bounded like the chat path's (413 past `limit`), as a JSON object (else 400)."""
-    return parse_json(await read_body(request, limit))
+async def read_json(request: Request, limit: int, cpu: CpuPool) -> tuple[dict[str, Any], int]:
+    """The client's body, bounded like the chat path's (413 past `limit`), as a JSON object (else 400), and its size
+    in bytes (a large body is parsed off the event loop, and so are its later steps)."""
+    raw = await read_body(request, limit)
+    return await cpu.run(len(raw), parse_json, raw), len(raw)
 
 
 def with_bearer(request: Request, api_key: str | None) -> Request:

@@ -98,6 +98,10 @@ class GatewayMetrics:
                                         ["pool", "replica"], registry=r)
         self.replica_ejected = Gauge("gateway_replica_ejected", "1 while the replica is ejected as a latency outlier",
                                      ["pool", "replica"], registry=r)
+        self.offload_steps = Counter("gateway_offload_steps", "CPU steps of large bodies (parse, translate, validate, "
+                                     "hash, tokenize) run off the event loop, or refused with 503 while the pool was "
+                                     "full", ["result"], registry=r)
+        self.offload_queued = Gauge("gateway_offload_queued", "Large-body CPU steps running or waiting", registry=r)
         self.breaker_open = Gauge("gateway_replica_circuit_open", "1 while the circuit breaker is open", ["pool", "replica"], registry=r)
 
     def render(self) -> bytes:

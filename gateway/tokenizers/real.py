@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any
@@ -72,6 +73,9 @@ class HfTokenizer:
         self.special = special
         self.added = sorted({t.content for t in tokenizer.get_added_tokens_decoder().values()}, key=len, reverse=True)
         self._cache: OrderedDict[bytes, np.ndarray] = OrderedDict()
+        # large bodies are tokenized on the offload pool's threads (gateway/offload.py): the LRU's reads and
+        # reorders must not interleave
+        self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
 
@@ -136,9 +140,11 @@ class HfTokenizer:
             if len(messages) <= cut:
                 break
             prefix = self.render(messages[:-cut], tools, add_generation_prompt=False)
-            cached = self._cache.get(_key(prefix))
+            with self._lock:
+                cached = self._cache.get(_key(prefix))
+                if cached is not None:
+                    self._cache.move_to_end(_key(prefix))
             if cached is not None and text.startswith(prefix) and self._boundary(text, len(prefix)):
-                self._cache.move_to_end(_key(prefix))
                 self.hits += 1
                 return np.concatenate([cached, self.encode_text(text[len(prefix):])])
         self.misses += 1
@@ -151,10 +157,11 @@ class HfTokenizer:
         if not text.startswith(prefix) or not self._boundary(text, len(prefix)):
             return
         n = len(ids) - len(self.encode_text(text[len(prefix):]))  # the rest is the generation prompt: short
-        self._cache[_key(prefix)] = ids[:n]
-        self._cache.move_to_end(_key(prefix))
-        while len(self._cache) > CACHE_ENTRIES:
-            self._cache.popitem(last=False)
+        with self._lock:
+            self._cache[_key(prefix)] = ids[:n]
+            self._cache.move_to_end(_key(prefix))
+            while len(self._cache) > CACHE_ENTRIES:
+                self._cache.popitem(last=False)
 
 
 def _key(text: str) -> bytes:

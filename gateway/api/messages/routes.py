@@ -108,9 +108,10 @@ async def create_message(request: Request) -> Response:
     dropped = Dropped()
     try:
         tenant = _tenant(st, request)
-        body = await read_json(request, st.config.max_body_bytes)
-        chat = to_chat(body, dropped=dropped, hosted_tools=tenant.hosted_tools, client_metadata=tenant.client_metadata,
-                       images=_takes_images(request, tenant, body.get("model")))
+        body, size = await read_json(request, st.config.body_limit("messages"), st.cpu)
+        chat = await st.cpu.run(size, to_chat, body, dropped=dropped, hosted_tools=tenant.hosted_tools,
+                                client_metadata=tenant.client_metadata,
+                                images=_takes_images(request, tenant, body.get("model")))
         stops = chat.get("stop")
     except GatewayError as e:
         note_refusal(request, body.get("model"), e, _served(tenant, body.get("model")) if tenant else None)
@@ -119,7 +120,7 @@ async def create_message(request: Request) -> Response:
     dropped.report(st.metrics, "messages", rid)
     try:
         out = await call_chat(request.app.state.proxy, with_bearer(request, _api_key(request)), chat,
-                              Call(api="messages", session=_session(request, body)))
+                              Call(api="messages", session=_session(request, body), body_bytes=size))
     except GatewayError as e:  # accounted by the chat path
         return _error(e, request)
     if chat["stream"]:
@@ -146,12 +147,12 @@ async def count_tokens(request: Request) -> Response:
     tenant: Tenant | None = None
     try:
         tenant = _tenant(st, request)
-        body = await read_json(request, st.config.max_body_bytes)
-        chat = to_chat(body, count_only=True, hosted_tools=tenant.hosted_tools,
-                       images=_takes_images(request, tenant, body.get("model")))
+        body, size = await read_json(request, st.config.body_limit("messages"), st.cpu)
+        chat = await st.cpu.run(size, to_chat, body, count_only=True, hosted_tools=tenant.hosted_tools,
+                                images=_takes_images(request, tenant, body.get("model")))
         if _served(tenant, chat["model"]) is None:
             raise ModelNotFound(f"model: {chat['model']}", param="model")
-        n = prompt_tokens(st.kv_events.tokenizer if st.kv_events is not None else None, chat)
+        n = await st.cpu.run(size, prompt_tokens, st.kv_events.tokenizer if st.kv_events is not None else None, chat)
     except GatewayError as e:
         note_refusal(request, body.get("model"), e, _served(tenant, body.get("model")) if tenant else None)
         return _error(e, request)

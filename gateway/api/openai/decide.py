@@ -49,7 +49,7 @@ async def decide(state: AppState, ex: Exchange,
     if held is not None:
         rreq, decision = held
     else:
-        rreq = routing_request(state.config.routing, ex, state.prefix_hasher)
+        rreq = await state.cpu.run(ex.body_bytes, routing_request, state.config.routing, ex, state.prefix_hasher)
         decision = await state.router.decide(rreq, ex.route)
     key = (id(state.metrics), ex.route.name, decision.branch)  # the served model (an alias is no label)
     hit = _DECISIONS.get(key)

@@ -58,6 +58,7 @@ class Exchange:
     idem: Any = None  # the client's Idempotency-Key this request holds (api/openai/idempotency.py), if any
     call: Call = PLAIN  # the API adapter's: API label, agent session, stored turn's replica (api/call.py)
     flow_band: str | None = None  # the client's x-gateway-band: honoured only for bands its policy lists
+    body_bytes: int = 0  # the client's body size: large ones are hashed and tokenized off the event loop
 
     @property
     def served_by(self) -> Any:

@@ -29,7 +29,7 @@ async def hold(state: AppState, ex: Exchange) -> tuple[RoutingRequest, Decision[
         return None
     pol = ex.tenant.flow
     band = fg.band_of(pol.band, pol.client_bands, ex.flow_band)
-    rreq = routing_request(state.config.routing, ex, state.prefix_hasher)
+    rreq = await state.cpu.run(ex.body_bytes, routing_request, state.config.routing, ex, state.prefix_hasher)
     pool = ex.route.pools[0]
     timing = state.config.pool(pool).timing
     t = fg.ctl.ticket(ex.id, ex.tenant.name, band, pol.weight, ex.parsed.prompt_tokens,

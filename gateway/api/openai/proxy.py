@@ -115,15 +115,17 @@ class OpenAIProxy:
     async def _exchange(self, request: Request, endpoint: str, body: dict[str, Any] | None, tenant: Tenant,
                         edge: Edge, pools: Callable[[ModelRoute], ModelRoute] | None) -> Exchange:
         st = self.state
+        body_bytes = edge.call.body_bytes  # an adapter's parsed body: the size of the client's
         if body is None:
             edge.stage = "read_body"
-            raw = await read_body(request, st.config.max_body_bytes, st.config.timeouts.body_read)
+            raw = await read_body(request, st.config.body_limit(endpoint), st.config.timeouts.body_read)
             edge.stage = "parse"
-            body = parse_json(raw, st.config.max_json_depth)
+            body_bytes = len(raw)
+            body = await st.cpu.run(body_bytes, parse_json, raw, st.config.max_json_depth)
         edge.stage = "validate"
         edge.model = self.accounting.model_label(body.get("model"))
         edge.stream = body.get("stream") is True
-        parsed = validate(body, endpoint)
+        parsed = await st.cpu.run(body_bytes, validate, body, endpoint)
         edge.stage = "entitlements"
         route = self.entitlements.resolve(tenant, parsed.model, request.headers.get("x-gateway-pool"))
         if pools is not None:
@@ -136,7 +138,7 @@ class OpenAIProxy:
         check_limits(parsed, endpoint, limits_for(st.config, route.pools, st.registry))  # n and context caps of these pools
         return Exchange(edge.request_id, tenant, endpoint, parsed, route, edge.started,
                         edge.started + st.config.timeouts.total, headers={"x-request-id": edge.request_id}, call=edge.call,
-                        flow_band=request.headers.get("x-gateway-band"))
+                        flow_band=request.headers.get("x-gateway-band"), body_bytes=body_bytes)
 
     async def admit(self, ex: Exchange, decided: Callable[[Exchange], None] | None = None) -> None:
         """The stages before dispatch — fleet slot, rate limits, span, routing decision (then `decided`, the native

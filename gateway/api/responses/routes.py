@@ -133,7 +133,8 @@ async def create_response(request: Request) -> Response:
 async def _create(request: Request, st: AppState, proxy: Any, store: ResponseStore, policy: Tenant,
                   body: dict[str, Any]) -> Response:
     tenant = policy.name
-    body.update(await read_json(request, st.config.max_body_bytes))
+    parsed, size = await read_json(request, st.config.body_limit("responses"), st.cpu)
+    body.update(parsed)
     prev = body.get("previous_response_id")
     history: list[dict[str, Any]] = []
     stored = None
@@ -144,7 +145,7 @@ async def _create(request: Request, st: AppState, proxy: Any, store: ResponseSto
         history = history_of(stored)
     # the API label; the agent session (Codex sends its session id as prompt_cache_key and in headers): one cold
     # placement; the replica that served the stored turn: routing's floor
-    call = Call(api="responses", affinity=affinity_of(stored),
+    call = Call(api="responses", affinity=affinity_of(stored), body_bytes=size,
                 session=session_of(body.get("prompt_cache_key"), *(request.headers.get(h) for h in SESSION_HEADERS)))
     served = _served(policy, body.get("model"))
     if is_native(st, served):
@@ -152,9 +153,9 @@ async def _create(request: Request, st: AppState, proxy: Any, store: ResponseSto
             raise InvalidRequest("'input' is required.", param="input")
         return await NativeResponses(request, proxy, store, tenant, body, history, call).handle()
     dropped = Dropped()
-    req = parse_request(body, history, st.config.responses.auto_truncate_input_tokens,
-                        pool_kinds=pool_kinds(st, served, request.headers.get("x-gateway-pool")),
-                        dropped=dropped, hosted_tools=policy.hosted_tools, client_metadata=policy.client_metadata)
+    req = await st.cpu.run(size, parse_request, body, history, st.config.responses.auto_truncate_input_tokens,
+                           pool_kinds=pool_kinds(st, served, request.headers.get("x-gateway-pool")),
+                           dropped=dropped, hosted_tools=policy.hosted_tools, client_metadata=policy.client_metadata)
     dropped.report(st.metrics, "responses", request.scope.get("state", {}).get("request_id"))
     resp_id, created = new_id("resp"), int(time.time())
     out: Response = await proxy.handle(request, "chat/completions", body=req.chat, call=call)
@@ -186,19 +187,20 @@ async def count_input_tokens(request: Request) -> Response:
     gateway has loaded it (precise/hybrid routing), else by the shared 4-characters rule; only for a model this key
     may use."""
     st, _, store, tenant = _ctx(request)
-    body = await read_json(request, st.config.max_body_bytes)
+    body, size = await read_json(request, st.config.body_limit("responses"), st.cpu)
     history: list[dict[str, Any]] = []
     prev = body.get("previous_response_id")
     if prev is not None:
         if not isinstance(prev, str) or not prev:
             raise InvalidRequest("'previous_response_id' must be a non-empty string.", param="previous_response_id")
         history = history_of(await _load(store, tenant, prev, "previous_response_id"))
-    req = parse_request({"input": [], **body, "stream": False}, history, st.config.responses.auto_truncate_input_tokens,
-                        allow_empty_input=True)
+    req = await st.cpu.run(size, parse_request, {"input": [], **body, "stream": False}, history,
+                           st.config.responses.auto_truncate_input_tokens, allow_empty_input=True)
     if _served(st.policies.index.tenants[tenant], req.model) is None:  # a model (or alias) this key may use
         raise ModelNotFound(f"The model '{req.model}' does not exist or you do not have access to it.", param="model")
     tokenizer = st.kv_events.tokenizer if st.kv_events is not None else None
-    return _json({"object": "response.input_tokens", "input_tokens": prompt_tokens(tokenizer, req.chat)})
+    return _json({"object": "response.input_tokens",
+                  "input_tokens": await st.cpu.run(size, prompt_tokens, tokenizer, req.chat)})
 
 
 @router.get("/v1/responses/{resp_id}")

@@ -37,7 +37,7 @@ from gateway.api.dropped import Dropped
 from gateway.api.responses.reasoning import chat_fields, effort_of
 from gateway.api.responses.tools import NS_SEP, ToolName, additional_tools, chat_tool_choice, chat_tools, choice_of
 from gateway.errors import InvalidRequest
-from gateway.tokenizer import count_tokens, render_chat
+from gateway.tokenizer import CHARS_PER_TOKEN, GENERATION_PROMPT, render_head, render_message
 
 # Responses fields the bridge reads; anything else not in UNSUPPORTED passes through to the chat body.
 KNOWN = {"model", "input", "instructions", "previous_response_id", "store", "stream", "tools", "tool_choice",
@@ -243,14 +243,24 @@ def items_to_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def truncate(messages: list[dict[str, Any]], tools: list[Any] | None, limit: int) -> list[dict[str, Any]]:
     """`truncation: auto`: drop the oldest non-system messages (and tool results they leave orphaned) until the
-    rendered prompt fits `limit` tokens; the last message is always kept."""
+    rendered prompt fits `limit` tokens; the last message is always kept.
+
+    Each message is rendered and measured once: the rendering is a concatenation of independent parts
+    (gateway/tokenizer.py), so the prompt without the first `i` messages is as long as the whole minus their parts
+    (suffix sums). Re-rendering the prompt after every dropped message made 10,000 messages take ~26 s of CPU."""
     system = [m for m in messages if m["role"] == "system"]
     rest = [m for m in messages if m["role"] != "system"]
-    while len(rest) > 1 and count_tokens(render_chat(system + rest, tools)) > limit:
-        rest.pop(0)
-        while len(rest) > 1 and rest[0]["role"] == "tool":
-            rest.pop(0)
-    return system + rest
+    fixed = len(render_head(tools)) + len(GENERATION_PROMPT) + sum(len(render_message(m)) for m in system)
+    lengths = [len(render_message(m)) for m in rest]
+    kept = fixed + sum(lengths)  # characters of the prompt rendered with rest[start:]
+    start = 0
+    while len(rest) - start > 1 and -(-kept // CHARS_PER_TOKEN) > limit:
+        kept -= lengths[start]
+        start += 1
+        while len(rest) - start > 1 and rest[start]["role"] == "tool":
+            kept -= lengths[start]
+            start += 1
+    return system + rest[start:]
 
 
 def chat_response_format(text: Any) -> dict[str, Any] | None:

@@ -4,6 +4,7 @@ Responses event sequence, and the memory store's caps."""
 from __future__ import annotations
 
 import asyncio
+import random
 
 import orjson
 import pytest
@@ -13,10 +14,11 @@ from gateway.api.dropped import Dropped
 from gateway.api.responses.output import from_chat, history_of
 from gateway.api.responses.store import MemoryResponseStore
 from gateway.api.responses.stream import ResponsesStream
-from gateway.api.responses.translate import items_to_messages, parse_request
+from gateway.api.responses.translate import items_to_messages, parse_request, truncate
 from gateway.config import ResponsesConfig
 from gateway.errors import InvalidRequest
 from gateway.prefix.hashing import prefix_hashes
+from gateway.tokenizer import count_tokens, render_chat
 
 LIMIT = 200_000
 
@@ -130,6 +132,39 @@ def test_auto_truncation_drops_oldest_turns_keeps_system_and_last():
     assert [m["content"] for m in req.chat["messages"]] == ["sys", "new"]
     full = parse_request({"model": "m", "input": items, "instructions": "sys"}, [], 100)
     assert len(full.chat["messages"]) == 4
+
+
+def _truncate_by_rerendering(messages, tools, limit):
+    """The definition of `truncation: auto`, one re-rendered prompt per dropped message (quadratic; the oracle)."""
+    system = [m for m in messages if m["role"] == "system"]
+    rest = [m for m in messages if m["role"] != "system"]
+    while len(rest) > 1 and count_tokens(render_chat(system + rest, tools)) > limit:
+        rest.pop(0)
+        while len(rest) > 1 and rest[0]["role"] == "tool":
+            rest.pop(0)
+    return system + rest
+
+
+def test_auto_truncation_matches_rerendering_at_every_limit():
+    """The one-pass truncation (suffix sums of each message's rendered length) keeps exactly the messages the
+    re-rendering definition keeps: system first, orphaned tool results dropped with their call, tools counted,
+    the last message kept even when it alone is too long."""
+    rng = random.Random(7)
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    for case in range(60):
+        msgs = [{"role": "system", "content": "be brief " * rng.randint(0, 20)}] if case % 3 else []
+        for i in range(rng.randint(1, 30)):
+            kind = rng.choice(["user", "assistant", "call", "tool"])
+            if kind == "call":
+                msgs.append({"role": "assistant", "content": None, "tool_calls": [
+                    {"id": f"c{i}", "type": "function", "function": {"name": "f", "arguments": "{}" * rng.randint(1, 9)}}]})
+            elif kind == "tool":
+                msgs.append({"role": "tool", "tool_call_id": f"c{i}", "content": "out " * rng.randint(0, 60)})
+            else:
+                msgs.append({"role": kind, "content": [{"type": "text", "text": "w " * rng.randint(0, 200)}]})
+        t = tools if case % 2 else None
+        for limit in (1, 10, 50, 120, 400, 2_000, 100_000):
+            assert truncate(msgs, t, limit) == _truncate_by_rerendering(msgs, t, limit), (case, limit)
 
 
 def _chunk(delta=None, finish=None, usage=None):

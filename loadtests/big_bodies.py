@@ -1,0 +1,217 @@
+"""Large bodies against one `gateway serve`: does an 8 MB Responses body or a 5 MB Messages body hold up everything else?
+
+    .venv/bin/python -m loadtests.big_bodies [--seconds 10] [--baseline /tmp/base --baseline-label main]
+
+Per target (this checkout's gateway with large-body offload on, the same with every step inline on the event loop,
+`--variant` configs of your own, and optionally the gateway of another checkout, same config, same run), two
+phases of `--seconds` each against the stub upstream (loadtests/stub_upstream.py, one chunk every 50 ms):
+- quiet: 50 normal streams (chat, 16 tokens, closed loop) and a `/healthz` probe every 20 ms;
+- big: the same, while an 8 MB `/v1/responses` body and a 5 MB `/v1/messages` body (many turns, each turn a
+  long text) are sent back to back, one of each at a time; `--truncation` sends the Responses one with
+  `truncation: "auto"`.
+Reported: `/healthz` p50/p99/max, the normal streams' TTFT p50/p99 (first content chunk), how many big bodies were
+answered and their status codes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import multiprocessing
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import orjson
+import yaml
+
+from gateway.config import hash_key
+from loadtests.procs import Proc
+from loadtests.report import table
+
+KEY = "sk-bench"
+DEFAULT_VARIANTS = ["offload on (default)={}",
+                    'all inline (offload.min_body_bytes 1 GiB)={"offload": {"min_body_bytes": 1073741824}}']
+STREAM = orjson.dumps({"model": "glm-5.2", "messages": [{"role": "user", "content": "Say something short. " * 8}],
+                       "max_tokens": 16, "stream": True})
+TURN = "lorem ipsum dolor sit amet, " * 70  # ~2 KB a turn
+
+
+def responses_body(size: int, truncation: bool) -> bytes:
+    turns = size // (len(TURN) + 40)
+    items = [{"role": "user" if i % 2 == 0 else "assistant", "content": TURN} for i in range(turns)]
+    items[-1]["role"] = "user"
+    body: dict[str, Any] = {"model": "glm-5.2", "input": items, "max_output_tokens": 16, "store": False}
+    if truncation:
+        body["truncation"] = "auto"
+    return orjson.dumps(body)
+
+
+def messages_body(size: int) -> bytes:
+    turns = size // (len(TURN) + 40)
+    msgs = [{"role": "user" if i % 2 == 0 else "assistant", "content": TURN} for i in range(turns | 1)]
+    return orjson.dumps({"model": "glm-5.2", "max_tokens": 16, "messages": msgs})
+
+
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))] * 1000 if xs else float("nan")
+
+
+async def http(port: int, method: str, path: str, body: bytes = b"", marker: bytes | None = None
+               ) -> tuple[int, float | None, float]:
+    """One request on its own connection (raw HTTP/1.1, `Connection: close`: the measuring client stays cheap next to
+    the server it measures): (status, seconds to the first `marker` in the response or None, seconds to the end)."""
+    s = time.perf_counter()
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    head = (f"{method} {path} HTTP/1.1\r\nhost: 127.0.0.1\r\nauthorization: Bearer {KEY}\r\n"
+            f"content-type: application/json\r\ncontent-length: {len(body)}\r\nconnection: close\r\n\r\n")
+    writer.write(head.encode() + body)
+    first = None
+    buf = b""
+    try:
+        while True:
+            data = await reader.read(65536)
+            if not data:
+                break
+            if first is None and marker is not None:
+                buf = buf[-len(marker):] + data
+                if marker in buf:
+                    first = time.perf_counter() - s
+            if not buf:
+                buf = data[:16]
+            elif len(buf) < 16 and marker is None:
+                buf += data[:16]
+    finally:
+        writer.close()
+    status = int(buf[9:12]) if marker is None and buf[:5] == b"HTTP/" else (200 if first is not None else 0)
+    return status, first, time.perf_counter() - s
+
+
+def probe(port: int, seconds: float, out: Any) -> None:
+    """`/healthz` every 20 ms, in a process of its own (its latency is not the load generator's)."""
+    async def run() -> list[float]:
+        lat: list[float] = []
+        stop = time.perf_counter() + seconds
+        while time.perf_counter() < stop:
+            try:
+                _, _, t = await http(port, "GET", "/healthz")
+                lat.append(t)
+            except OSError:
+                lat.append(float("inf"))
+            await asyncio.sleep(0.02)
+        return lat
+    out.put(asyncio.run(run()))
+
+
+async def phase(port: int, seconds: float, big: list[tuple[str, bytes]], streams: int) -> dict[str, Any]:
+    ttft: list[float] = []
+    stream_errors = 0
+    statuses: Counter[str] = Counter()
+    big_s: list[float] = []
+    ctx = multiprocessing.get_context("spawn")
+    q = ctx.Queue()
+    prober = ctx.Process(target=probe, args=(port, seconds, q))
+    prober.start()
+    stop = time.perf_counter() + seconds
+
+    async def normal() -> None:
+        nonlocal stream_errors
+        while time.perf_counter() < stop:
+            try:
+                _, first, _ = await http(port, "POST", "/v1/chat/completions", STREAM, b'"content":" ')
+            except OSError:
+                first = None
+            if first is None:
+                stream_errors += 1
+            else:
+                ttft.append(first)
+
+    async def sender(path: str, raw: bytes) -> None:
+        while time.perf_counter() < stop:
+            try:
+                status, _, t = await http(port, "POST", path, raw)
+                statuses[f"{path.rsplit('/', 1)[1]} {status}"] += 1
+                big_s.append(t)
+            except OSError as e:
+                statuses[f"{path.rsplit('/', 1)[1]} {type(e).__name__}"] += 1
+
+    await asyncio.gather(*(normal() for _ in range(streams)), *(sender(p, b) for p, b in big))
+    health = await asyncio.to_thread(q.get)
+    prober.join()
+    return {"health": health, "ttft": ttft, "stream_errors": stream_errors, "statuses": statuses, "big_s": big_s}
+
+
+def start_gateway(name: str, port: int, stub_urls: list[str], work: Path, cwd: str | None,
+                  extra: dict[str, Any] | None = None) -> Proc:
+    cfg = {**(extra or {}), "models": [{"name": "glm-5.2", "pools": ["sim"]}],
+           "pools": [{"name": "sim", "kind": "sglang", "model": "zai-org/GLM-5.2",
+                      "replicas": [{"name": f"sim-{i}", "url": u} for i, u in enumerate(stub_urls)]}],
+           "tenants": [{"name": "bench", "api_key_hashes": [hash_key(KEY)], "models": ["glm-5.2"]}],
+           "observability": {"log_requests": False}}
+    (work / f"{name}.yaml").write_text(yaml.safe_dump(cfg))
+    return Proc(name, [sys.executable, "-m", "gateway.cli", "serve", "--config", str(work / f"{name}.yaml"),
+                       "--port", str(port)], f"http://127.0.0.1:{port}/healthz", log=work / f"{name}.log", cwd=cwd)
+
+
+async def main_async(a: argparse.Namespace) -> None:
+    work = Path(tempfile.mkdtemp(prefix="gw-bigbodies-"))
+    stub = Proc("stub", [sys.executable, "-m", "loadtests.stub_upstream", "--replicas", "2", "--port", str(a.stub_port),
+                         "--chunk-interval-ms", "50"], f"http://127.0.0.1:{a.stub_port + 1}/health", log=work / "stub.log")
+    stub.wait_ready()
+    stub_urls = [f"http://127.0.0.1:{a.stub_port + i}" for i in range(2)]
+    targets = []
+    for i, variant in enumerate(a.variant or DEFAULT_VARIANTS):
+        label, _, extra = variant.partition("=")
+        targets.append((label, start_gateway(f"gateway-{i}", a.port + i, stub_urls, work, None,
+                                             orjson.loads(extra or "{}")), a.port + i))
+    if a.baseline:
+        targets.append((f"gateway @ {a.baseline_label}",
+                        start_gateway("baseline", a.port + 10, stub_urls, work, a.baseline), a.port + 10))
+    big = [("/v1/responses", responses_body(int(a.responses_mb * 1_000_000), a.truncation)),
+           ("/v1/messages", messages_body(int(a.messages_mb * 1_000_000)))]
+    rows = []
+    try:
+        for _, proc, _ in targets:
+            proc.wait_ready(120)
+        for name, _, port in targets:
+            await phase(port, 1.0, [], 4)  # warm-up
+            for label, bodies in (("quiet", []), ("big bodies", big)):
+                r = await phase(port, a.seconds, bodies, a.streams)
+                rows.append([name, label, f"{pct(r['health'], 0.5):.1f}", f"{pct(r['health'], 0.99):.1f}",
+                             f"{max(r['health']) * 1000:.1f}", f"{pct(r['ttft'], 0.5):.1f}", f"{pct(r['ttft'], 0.99):.1f}",
+                             len(r["ttft"]), r["stream_errors"],
+                             ", ".join(f"{k}: {v}" for k, v in sorted(r["statuses"].items())) or "-",
+                             f"{pct(r['big_s'], 0.5) / 1000:.2f}" if r["big_s"] else "-"])
+    finally:
+        for _, proc, _ in targets:
+            proc.stop()
+        stub.stop()
+    sizes = ", ".join(f"{p} {len(b) / 1e6:.1f} MB" for p, b in big)
+    print(f"\n{a.streams} normal streams (16 chunks, one every 50 ms) + /healthz every 20 ms, {a.seconds:g} s a phase; "
+          f"big bodies: {sizes}{' (truncation: auto)' if a.truncation else ''}")
+    print(table(["target", "phase", "healthz p50 ms", "healthz p99 ms", "healthz max ms", "TTFT p50 ms", "TTFT p99 ms",
+                 "streams", "stream errors", "big bodies answered", "big body s (p50)"], rows))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--seconds", type=float, default=10.0)
+    p.add_argument("--streams", type=int, default=50)
+    p.add_argument("--responses-mb", type=float, default=8.0)
+    p.add_argument("--messages-mb", type=float, default=5.0)
+    p.add_argument("--truncation", action="store_true")
+    p.add_argument("--port", type=int, default=18580)
+    p.add_argument("--stub-port", type=int, default=18570)
+    p.add_argument("--variant", action="append", help="label=JSON merged into the gateway config (repeatable); "
+                   "default: offload on, and every step inline")
+    p.add_argument("--baseline", default=None, help="a checkout of an earlier revision: its gateway joins the run")
+    p.add_argument("--baseline-label", default="baseline")
+    asyncio.run(main_async(p.parse_args()))
+
+
+if __name__ == "__main__":
+    main()
