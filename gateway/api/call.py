@@ -8,9 +8,23 @@ stream accounted after its route returned still knows what it was."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 # The endpoint's own API when an adapter does not name one (a metric label: observability.metrics.APIS).
 ENDPOINT_APIS = {"chat/completions": "chat", "completions": "completions", "responses": "responses"}
+
+
+class StreamEncoder(Protocol):
+    """Writes one API's stream from the chat path's chunks, each handed over as the dict it was parsed into once
+    (api/responses/stream.py, api/messages/stream.py). Each method returns the bytes to send (maybe none)."""
+
+    def start(self) -> bytes: ...
+
+    def chunk(self, chunk: dict[str, Any]) -> bytes: ...
+
+    def error(self, error: dict[str, Any]) -> bytes: ...
+
+    def done(self) -> bytes: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,6 +37,9 @@ class Call:
     # (target name, prompt tokens) of the replica that served the stored turn this one continues (Responses
     # previous_response_id): a routing floor, since that replica holds the turn's prompt whatever the index says
     affinity: tuple[str, int] | None = None
+    # a stream in another API's shape: the relay hands this encoder each upstream chunk as a dict (parsed once) and
+    # sends what it writes; None: the chat path's own SSE, relayed as bytes
+    encoder: StreamEncoder | None = None
     # the size of the client's body the adapter parsed: a large one's CPU steps run off the event loop (offload.py)
     body_bytes: int = 0
 

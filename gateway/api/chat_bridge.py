@@ -5,23 +5,24 @@ shapes; each API's own translation lives in its package.
 
     client --(API body)--> translate --(chat body)--> proxy.handle --(chat JSON | chat SSE)--> translate --> client
 
-A stream is re-emitted event by event: `TranslatedStream` runs the proxy's `EventStreamResponse` with a `send`
-that parses its chat.completion.chunk SSE and writes the API's own events. The commit point is unchanged (no
-status line before the first upstream chunk), so an error before it is still a real HTTP error, rendered in the
-API's shape by `render_error`; one after it becomes the API's in-band error event via `StreamTranslator.error`.
+A stream is written in the API's shape by the relay itself: the adapter passes its encoder (a `StreamEncoder`
+wrapped in `Ending`) in the request's `Call`, and the relay hands it each upstream chunk as the dict it parsed once
+— no chat SSE is framed only to be parsed again. The commit point is unchanged (no status line before the first
+upstream chunk), so an error before it is still a real HTTP error, rendered in the API's shape by `render_error`;
+one after it becomes the API's in-band error event (`StreamEncoder.error`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Message, Receive, Scope, Send
 
-from gateway.api.call import Call
+from gateway.api.call import Call, StreamEncoder
 from gateway.api.openai.body import read_body
 from gateway.api.openai.validation import parse_json
 from gateway.errors import GatewayError
@@ -85,49 +86,42 @@ def sse_event(name: str, data: dict[str, Any]) -> bytes:
     return b"event: " + name.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
 
 
-class SSEPayloads:
-    """Incremental `data:` payloads of an SSE byte stream (events may be split across writes; comments and
-    `event:` lines ignored: the chat path's events are data-only)."""
+class Ending:
+    """An API's stream encoder, handed to the relay through the Call (api/call.py), that remembers whether its stream
+    was ended — by the upstream's end or by an error event — so the bridge never lets it close silently."""
 
-    def __init__(self) -> None:
-        self._buf = b""
+    def __init__(self, inner: StreamEncoder) -> None:
+        self.inner = inner
+        self.ended = False
 
-    def feed(self, data: bytes) -> list[bytes]:
-        self._buf += data
-        out: list[bytes] = []
-        while True:
-            end = self._buf.find(b"\n\n")
-            if end < 0:
-                return out
-            block, self._buf = self._buf[:end], self._buf[end + 2:]
-            lines = [ln[5:].lstrip(b" ") for ln in block.split(b"\n") if ln.startswith(b"data:")]
-            if lines:
-                out.append(b"\n".join(lines))
+    def start(self) -> bytes:
+        return self.inner.start()
 
+    def chunk(self, chunk: dict[str, Any]) -> bytes:
+        return self.inner.chunk(chunk)
 
-class StreamTranslator(Protocol):
-    """One API's stream events from the chat path's chunks. Each method returns the bytes to send (maybe none)."""
+    def error(self, error: dict[str, Any]) -> bytes:
+        self.ended = True
+        return self.inner.error(error)
 
-    def start(self) -> bytes: ...
-
-    def chunk(self, chunk: dict[str, Any]) -> bytes: ...
-
-    def error(self, error: dict[str, Any]) -> bytes: ...
-
-    def done(self) -> bytes: ...
+    def done(self) -> bytes:
+        self.ended = True
+        return self.inner.done()
 
 
 ErrorRenderer = Callable[[int, dict[str, Any], list[tuple[bytes, bytes]]], Response]
 
 
 class TranslatedStream(Response):
-    """Runs the chat path's streaming response, re-emitting its events through `translator`; a non-200 answer
-    (refused before the commit point) is re-rendered by `render_error(status, openai_error_body, headers)`."""
+    """The chat path's streaming response for another API: the relay already writes each event in that API's shape
+    (its `encoder`, an `Ending`, passed in the request's Call), so this only adds the bridge's own headers on commit,
+    re-renders an answer refused before the commit point with `render_error(status, openai_error_body, headers)`,
+    makes sure the stream never closes without its end or an error event, and runs `on_end` after the last byte."""
 
-    def __init__(self, inner: Response, translator: StreamTranslator, render_error: ErrorRenderer,
+    def __init__(self, inner: Response, encoder: Ending, render_error: ErrorRenderer,
                  on_end: Callable[[], Any] | None = None) -> None:
         self.inner = inner
-        self.translator = translator
+        self.encoder = encoder
         self.render_error = render_error
         self.on_end = on_end  # awaited after the last byte (e.g. store the finished response)
         self.background = None
@@ -137,14 +131,12 @@ class TranslatedStream(Response):
         self.extra_headers: list[tuple[bytes, bytes]] = []  # the bridge's own (x-gateway-dropped), sent on commit
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        parser = SSEPayloads()
         status = 200
         start: Message | None = None
         error_body = b""
-        finished = False  # [DONE] or an error event seen
 
         async def relay(message: Message) -> None:
-            nonlocal status, start, error_body, finished
+            nonlocal status, start, error_body
             if message["type"] == "http.response.start":
                 status = message["status"]
                 start = message
@@ -153,7 +145,6 @@ class TranslatedStream(Response):
                     if self.extra_headers:
                         message = {**message, "headers": self.sent_headers + self.extra_headers}
                     await send(message)
-                    await send({"type": "http.response.body", "body": self.translator.start(), "more_body": True})
                 return
             if message["type"] != "http.response.body":
                 return
@@ -164,29 +155,10 @@ class TranslatedStream(Response):
                 if not more:
                     await self._send_error(status, error_body, start, scope, receive, send)
                 return
-            out = b""
-            for payload in parser.feed(body):
-                if finished:
-                    break
-                if payload == b"[DONE]":
-                    finished = True
-                    out += self.translator.done()
-                    continue
-                try:
-                    obj = orjson.loads(payload)
-                except orjson.JSONDecodeError:
-                    continue
-                if isinstance(obj, dict) and "error" in obj and "choices" not in obj:
-                    finished = True
-                    out += self.translator.error(obj["error"] if isinstance(obj["error"], dict) else {"message": str(obj["error"])})
-                elif isinstance(obj, dict):
-                    out += self.translator.chunk(obj)
-            if not more and not finished:  # the chat path always ends with [DONE] or an error; never close silently
-                finished = True
-                out += self.translator.error({"message": "The upstream stream ended before it was complete.",
-                                              "type": "server_error", "code": "upstream_error"})
-            if out or not more:
-                await send({"type": "http.response.body", "body": out, "more_body": more})
+            if not more and not self.encoder.ended:  # the chat path always ends its stream; never close silently
+                body += self.encoder.error({"message": "The upstream stream ended before it was complete.",
+                                            "type": "server_error", "code": "upstream_error"})
+            await send({"type": "http.response.body", "body": body, "more_body": more})
 
         await self.inner(scope, receive, relay)
         if self.on_end is not None and status == 200:

@@ -14,6 +14,7 @@ from starlette.responses import Response
 
 from gateway.api.call import Call
 from gateway.api.chat_bridge import (
+    Ending,
     TranslatedStream,
     call_chat,
     json_body,
@@ -118,13 +119,15 @@ async def create_message(request: Request) -> Response:
         return _error(e, request)
     rid = request.scope.get("state", {}).get("request_id")
     dropped.report(st.metrics, "messages", rid)
+    # streamed: the relay writes Anthropic events from each chunk
+    encoder = Ending(MessagesStream(chat["model"], input_tokens(chat), stops)) if chat["stream"] else None
     try:
         out = await call_chat(request.app.state.proxy, with_bearer(request, _api_key(request)), chat,
-                              Call(api="messages", session=_session(request, body), body_bytes=size))
+                              Call(api="messages", session=_session(request, body), body_bytes=size, encoder=encoder))
     except GatewayError as e:  # accounted by the chat path
         return _error(e, request)
-    if chat["stream"]:
-        stream = TranslatedStream(out, MessagesStream(chat["model"], input_tokens(chat), stops), _render_stream_error)
+    if encoder is not None:
+        stream = TranslatedStream(out, encoder, _render_stream_error)
         if dropped:
             stream.extra_headers.append((HEADER.encode(), dropped.header().encode()))
         return stream

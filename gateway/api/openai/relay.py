@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import orjson
 from starlette.responses import Response
@@ -29,8 +30,14 @@ from gateway.state import AppState
 DONE = b"data: [DONE]\n\n"
 
 
-def sse_error(message: str, type_: str = "server_error", code: str = "upstream_error") -> bytes:
-    return b"data: " + orjson.dumps({"error": {"message": message, "type": type_, "param": None, "code": code}}) + b"\n\n"
+def error_of(message: str, type_: str = "server_error", code: str = "upstream_error") -> dict[str, Any]:
+    return {"message": message, "type": type_, "param": None, "code": code}
+
+
+def stream_error(ex: Exchange, error: dict[str, Any]) -> bytes:
+    """An in-band error event after the commit point, in the client's API (its encoder's event, else chat SSE)."""
+    enc = ex.call.encoder
+    return enc.error(error) if enc is not None else b"data: " + orjson.dumps({"error": error}) + b"\n\n"
 
 
 def cut_by_shutdown(ex: Exchange, committed: bool) -> bytes | Response:
@@ -38,8 +45,9 @@ def cut_by_shutdown(ex: Exchange, committed: bool) -> bytes | Response:
     relayed (billed for that, as a client that left is: accounting), or a 503 to retry when nothing was sent yet."""
     ex.reason, ex.error = "shutdown", "cut: the gateway shut down before the stream ended (drain timeout)"
     if committed:
-        return sse_error("The gateway is shutting down and could not finish this stream within its drain timeout; "
-                         "the answer above is incomplete.", "service_unavailable_error", "server_shutting_down")
+        return stream_error(ex, error_of("The gateway is shutting down and could not finish this stream within its "
+                                         "drain timeout; the answer above is incomplete.", "service_unavailable_error",
+                                         "server_shutting_down"))
     ex.status = "503"
     return to_response(NoCapacity("The gateway is shutting down; retry the request.", retry_after=1,
                                   should_retry=True))
@@ -118,7 +126,11 @@ class Relay:
             return to_response(e)  # x-request-id is added by RequestIdMiddleware like on every response
         assert ex.first_token_at is not None
         self.state.feedback.first_token(d.attempt, ex.first_token_at - ex.started)
-        out = self._relay(ex, d.opened.first or b"") or b": stream open\n\n"
+        enc = ex.call.encoder
+        if enc is not None:  # another API's stream: its opening events, then the first chunk in its shape
+            out = enc.start() + (self._relay(ex, d.opened.first or b"") or b"")
+        else:
+            out = self._relay(ex, d.opened.first or b"") or b": stream open\n\n"
         idempotency.streamed(ex, out)
         return out
 
@@ -126,16 +138,18 @@ class Relay:
         d = ex.dispatched
         assert d is not None and d.opened.rest is not None
         saw_done = False
+        enc = ex.call.encoder
         try:
             async for payload in d.opened.rest:
                 if payload == b"[DONE]":
                     saw_done = True
-                    idempotency.streamed(ex, DONE)
-                    yield DONE
+                    end = enc.done() if enc is not None else DONE
+                    idempotency.streamed(ex, end)
+                    yield end
                     break
                 if payload.startswith(b'{"error"'):
                     ex.reason, ex.error = "stream_error", "upstream error event"
-                    yield self._rewrap_error(payload)
+                    yield stream_error(ex, self._rewrap_error(payload))
                     return
                 out = self._relay(ex, payload)
                 if out:
@@ -143,11 +157,11 @@ class Relay:
                     yield out
         except StreamBroken as e:
             ex.reason, ex.error = "stream_error", str(e)
-            yield sse_error(f"The upstream replica failed mid-stream: {e}")
+            yield stream_error(ex, error_of(f"The upstream replica failed mid-stream: {e}"))
             return
         if not saw_done:
             ex.reason, ex.error = "stream_error", "upstream closed the stream before [DONE]"
-            yield sse_error("The upstream replica closed the stream before it was complete.")
+            yield stream_error(ex, error_of("The upstream replica closed the stream before it was complete."))
 
     def _relay(self, ex: Exchange, payload: bytes) -> bytes | None:
         """One upstream payload as the client should see it: the client's model name; the usage chunk kept for
@@ -155,6 +169,13 @@ class Relay:
         ex.chunks += 1
         if b'"choices":[]' in payload and b'"usage"' in payload:
             return self._usage_chunk(ex, payload)
+        enc = ex.call.encoder
+        if enc is not None:  # parsed once, written in the client's API: no chat SSE framed only to be re-parsed
+            try:
+                chunk = orjson.loads(payload)
+            except orjson.JSONDecodeError:
+                return None
+            return enc.chunk(chunk) if isinstance(chunk, dict) else None
         old, new, old2, new2 = self._swap(ex)
         if old != new:
             payload = payload.replace(old, new, 1).replace(old2, new2, 1)
@@ -169,6 +190,9 @@ class Relay:
             ex.usage_anomalies = ["malformed"]
             return None
         ex.usage, ex.usage_anomalies = clean_usage(chunk.get("usage"), usage_bound(self.state, ex))
+        enc = ex.call.encoder
+        if enc is not None:  # the other API reports usage in its own closing events: always handed over (clamped)
+            return enc.chunk({**chunk, "usage": ex.usage}) if ex.usage is not None else None
         if not ex.parsed.include_usage or ex.usage is None:
             return None
         chunk["model"] = ex.parsed.model
@@ -186,13 +210,14 @@ class Relay:
         return s
 
     @staticmethod
-    def _rewrap_error(payload: bytes) -> bytes:
+    def _rewrap_error(payload: bytes) -> dict[str, Any]:
+        """An upstream's in-band error event as the gateway's: its text sanitised, overload told apart."""
         try:
             err = orjson.loads(payload).get("error") or {}
         except (orjson.JSONDecodeError, AttributeError):
             err = {}
         code = err.get("code") if isinstance(err, dict) else None
         overloaded = code in (503, 429, "503")
-        return sse_error(sanitize_upstream_text(str((err or {}).get("message", "upstream error"))) or "upstream error",
-                         "service_unavailable_error" if overloaded else "server_error",
-                         "server_is_overloaded" if overloaded else "upstream_error")
+        return error_of(sanitize_upstream_text(str((err or {}).get("message", "upstream error"))) or "upstream error",
+                        "service_unavailable_error" if overloaded else "server_error",
+                        "server_is_overloaded" if overloaded else "upstream_error")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import time
+from dataclasses import replace
 from typing import Any
 
 import orjson
@@ -15,6 +16,7 @@ from starlette.responses import Response
 
 from gateway.api.call import Call
 from gateway.api.chat_bridge import (
+    Ending,
     TranslatedStream,
     json_body,
     note_refusal,
@@ -158,15 +160,17 @@ async def _create(request: Request, st: AppState, proxy: Any, store: ResponseSto
                            dropped=dropped, hosted_tools=policy.hosted_tools, client_metadata=policy.client_metadata)
     dropped.report(st.metrics, "responses", request.scope.get("state", {}).get("request_id"))
     resp_id, created = new_id("resp"), int(time.time())
-    out: Response = await proxy.handle(request, "chat/completions", body=req.chat, call=call)
+    translator = ResponsesStream(resp_id, req)
+    encoder = Ending(translator)  # streamed: the relay writes Responses events from each chunk
+    out: Response = await proxy.handle(request, "chat/completions", body=req.chat,
+                                       call=replace(call, encoder=encoder) if req.stream else call)
     if req.stream:
-        translator = ResponsesStream(resp_id, req)
 
         async def on_end() -> None:
             if translator.final is not None:
                 await _store(store, tenant, req, history, translator.final, stream.header(b"x-gateway-replica"))
 
-        stream = TranslatedStream(out, translator, _openai_error, on_end)
+        stream = TranslatedStream(out, encoder, _openai_error, on_end)
         if dropped:
             stream.extra_headers.append((HEADER.encode(), dropped.header().encode()))
         return stream

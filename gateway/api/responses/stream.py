@@ -49,7 +49,7 @@ class ResponsesStream:
         return response_object(self.resp_id, self.created_at, self.req, status=status, output=list(self.output),
                                usage=kw.pop("usage", None), **kw)
 
-    # -- StreamTranslator ------------------------------------------------------------------------------------
+    # -- StreamEncoder ---------------------------------------------------------------------------------------
     def start(self) -> bytes:
         snap = self._snapshot("in_progress")
         return self._ev("response.created", response=snap) + self._ev("response.in_progress", response=snap)

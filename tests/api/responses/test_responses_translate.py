@@ -9,7 +9,6 @@ import random
 import orjson
 import pytest
 
-from gateway.api.chat_bridge import SSEPayloads
 from gateway.api.dropped import Dropped
 from gateway.api.responses.output import from_chat, history_of
 from gateway.api.responses.store import MemoryResponseStore
@@ -219,10 +218,17 @@ def test_stream_upstream_failure_ends_with_error_and_failed():
     assert evs[-1]["response"]["error"] == {"code": "server_error", "message": "replica reset"}
 
 
-def test_sse_payloads_reassembles_events_split_across_writes():
-    p = SSEPayloads()
-    assert p.feed(b": stream open\n\ndata: {\"a\"") == []
-    assert p.feed(b":1}\n\ndata: [DONE]\n\n") == [b"{\"a\":1}", b"[DONE]"]
+def test_the_ending_wrapper_knows_when_the_stream_was_ended():
+    """The bridge's guard against a silent close: done() or error() ends the stream, a chunk does not."""
+    from gateway.api.chat_bridge import Ending
+
+    for end in ("done", "error"):
+        e = Ending(ResponsesStream("resp_1", parse_request({"model": "m", "input": "hi", "stream": True}, [], 10_000)))
+        e.start()
+        e.chunk(_chunk({"content": "par"}))
+        assert not e.ended
+        e.done() if end == "done" else e.error({"message": "x"})
+        assert e.ended
 
 
 def test_items_to_messages_maps_developer_to_system_and_drops_reasoning():
