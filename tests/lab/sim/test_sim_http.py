@@ -370,10 +370,16 @@ def test_state_reports_each_client_requests_span_for_exact_concurrency(sims):
     st, _ = sims
     url = st.urls[0]
     t0 = time.monotonic()
-    threads = [threading.Thread(target=chat, args=(url,), kwargs={"max_tokens": 400, "ignore_eos": True})
+    # the server runs 50x slower until all three are in flight together, whatever this machine's load
+    httpx.post(f"{url}/_sim/config", json={"slow_factor": 50.0}).raise_for_status()
+    threads = [threading.Thread(target=chat, args=(url,), kwargs={"max_tokens": 64, "ignore_eos": True})
                for _ in range(3)]
-    for t in threads:
-        t.start()
+    try:
+        for t in threads:
+            t.start()
+        wait_until(lambda: httpx.get(f"{url}/_sim/state").json()["inflight"] == 3, timeout=60, what="three in flight")
+    finally:
+        httpx.post(f"{url}/_sim/config", json={"slow_factor": 1.0}).raise_for_status()
     for t in threads:
         t.join(60)
     together = [tuple(s) for s in httpx.get(f"{url}/_sim/state", params={"spans": 1}).json()["spans"] if s[0] >= t0]
