@@ -15,7 +15,9 @@ Columns: when (after the fault) the slow replica's predicted TTFT passed twice i
 ejected (and on which signals); its share of new requests in the no-fault run and in the slowed run from 30 s into the
 fault to its end, and in the last 20 s after the clear; fleet TTFT p95 and inter-token latency p95 over that fault
 window, the no-fault run's against the slowed run's; when, after the clear, it took at least half its fair share over
-10 s again. Writes loadtests/out/gray_failure.json.
+10 s again. Also when its own TTFT correction reached 1.5 (and the highest its peers' reached meanwhile): a prediction
+crossing can also be a long prefill queued on it, which the no-fault run shows too. Writes
+loadtests/out/gray_failure.json.
 """
 
 from __future__ import annotations
@@ -141,7 +143,8 @@ def scenario(run: Run, phase: str, start: float, fault_at: float, clear_at: floa
     during = window(recs, fault_at + SETTLE_S, clear_at)
     after = window(recs, end - 20.0, end)
     peers = [f"mi355x-{i}" for i in range(REPLICAS) if f"mi355x-{i}" != slow]
-    rise = ejected = None
+    rise = ejected = learned = None
+    peak_peer_correction = 0.0
     for p in run.polls:
         if p["t"] < fault_at or p["t"] > clear_at:
             continue
@@ -149,6 +152,10 @@ def scenario(run: Run, phase: str, start: float, fault_at: float, clear_at: floa
         peer = statistics.median(reps[x]["predicted_ttft_s"] for x in peers)
         if rise is None and reps[slow]["predicted_ttft_s"] >= 2 * peer:
             rise = p["t"] - fault_at
+        # its own learned factor: specific to the replica, where a prediction crossing can be a queued long prefill
+        if learned is None and reps[slow]["ttft_correction"] >= 1.5:
+            learned = p["t"] - fault_at
+        peak_peer_correction = max(peak_peer_correction, *(reps[x]["ttft_correction"] for x in peers))
         if ejected is None and reps[slow]["outlier"]["ejected"]:
             ejected = p["t"] - fault_at
     back = None
@@ -168,7 +175,8 @@ def scenario(run: Run, phase: str, start: float, fault_at: float, clear_at: floa
 
     return {
         "phase": phase, "factor": run.a.factor, "slow": slow,
-        "predicted_rise_s": rise, "ejected_s": ejected, "reasons": reasons,
+        "predicted_rise_s": rise, "correction_1_5_s": learned, "peers_peak_correction": peak_peer_correction,
+        "ejected_s": ejected, "reasons": reasons,
         "share_base": share(base, slow), "share_fault": share(during, slow), "share_after": share(after, slow),
         "ttft_p95_base": p95(ok(base, "ttft")), "ttft_p95_fault": p95(ok(during, "ttft")),
         "ttft_p95_after": p95(ok(after, "ttft")),
@@ -224,9 +232,9 @@ def fmt(v: Any, pct: bool = False) -> str:
 def table(rows: list[dict[str, Any]]) -> str:
     """Each slowed run next to the no-fault run (same seed: the same arrivals and prompts), over the same windows."""
     none = next(r for r in rows if r["phase"] == "none")
-    head = ("| slowed | predicted TTFT 2x peers after | ejected after (why) | its share: no-fault run / fault / after "
-            "clear | fleet TTFT p95: no-fault run / fault (Δ) | fleet ITL p95: no-fault run / fault (Δ) | back in "
-            "service after clear | requests (failed) |\n|---|---|---|---|---|---|---|---|")
+    head = ("| slowed | predicted TTFT 2x peers after | own correction >= 1.5 after (peers' peak) | ejected after "
+            "(why) | its share: no-fault run / fault / after clear | fleet TTFT p95: no-fault run / fault (Δ) | fleet ITL p95: no-fault run / fault (Δ) | back in "
+            "service after clear | requests (failed) |\n|---|---|---|---|---|---|---|---|---|")
     out = [head]
 
     def delta(x: float | None, base: float | None) -> str:
@@ -238,7 +246,8 @@ def table(rows: list[dict[str, Any]]) -> str:
         ms = lambda v: None if v is None else 1000 * v  # noqa: E731
         label = "drained by hand" if r["phase"] == "drained" else f"{r['phase']} x{r['factor']:g}"
         out.append(
-            f"| {label} | {fmt(r['predicted_rise_s'])} s | {fmt(r['ejected_s'])} s "
+            f"| {label} | {fmt(r['predicted_rise_s'])} s | {fmt(r['correction_1_5_s'])} s "
+            f"({r['peers_peak_correction']:.2f}) | {fmt(r['ejected_s'])} s "
             f"({', '.join(r['reasons']) or '—'}) | {fmt(none['share_fault'], True)} / {fmt(r['share_fault'], True)} / "
             f"{fmt(r['share_after'], True)} | {fmt(none['ttft_p95_fault'])} / {fmt(r['ttft_p95_fault'])} s "
             f"({delta(r['ttft_p95_fault'], none['ttft_p95_fault'])}) | {fmt(ms(none['itl_p95_fault']))} / "
