@@ -147,11 +147,7 @@ class EnginePoller:
             for x in targets:
                 x.state.engine_load = None
         except (httpx.HTTPError, ValueError, KeyError, TypeError) as e:
-            self._reachable[server] = False
-            if isinstance(e, httpx.ConnectError):
-                self._refused.add(server)
-            else:
-                self._refused.discard(server)
+            self._unreachable(server, e)
             for x in targets:
                 x.state.engine_load = x.state.kv_usage = None
 
@@ -194,6 +190,14 @@ class EnginePoller:
     def _due(self, server: str) -> bool:
         b = self._backoff.get(server)
         return b is None or self._n >= b[1]
+
+    def _unreachable(self, server: str, e: Exception) -> None:
+        """The server did not answer its poll; a refused connection (nothing listening) is told apart."""
+        self._reachable[server] = False
+        if isinstance(e, httpx.ConnectError):
+            self._refused.add(server)
+        else:
+            self._refused.discard(server)
 
     def _failed(self, server: str, t: Target, reason: str) -> None:
         n, _, last = self._backoff.get(server, (0, 0, ""))
@@ -242,11 +246,7 @@ class EnginePoller:
             for x in targets:
                 x.state.engine_load = None
         except (httpx.HTTPError, ValueError) as e:
-            self._reachable[server] = False
-            if isinstance(e, httpx.ConnectError):
-                self._refused.add(server)
-            else:
-                self._refused.discard(server)
+            self._unreachable(server, e)
             for x in targets:
                 x.state.engine_load = None
 
