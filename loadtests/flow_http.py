@@ -101,9 +101,9 @@ async def run(a: argparse.Namespace, work: Path, label: str, flow: bool, b: list
 async def main_async(a: argparse.Namespace) -> None:
     victim, aggressor = read_trace(a.victim), read_trace(a.aggressor)
     fc = FlowControl()
-    b_demand = demand(victim, fc, a.window_s)
+    b = mix([Part(victim, 1, a.victim_speed)], a.window_s)
+    b_demand = demand(b, fc, a.window_s)
     speed = a.aggressor_x * b_demand / demand(aggressor, fc)
-    b = mix([Part(victim, 1)], a.window_s)
     aggr = mix([Part(aggressor, 2, speed)], a.window_s)
     work = Path(tempfile.mkdtemp(prefix="gw-flow-http-"))
     redis = redis_proc(a.redis_port, work)
@@ -128,6 +128,8 @@ def main() -> None:
     p.add_argument("--victim", required=True)
     p.add_argument("--aggressor", required=True)
     p.add_argument("--aggressor-x", type=float, default=5.0)
+    p.add_argument("--victim-speed", type=float, default=1.0, help="B's arrivals compressed this many times (0.5 on "
+                   "2 nodes keeps B at its share of a fleet half the size of the 4-node default)")
     p.add_argument("--window-s", type=float, default=120.0)
     p.add_argument("--nodes", type=int, default=4)
     p.add_argument("--time-scale", type=float, default=10.0)

@@ -72,6 +72,17 @@ def _timing(decision: Decision[Any]) -> PoolTiming:
     return c.info.timing
 
 
+def meets_sla(decision: Decision[Any], req: RoutingRequest, engine_queue: float) -> bool:
+    """Nothing is waiting: a request goes at once when its decision, made as routing makes it, is predicted within
+    its whole SLA — or, for a prompt too long to make it even alone, within its own prefill plus the allowance. The
+    tighter bound only keeps room for requests the fair order puts first; with none waiting, holding one back costs
+    it (and the fleet) for nobody's benefit."""
+    feats: list[Candidate[Any]] = list(decision.features.values())
+    if not feats or any(c.ttft_raw <= 0 for c in feats):
+        return admits(decision, req.ttft_sla_s)
+    return admits(decision, max(req.ttft_sla_s, min(_own(c) for c in feats) + engine_queue * req.ttft_sla_s))
+
+
 def placed_cost(ctl: FlowController, t: Ticket, decision: Decision[Any]) -> float | None:
     """What `t` costs where the decision places it: its uncached prompt at the prefill weight, the chosen replica's
     cached prefix at the cached weight. None when the decision has no prediction (the estimate stands)."""

@@ -24,7 +24,7 @@ from gateway.background import BackgroundTask
 from gateway.config import PoolTiming
 from gateway.errors import NoCapacity, RateLimited
 from gateway.flow.controller import FlowController, Refusal, Ticket
-from gateway.flow.gate import admits, bound, placed_cost, tightened, verdict
+from gateway.flow.gate import admits, bound, meets_sla, placed_cost, tightened, verdict
 from gateway.flow.metrics import FlowMetrics
 from gateway.flow.settings import FlowControl
 from gateway.flow.shared import RedisFairTags
@@ -113,6 +113,15 @@ class FlowGate:
             self.ctl.charge(t, now)
             self._charged(t, held=False, waited=0.0)
             return None
+        if not len(self.ctl):  # nobody waiting here: go now if routing predicts the SLA, else wait in the fair order
+            decision = await self.decide(rreq, route)
+            if meets_sla(decision, rreq, self.cfg.queue_for(t.band)) and not len(self.ctl):
+                now = self.clock()
+                self.ctl.charge(t, now, placed_cost(self.ctl, t, decision))
+                self._charged(t, held=False, waited=0.0)
+                return decision
+            self.release(rreq.request_id)
+            now = self.clock()
         loop = asyncio.get_running_loop()
         held = Held(rreq, route, timing, loop.create_future())
         t.payload = held

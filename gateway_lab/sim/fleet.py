@@ -21,7 +21,7 @@ import numpy as np
 from gateway.config import GpuHourPricing, PerTokenPricing, PoolTiming, Routing
 from gateway.dispatch.feedback import apply_sync
 from gateway.flow.controller import FairTags, FlowController, Refusal
-from gateway.flow.gate import admits, bound, placed_cost, tightened, verdict
+from gateway.flow.gate import admits, bound, meets_sla, placed_cost, tightened, verdict
 from gateway.flow.settings import FlowControl, FlowPolicy
 from gateway.prediction.pricing import request_cost
 from gateway.prediction.ttft import TtftCorrector
@@ -223,6 +223,12 @@ class Fleet:
             ctl.charge(t, now, placed_cost(ctl, t, decision))
             self._dispatch(k, inst, job, decision, now)
             return
+        if not len(ctl):  # nobody waiting: go now if routing predicts the SLA (gateway/flow/gate.py: meets_sla)
+            decision = self._decide(inst, job)
+            if meets_sla(decision, req, ctl.cfg.queue_for(t.band)):
+                ctl.charge(t, now, placed_cost(ctl, t, decision))
+                self._dispatch(k, inst, job, decision, now)
+                return
         for r in ctl.offer(t, now, pol.max_queued):
             self._refused(r)
         self._pump(inst)
