@@ -73,7 +73,8 @@ def bad_inputs(model: str) -> list[tuple[str, str, Any, dict[str, str]]]:
         ("model unknown", chat, {**one, "model": "no-such-model", "messages": msgs}, {}),
         ("prompt missing", comp, {**one}, {}),
         ("prompt empty list", comp, {**one, "prompt": []}, {}),
-        ("token id past the vocabulary", comp, {**one, "prompt": [10_000_000]}, {}),
+        # not sent: a token id past the vocabulary kills real SGLang 0.5.23's scheduler (IndexError on the CPU
+        # path), the whole server with it (docs/results/2026-11-27-differential.md)
         ("prompt over the context", comp, {**one, "prompt": [5] * 5000}, {}),
     ]
 
