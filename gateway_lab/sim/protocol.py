@@ -218,7 +218,9 @@ def _check_common(req: _Common, vocab: int, budget: Budget) -> None:
             f"LoRA adapter '{adapter}' was requested, but LoRA is not enabled. Please launch the server with "
             "--enable-lora flag and preload adapters by --lora-paths or /load_lora_adapter endpoint.")
     if not 1 <= req.n <= MAX_N:
-        raise _bad(f"n must be in [1, {MAX_N}], got {req.n}.")
+        # SGLang 0.5.23 refuses n while building the request (a ValueError, typed "BadRequest"), not in the pydantic
+        # checks that type the others "BadRequestError" (gateway engines diff, docs/results/2026-11-27-differential.md)
+        raise SimHTTPError(400, f"n must be in [1, {MAX_N}], got {req.n}.", "BadRequest")
     t = req.temperature
     if t is not None and (not math.isfinite(t) or t < 0.0):
         raise _bad(f"temperature must be a non-negative finite number, got {t}.")

@@ -1,0 +1,219 @@
+"""The gateway in front of two real SGLang 0.5.23 servers on the CPU (the engine kit's tiny model, ChatML template):
+what the simulator-backed suite asserts, checked against an engine no one here wrote (docs/engines.md)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from gateway.config import parse_config
+from gateway.preflight import check_config
+from gateway.tokenizers.real import HfTokenizer
+from gateway_lab.engines.servers import Fleet
+from gateway_lab.engines.workload import Session, direct_round_robin, run_sessions
+from tests.gateway_fixtures import KEY_A, config, sglang_pool, start_gateway
+from tests.helpers import ServerThread, wait_until
+
+H = {"Authorization": f"Bearer {KEY_A}"}
+PAGE = 64
+
+
+def gateway_config(urls: list[str], model_dir: Path, mode: str = "approximate") -> dict[str, Any]:
+    routing: dict[str, Any] = {"mode": mode, "chunk_tokens": 256}
+    if mode != "approximate":
+        # speculative entries expire at once: a later turn can be a prefix hit only through the engine's events
+        routing |= {"speculative_ttl_s": 0.01, "kv_events": {
+            "discovery_interval_s": 0.3, "block_size": PAGE, "speculative_s": 0.01,
+            "tokenizer": {"kind": "hf", "path": str(model_dir)}}}
+    return config([sglang_pool("p", urls, model="tiny")], routing=routing,
+                  timeouts={"connect": 2.0, "first_byte": 120.0, "idle": 60.0, "total": 300.0})
+
+
+@pytest.fixture(scope="module")
+def gateway(two_sglang: Fleet, model_dir: Path) -> Iterator[ServerThread]:
+    gw = start_gateway(gateway_config(two_sglang.urls, model_dir))
+    yield gw
+    gw.stop()
+
+
+@pytest.fixture(scope="module")
+def precise_gateway(two_sglang: Fleet, model_dir: Path) -> Iterator[ServerThread]:
+    gw = start_gateway(gateway_config(two_sglang.urls, model_dir, mode="precise"))
+    yield gw
+    gw.stop()
+
+
+def chat(url: str, messages: list[dict[str, Any]], **kw: Any) -> httpx.Response:
+    return httpx.post(f"{url}/v1/chat/completions", headers=H, timeout=120,
+                      json={"model": "glm-5.2", "messages": messages, "max_tokens": 4, "temperature": 0, **kw})
+
+
+def test_chat_and_completions_non_streaming(gateway: ServerThread, model_dir: Path) -> None:
+    """Usage is the engine's, and its prompt count equals the gateway's own tokenizer's count of the same request."""
+    tok = HfTokenizer.from_dir(str(model_dir))
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hello world, the cache"}]
+    r = chat(gateway.urls[0], messages)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["object"] == "chat.completion" and body["choices"][0]["message"]["role"] == "assistant"
+    assert body["usage"]["prompt_tokens"] == len(tok.encode_request("chat/completions", {"messages": messages}))
+    assert r.headers["x-gateway-pool"] == "p"
+    c = httpx.post(f"{gateway.urls[0]}/v1/completions", headers=H, timeout=120,
+                   json={"model": "glm-5.2", "prompt": "the prefix cache", "max_tokens": 3, "temperature": 0,
+                         "ignore_eos": True})
+    assert c.status_code == 200, c.text
+    assert c.json()["object"] == "text_completion" and c.json()["usage"]["completion_tokens"] == 3
+
+
+def test_streaming_chat_ends_with_usage_and_done(gateway: ServerThread) -> None:
+    events: list[str] = []
+    with httpx.stream("POST", f"{gateway.urls[0]}/v1/chat/completions", headers=H, timeout=120,
+                      json={"model": "glm-5.2", "messages": [{"role": "user", "content": "stream please"}],
+                            "max_tokens": 5, "stream": True, "stream_options": {"include_usage": True},
+                            "ignore_eos": True}) as r:
+        assert r.status_code == 200
+        events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+    assert chunks[-1]["usage"]["completion_tokens"] == 5
+    assert any(c["choices"] and c["choices"][0].get("finish_reason") == "length" for c in chunks)
+
+
+def test_streaming_cancellation_frees_the_engine(gateway: ServerThread, two_sglang: Fleet) -> None:
+    """A client that goes away mid-stream: the engine's own running count returns to zero (nothing left decoding)."""
+    with httpx.stream("POST", f"{gateway.urls[0]}/v1/chat/completions", headers=H, timeout=120,
+                      json={"model": "glm-5.2", "messages": [{"role": "user", "content": "a long one"}],
+                            "max_tokens": 2000, "stream": True, "ignore_eos": True}) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                break  # first token seen: hang up
+
+    def idle() -> bool:
+        for url in two_sglang.urls:
+            loads = httpx.get(f"{url}/v1/loads", timeout=10).json()["loads"]
+            if sum(x.get("num_running_reqs", 0) + x.get("num_waiting_reqs", 0) for x in loads):
+                return False
+        return True
+
+    wait_until(idle, timeout=120, what="the engines to drop the cancelled request")
+
+
+def test_prefix_affinity_by_the_engines_own_counters(gateway: ServerThread, two_sglang: Fleet) -> None:
+    """Multi-turn sessions through the gateway keep each session on one server, so every later turn is reported
+    cached by the engine; round-robin straight to the servers moves turns and loses those hits."""
+    sessions = [Session(f"affinity-gw-{i}") for i in range(3)]
+    gw = run_sessions(gateway.urls[0], sessions, turns=3, headers=H, model="glm-5.2")
+    rr = direct_round_robin(two_sglang.urls, [Session(f"affinity-rr-{i}") for i in range(3)], turns=3)
+    for s in gw.sessions:
+        assert len(set(s.replicas[1:])) == 1, f"{s.name} moved: {s.replicas}"
+        assert all(c >= PAGE for c in s.cached[1:]), f"{s.name}: later turns not cached: {s.cached}"
+    assert gw.later_hit_rate > rr.later_hit_rate, (gw.summary(), rr.summary())
+
+
+def test_precise_mode_routes_from_real_kv_events(precise_gateway: ServerThread, model_dir: Path) -> None:
+    """Speculative entries expire at once, so a later turn's prefix hit can only come from SGLang's own events,
+    keyed by the real tokenizer (checked against /v1/tokenize at discovery)."""
+    manager = precise_gateway.app.app.app.state.gateway.kv_events  # type: ignore[attr-defined]
+    wait_until(lambda: manager.health()["healthy"] == 2, timeout=60, what="both subscriptions healthy")
+    assert set(manager.health()["tokenizer"].values()) == {"ok"}, manager.health()
+    sessions = [Session(f"precise-{i}") for i in range(2)]
+
+    seen = [0]
+
+    def held() -> int:
+        return sum(len(st.blocks) for st in manager.ranks.values())
+
+    def settle() -> None:  # each turn adds whole pages: wait until their BlockStored has reached this instance
+        wait_until(lambda: held() > seen[0], timeout=60, what="the turn's KV events applied")
+        seen[0] = held()
+
+    res = run_sessions(precise_gateway.urls[0], sessions, turns=3, headers=H, model="glm-5.2", between=settle)
+    for s in res.sessions:
+        assert s.routes[1:] == ["prefix_hit"] * (len(s.routes) - 1), (s.name, s.routes, s.replicas, manager.health())
+        assert all(c >= PAGE for c in s.cached[1:]), (s.name, s.cached)
+    assert manager.index.answers.get("events", 0) > 0
+    health = manager.health()["subscriptions"]
+    assert all(h["apply_errors"] == 0 for h in health.values()), health
+    assert all(h["encoding"] == "maps" for h in health.values() if h["batches"]), health  # 0.5.23's tagged maps
+
+
+def test_gateway_check_reads_real_servers(two_sglang: Fleet, model_dir: Path) -> None:
+    cfg = parse_config(gateway_config(two_sglang.urls, model_dir))
+    reports = asyncio.run(check_config(cfg))
+    assert [r.ok for r in reports] == [True, True], [(r.server, [(f.check, f.message) for f in r.findings])
+                                                     for r in reports]
+    f = reports[0].facts
+    assert f is not None and f.version == "0.5.23" and f.page_size == PAGE and f.cache_report is True
+    assert f.priority_scheduling is True and f.default_priority_value == 0
+
+
+def test_tokenizer_parity_with_the_engine(two_sglang: Fleet, model_dir: Path) -> None:
+    """The gateway's tokenizer (tokenizer.json + the chat template through jinja2) gives SGLang's ids exactly."""
+    tok = HfTokenizer.from_dir(str(model_dir))
+    bodies = [
+        {"messages": [{"role": "user", "content": "Héllo, wörld! 1 2 3 {\"ok\": true}"}]},
+        {"messages": [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "hi"},
+                      {"role": "assistant", "content": "hello"}, {"role": "user", "content": "again  \n\t spaces"}]},
+        {"messages": [{"role": "user", "content": "日本語のテキスト and emoji 🙂"}]},
+    ]
+    for body in bodies:
+        r = httpx.post(f"{two_sglang.urls[0]}/v1/tokenize", json={"model": "tiny", **body}, timeout=30)
+        assert r.status_code == 200, r.text
+        assert tok.encode_request("chat/completions", body).tolist() == r.json()["tokens"], body
+    # with tools: the engine's prompt count of the rendered template equals ours
+    body = {"messages": [{"role": "user", "content": "weather in Paris?"}], "tools": [WEATHER]}
+    r = httpx.post(f"{two_sglang.urls[0]}/v1/chat/completions", timeout=60,
+                   json={"model": "tiny", "max_tokens": 1, **body})
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["prompt_tokens"] == len(tok.encode_request("chat/completions", body))
+
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Weather of a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+
+
+def test_responses_bridge_with_a_tool_call_through_the_real_template(gateway: ServerThread) -> None:
+    """A Responses request whose history holds a function call and its output is bridged onto chat, rendered by
+    SGLang's chat template (the call and the result become part of the prompt), and answered in Responses' shape."""
+    tool = {"type": "function", "name": "get_weather", "description": "Weather of a city",
+            "parameters": WEATHER["function"]["parameters"]}
+    history = [{"role": "user", "content": "weather in Paris?"},
+               {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": "{\"city\": \"Paris\"}"},
+               {"type": "function_call_output", "call_id": "call_1", "output": "sunny, 21C"}]
+    short = httpx.post(f"{gateway.urls[0]}/v1/responses", headers=H, timeout=120,
+                       json={"model": "glm-5.2", "input": history[:1], "tools": [tool], "max_output_tokens": 4})
+    long = httpx.post(f"{gateway.urls[0]}/v1/responses", headers=H, timeout=120,
+                      json={"model": "glm-5.2", "input": history, "tools": [tool], "max_output_tokens": 4})
+    assert short.status_code == 200 and long.status_code == 200, (short.text, long.text)
+    assert long.json()["object"] == "response" and long.json()["status"] in ("completed", "incomplete")
+    assert long.json()["usage"]["input_tokens"] > short.json()["usage"]["input_tokens"]
+
+
+def test_messages_bridge_with_tool_use_through_the_real_template(gateway: ServerThread) -> None:
+    tool = {"name": "get_weather", "description": "Weather of a city", "input_schema": WEATHER["function"]["parameters"]}
+    msgs = [{"role": "user", "content": "weather in Paris?"},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "get_weather",
+                                               "input": {"city": "Paris"}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "sunny"}]}]
+    hdr = {"x-api-key": KEY_A, "anthropic-version": "2023-06-01"}
+    short = httpx.post(f"{gateway.urls[0]}/v1/messages", headers=hdr, timeout=120,
+                       json={"model": "glm-5.2", "max_tokens": 4, "tools": [tool], "messages": msgs[:1]})
+    long = httpx.post(f"{gateway.urls[0]}/v1/messages", headers=hdr, timeout=120,
+                      json={"model": "glm-5.2", "max_tokens": 4, "tools": [tool], "messages": msgs})
+    assert short.status_code == 200 and long.status_code == 200, (short.text, long.text)
+    assert long.json()["type"] == "message" and long.json()["role"] == "assistant"
+
+    def prompt(r: httpx.Response) -> int:  # Messages counts cached input apart from input_tokens
+        u = r.json()["usage"]
+        return int(u["input_tokens"]) + int(u.get("cache_read_input_tokens") or 0)
+
+    assert prompt(long) > prompt(short)
