@@ -113,6 +113,8 @@ async def create_message(request: Request) -> Response:
                                 client_metadata=tenant.client_metadata,
                                 images=_takes_images(request, tenant, body.get("model")))
         stops = chat.get("stop")
+        # message_start's estimate, before the chat path runs: once it has, nothing may fail before the stream
+        estimate = await st.cpu.run(size, input_tokens, chat) if chat["stream"] else 0
     except GatewayError as e:
         note_refusal(request, body.get("model"), e, _served(tenant, body.get("model")) if tenant else None)
         return _error(e, request)
@@ -124,7 +126,7 @@ async def create_message(request: Request) -> Response:
     except GatewayError as e:  # accounted by the chat path
         return _error(e, request)
     if chat["stream"]:
-        stream = TranslatedStream(out, MessagesStream(chat["model"], input_tokens(chat), stops), _render_stream_error)
+        stream = TranslatedStream(out, MessagesStream(chat["model"], estimate, stops), _render_stream_error)
         if dropped:
             stream.extra_headers.append((HEADER.encode(), dropped.header().encode()))
         return stream
