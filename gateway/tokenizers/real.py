@@ -181,6 +181,11 @@ class HfTokenizer:
             if not owned:
                 self._owned.pop(namespace, None)
 
+    def clear(self) -> None:
+        with self._lock:
+            self._cache.clear()
+            self._owned.clear()
+
     @property
     def entries(self) -> dict[str, int]:
         """Cached prefixes per namespace."""
