@@ -227,6 +227,9 @@ class Offload(_Strict):
     threads: int = Field(default=2, ge=1, le=64, description="threads processing large bodies")
     max_queued: int = Field(default=16, ge=1, le=10_000, description="large-body steps running or waiting at once; "
                             "one more is answered 503 with Retry-After (the API's own shape) instead of queueing")
+    switch_interval_ms: float = Field(default=1.0, ge=0.1, le=5.0, description="the interpreter's GIL switch interval "
+                                      "while large-body steps run (Python's default, 5 ms, the rest of the time): "
+                                      "after each socket call the event loop waits up to this long for the GIL")
 
 
 class UsageBounds(_Strict):

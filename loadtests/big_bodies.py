@@ -166,11 +166,12 @@ async def main_async(a: argparse.Namespace) -> None:
     targets = []
     for i, variant in enumerate(a.variant or DEFAULT_VARIANTS):
         label, _, extra = variant.partition("=")
-        targets.append((label, start_gateway(f"gateway-{i}", a.port + i, stub_urls, work, None,
-                                             orjson.loads(extra or "{}")), a.port + i))
+        port = a.port + 2 * i  # each gateway's admin listener takes the port after its own
+        targets.append((label, start_gateway(f"gateway-{i}", port, stub_urls, work, None,
+                                             orjson.loads(extra or "{}")), port))
     if a.baseline:
         targets.append((f"gateway @ {a.baseline_label}",
-                        start_gateway("baseline", a.port + 10, stub_urls, work, a.baseline), a.port + 10))
+                        start_gateway("baseline", a.port + 20, stub_urls, work, a.baseline), a.port + 20))
     big = [("/v1/responses", responses_body(int(a.responses_mb * 1_000_000), a.truncation)),
            ("/v1/messages", messages_body(int(a.messages_mb * 1_000_000)))]
     rows = []

@@ -2,6 +2,7 @@
 tokenizing it as the engine will see it and chaining its page keys, next to the approximate mode's text-chunk hashes.
 
     .venv/bin/python -m loadtests.tokenize_cost            # ~30 s (most of it training the benchmark's tokenizer)
+    .venv/bin/python -m loadtests.tokenize_cost --turns 20 # a 20-turn conversation to 20k tokens, turn by turn
 
 No model files are downloaded: the real-tokenizer rows use a byte-level BPE tokenizer.json (32k vocabulary) trained
 here on generated text, with a ChatML template, through the gateway's HfTokenizer (HF `tokenizers` + jinja2). A real
@@ -110,12 +111,12 @@ def measure(tokens: int = 20_000, vocab: int = 32_000, reps: int = 30, block_siz
         store, remove = events_for(sim.encode_request("chat/completions", body).tolist(), block_size)
 
         def cold() -> None:
-            hf._cache.clear()
+            hf.clear()
             hf_hasher("chat/completions", body, "m", "tenant:a", 256)
 
         def warm() -> None:
-            hf._cache.clear()
-            hf.encode_request("chat/completions", body)  # the previous turn, cached (not timed below)
+            hf.clear()
+            hf.encode_request("chat/completions", body, "tenant:a")  # the previous turn, cached (not timed below)
 
         def next_turn() -> None:
             hf_hasher("chat/completions", next_body, "m", "tenant:a", 256)
@@ -140,13 +141,55 @@ def measure(tokens: int = 20_000, vocab: int = 32_000, reps: int = 30, block_siz
     return about, rows
 
 
+def turns(n_turns: int = 20, tokens: int = 20_000, vocab: int = 32_000, block_size: int = 64
+          ) -> list[tuple[int, int, float, float, bool]]:
+    """A conversation of `n_turns` turns growing to about `tokens` tokens, sent turn after turn through precise
+    mode's hasher (the previous turn's ids cached, in the tenant's namespace): per turn (turn, prompt tokens, CPU ms
+    of this turn, CPU ms of the same turn tokenized whole with nothing cached, ids equal to a fresh encode)."""
+    with tempfile.TemporaryDirectory() as d:
+        hf = build_tokenizer(Path(d), vocab)
+        fresh = HfTokenizer.from_dir(d)
+        hasher = TokenPrefixHasher(hf, block_size)
+        rng = np.random.default_rng(2)
+        per_turn = max(1, tokens // n_turns)
+        msgs = [{"role": "system", "content": words(rng, per_turn // 2)}, {"role": "user", "content": words(rng, 100)}]
+        out = []
+        for turn in range(1, n_turns + 1):
+            body = {"messages": msgs}
+            t0 = time.process_time()
+            hasher("chat/completions", body, "m", "tenant:a", 256)
+            inc = (time.process_time() - t0) * 1000
+            fresh.clear()
+            t0 = time.process_time()
+            want = fresh.encode_request("chat/completions", body, "tenant:b")
+            full = (time.process_time() - t0) * 1000
+            got = hf.encode_request("chat/completions", body, "tenant:a")
+            out.append((turn, len(want), inc, full, got.tolist() == want.tolist()))
+            # the model's answer and the next user message: ~tokens/n_turns more tokens a turn
+            msgs = [*msgs, {"role": "assistant", "content": words(rng, per_turn // 2)},
+                    {"role": "user", "content": words(rng, per_turn // 6)}]
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tokens", type=int, default=20_000)
     p.add_argument("--vocab", type=int, default=32_000)
     p.add_argument("--reps", type=int, default=30)
     p.add_argument("--block-size", type=int, default=64)
+    p.add_argument("--turns", type=int, default=0, help="instead: a conversation of this many turns growing to "
+                   "--tokens, per turn the CPU of precise mode's tokenizer and of a whole tokenization, and parity")
     a = p.parse_args()
+    if a.turns:
+        rows = turns(a.turns, a.tokens, a.vocab, a.block_size)
+        print(f"{a.turns}-turn conversation to ~{a.tokens} tokens ({a.vocab} vocab), process CPU time per turn")
+        print("| turn | prompt tokens | precise mode (previous turn cached) ms | whole tokenization ms | ids equal |")
+        print("|---|---|---|---|---|")
+        for turn, n, inc, full, same in rows:
+            print(f"| {turn} | {n} | {inc:.2f} | {full:.2f} | {'yes' if same else 'NO'} |")
+        later = sorted(r[2] for r in rows[1:])
+        print(f"turns 2-{a.turns}: median {later[len(later) // 2]:.2f} ms, max {later[-1]:.2f} ms")
+        return
     about, rows = measure(a.tokens, a.vocab, a.reps, a.block_size)
     print(about)
     print("| step | CPU ms per request |\n|---|---|")

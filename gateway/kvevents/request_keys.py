@@ -44,7 +44,7 @@ class TokenPrefixHasher:
                  chunk_tokens: int = 256, max_chunks: int = MAX_CHUNKS) -> list[int]:
         t0 = time.perf_counter()
         every = max(1, chunk_tokens // self.block_size)
-        ids = self.tokenizer.encode_request(endpoint, body)
+        ids = self.tokenizer.encode_request(endpoint, body, namespace)
         ids = ids[: max_chunks * chunk_tokens]
         ns = keys.namespace(namespace, lora_of(body))
         out = keys.sampled(keys.chain(keys.seed(ns), ids, self.block_size), every, max_chunks)

@@ -21,8 +21,9 @@ from gateway.tokenizer import count_tokens, render_chat
 class RequestTokenizer(Protocol):
     name: str
 
-    def encode_request(self, endpoint: str, body: dict[str, Any]) -> np.ndarray:
-        """uint32 token ids of the prompt the engine will build (chat: templated; completions: the first prompt)."""
+    def encode_request(self, endpoint: str, body: dict[str, Any], namespace: str = "") -> np.ndarray:
+        """uint32 token ids of the prompt the engine will build (chat: templated; completions: the first prompt).
+        `namespace`: the tenant's cache namespace, which keeps any ids a tokenizer caches apart per tenant."""
 
 
 class TemplateRefused(ValueError):

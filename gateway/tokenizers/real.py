@@ -8,6 +8,8 @@ Turns of a conversation repeat: each request's rendering starts with the previou
 prefix are cached (LRU) and reused when the new rendering extends it at a special-token boundary (where the
 tokenizer splits before anything else, so ids(prefix + rest) == ids(prefix) + ids(rest)); only the rest is
 encoded. A 20k-token conversation's next turn then costs the new turn's tokens, not 20k (docs/kv-events.md).
+Entries are kept per namespace (the tenant's cache namespace, as the engine's own cache is): a tenant holds at most
+NAMESPACE_ENTRIES of the CACHE_ENTRIES, and never reuses ids another tenant's request left.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from gateway.tokenizers import TemplateRefused
 from gateway.tokenizers.sim import token_ids_of
 
 CACHE_ENTRIES = 256
+NAMESPACE_ENTRIES = 64  # one tenant's conversations cannot take more of the cache than this, so none evicts the rest
 
 
 def engine_tools(tools: Any) -> list[Any] | None:
@@ -73,6 +76,7 @@ class HfTokenizer:
         self.special = special
         self.added = sorted({t.content for t in tokenizer.get_added_tokens_decoder().values()}, key=len, reverse=True)
         self._cache: OrderedDict[bytes, np.ndarray] = OrderedDict()
+        self._owned: dict[str, OrderedDict[bytes, None]] = {}  # namespace -> its keys, least recently used first
         # large bodies are tokenized on the offload pool's threads (gateway/offload.py): the LRU's reads and
         # reorders must not interleave
         self._lock = threading.Lock()
@@ -117,7 +121,7 @@ class HfTokenizer:
     def encode_text(self, text: str) -> np.ndarray:
         return np.asarray(self.tok.encode(text, add_special_tokens=False).ids, dtype=np.uint32)
 
-    def encode_request(self, endpoint: str, body: dict[str, Any]) -> np.ndarray:
+    def encode_request(self, endpoint: str, body: dict[str, Any], namespace: str = "") -> np.ndarray:
         if endpoint != "chat/completions":
             prompt = body.get("prompt")
             if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
@@ -128,22 +132,25 @@ class HfTokenizer:
         messages = body.get("messages") or []
         tools = engine_tools(body.get("tools"))
         text = self.render(messages, tools)
-        ids = self._from_cache(text, messages, tools)
+        ids = self._from_cache(text, messages, tools, namespace)
         # what the next turn will extend: this conversation without the generation prompt
         if len(messages) >= 1:
-            self._remember(self.render(messages, tools, add_generation_prompt=False), text, ids)
+            self._remember(self.render(messages, tools, add_generation_prompt=False), text, ids, namespace)
         return ids
 
     # -- the per-conversation prefix cache ---------------------------------------------------------------------
-    def _from_cache(self, text: str, messages: list[dict[str, Any]], tools: list[Any] | None) -> np.ndarray:
+    def _from_cache(self, text: str, messages: list[dict[str, Any]], tools: list[Any] | None,
+                    namespace: str) -> np.ndarray:
         for cut in (1, 2):  # the previous turn: the last user message, or the last assistant reply and user message
             if len(messages) <= cut:
                 break
             prefix = self.render(messages[:-cut], tools, add_generation_prompt=False)
+            key = _key(namespace, prefix)
             with self._lock:
-                cached = self._cache.get(_key(prefix))
+                cached = self._cache.get(key)
                 if cached is not None:
-                    self._cache.move_to_end(_key(prefix))
+                    self._cache.move_to_end(key)
+                    self._owned[namespace].move_to_end(key)
             if cached is not None and text.startswith(prefix) and self._boundary(text, len(prefix)):
                 self.hits += 1
                 return np.concatenate([cached, self.encode_text(text[len(prefix):])])
@@ -153,19 +160,42 @@ class HfTokenizer:
     def _boundary(self, text: str, at: int) -> bool:
         return at == len(text) or any(text.startswith(t, at) for t in self.added)
 
-    def _remember(self, prefix: str, text: str, ids: np.ndarray) -> None:
+    def _remember(self, prefix: str, text: str, ids: np.ndarray, namespace: str) -> None:
         if not text.startswith(prefix) or not self._boundary(text, len(prefix)):
             return
         n = len(ids) - len(self.encode_text(text[len(prefix):]))  # the rest is the generation prompt: short
+        key = _key(namespace, prefix)
         with self._lock:
-            self._cache[_key(prefix)] = ids[:n]
-            self._cache.move_to_end(_key(prefix))
+            self._cache[key] = ids[:n]
+            self._cache.move_to_end(key)
+            owned = self._owned.setdefault(namespace, OrderedDict())
+            owned[key] = None
+            owned.move_to_end(key)
+            if len(owned) > NAMESPACE_ENTRIES:  # this tenant's own least recently used
+                old, _ = owned.popitem(last=False)
+                self._cache.pop(old, None)
             while len(self._cache) > CACHE_ENTRIES:
-                self._cache.popitem(last=False)
+                old, _ = self._cache.popitem(last=False)
+                for keys in self._owned.values():
+                    keys.pop(old, None)
+            if not owned:
+                self._owned.pop(namespace, None)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._cache.clear()
+            self._owned.clear()
+
+    @property
+    def entries(self) -> dict[str, int]:
+        """Cached prefixes per namespace."""
+        with self._lock:
+            return {ns: len(keys) for ns, keys in self._owned.items() if keys}
 
 
-def _key(text: str) -> bytes:
-    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+def _key(namespace: str, text: str) -> bytes:
+    return hashlib.blake2b(namespace.encode("utf-8", "surrogatepass") + b"\0" + text.encode("utf-8", "surrogatepass"),
+                           digest_size=16).digest()
 
 
 def _token_text(v: Any) -> str | None:

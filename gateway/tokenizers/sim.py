@@ -12,7 +12,7 @@ from gateway.tokenizer import prompt_text, render_chat, token_array
 class SimRuleTokenizer:
     name = "sim"
 
-    def encode_request(self, endpoint: str, body: dict[str, Any]) -> np.ndarray:
+    def encode_request(self, endpoint: str, body: dict[str, Any], namespace: str = "") -> np.ndarray:
         if endpoint == "chat/completions":
             return token_array(render_chat(body.get("messages") or [], body.get("tools")))
         prompt = body.get("prompt")

@@ -5,6 +5,7 @@ with a 503 in the API's own shape while the pool is full."""
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
 
 import httpx
@@ -59,14 +60,16 @@ def test_each_api_has_its_own_body_limit(stack):
 
 def test_large_body_steps_run_on_the_pool_and_a_full_pool_answers_503(stack):
     """While the pool's one slot is held, the event loop still answers probes and small requests (their steps run
-    inline), and a large body is refused at once with 503 + Retry-After (529 in Anthropic's shape) instead of
-    queueing; once the slot is free the same large body is served, its steps counted as offloaded."""
+    inline; the GIL switch interval is shortened meanwhile), and a large body is refused at once with 503 +
+    Retry-After (529 in Anthropic's shape) instead of queueing; once the slot is free the same large body is served,
+    its steps counted as offloaded."""
     st = stack.app.state.gateway
+    idle = sys.getswitchinterval()
     release = threading.Event()
     held = stack.call(lambda: asyncio.ensure_future(st.cpu.run(1 << 20, release.wait, 30)))
     try:
         wait_until(lambda: stack.call(lambda: st.cpu.queued) == 1, what="the pool's slot held")
-        assert httpx.get(stack.urls[0] + "/healthz", timeout=5).status_code == 200
+        assert sys.getswitchinterval() == pytest.approx(0.001)  # offload.switch_interval_ms while steps run        assert httpx.get(stack.urls[0] + "/healthz", timeout=5).status_code == 200
         assert post(stack, "/v1/chat/completions", chat(100)).status_code == 200  # small: inline
         r = post(stack, "/v1/chat/completions", chat(10_000))
         assert r.status_code == 503 and r.json()["error"]["type"] == "service_unavailable_error"
@@ -78,6 +81,7 @@ def test_large_body_steps_run_on_the_pool_and_a_full_pool_answers_503(stack):
     finally:
         release.set()
     wait_until(lambda: held.done() and stack.call(lambda: st.cpu.queued) == 0, what="the slot released")
+    assert sys.getswitchinterval() == idle  # the interpreter's own again once idle
     before = st.metrics.offload_steps.labels("offloaded")._value.get()
     assert post(stack, "/v1/chat/completions", chat(10_000)).status_code == 200
     assert st.metrics.offload_steps.labels("offloaded")._value.get() >= before + 3  # parse, validate, hash

@@ -13,7 +13,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 from gateway.config import TokenizerSettings
 from gateway.errors import InvalidRequest
 from gateway.tokenizer import count_tokens, render_chat
-from gateway.tokenizers import build_tokenizer, prompt_tokens
+from gateway.tokenizers import build_tokenizer, prompt_tokens, real
 from gateway.tokenizers.real import HfTokenizer, TokenizerFilesError
 
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -67,6 +67,26 @@ def test_conversation_turns_reuse_the_cached_prefix(tmp_path: Path) -> None:
         want = fresh.tok.encode(fresh.render(msgs, None), add_special_tokens=False).ids
         assert got.tolist() == want
     assert t.hits == 4
+
+
+def test_the_prefix_cache_is_kept_per_namespace(tmp_path: Path) -> None:
+    """A tenant's cached turns serve only that tenant's next turns (the same conversation in another namespace is
+    encoded afresh, with the same ids), and one namespace filling its share never evicts another's entries."""
+    t = HfTokenizer.from_dir(str(make_tokenizer_dir(tmp_path)))
+    first = [{"role": "system", "content": "you are a helpful assistant " * 5}, {"role": "user", "content": "hello"}]
+    nxt = [*first, {"role": "assistant", "content": "the quick brown fox"}, {"role": "user", "content": "count one"}]
+    t.encode_request("chat/completions", {"messages": first}, "tenant-a")
+    other = t.encode_request("chat/completions", {"messages": nxt}, "tenant-b")
+    assert (t.hits, t.misses) == (0, 2)
+    mine = t.encode_request("chat/completions", {"messages": nxt}, "tenant-a")
+    assert t.hits == 1 and mine.tolist() == other.tolist()
+    for i in range(real.NAMESPACE_ENTRIES + 10):  # tenant-b's many conversations
+        t.encode_request("chat/completions", {"messages": [{"role": "user", "content": f"hello world {i}"}]}, "tenant-b")
+    assert t.entries["tenant-b"] == real.NAMESPACE_ENTRIES
+    assert t.entries["tenant-a"] == 2  # both of tenant-a's turns are still there
+    t.encode_request("chat/completions", {"messages": [*nxt, {"role": "assistant", "content": "two"},
+                                                       {"role": "user", "content": "three"}]}, "tenant-a")
+    assert t.hits == 2
 
 
 def test_completions_and_token_prompts(tmp_path: Path) -> None:

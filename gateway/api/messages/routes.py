@@ -114,13 +114,15 @@ async def create_message(request: Request) -> Response:
                                 client_metadata=tenant.client_metadata,
                                 images=_takes_images(request, tenant, body.get("model")))
         stops = chat.get("stop")
+        # message_start's estimate, before the chat path runs: once it has, nothing may fail before the stream
+        estimate = await st.cpu.run(size, input_tokens, chat) if chat["stream"] else 0
     except GatewayError as e:
         note_refusal(request, body.get("model"), e, _served(tenant, body.get("model")) if tenant else None)
         return _error(e, request)
     rid = request.scope.get("state", {}).get("request_id")
     dropped.report(st.metrics, "messages", rid)
     # streamed: the relay writes Anthropic events from each chunk
-    encoder = Ending(MessagesStream(chat["model"], input_tokens(chat), stops)) if chat["stream"] else None
+    encoder = Ending(MessagesStream(chat["model"], estimate, stops)) if chat["stream"] else None
     try:
         out = await call_chat(request.app.state.proxy, with_bearer(request, _api_key(request)), chat,
                               Call(api="messages", session=_session(request, body), body_bytes=size, encoder=encoder))
