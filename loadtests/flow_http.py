@@ -1,7 +1,7 @@
 """The noisy-neighbour scenario over HTTP: two tenants through real gateway processes in front of simulated
 replicas, without and with flow control, in one run.
 
-    flock /tmp/heavy.lock .venv/bin/python -m loadtests.flow_http --victim /work/shared/traces/conversation_trace.jsonl \\
+    .venv/bin/python -m loadtests.flow_http --victim /work/shared/traces/conversation_trace.jsonl \\
         --aggressor loadtests/out/agent_trace.jsonl --nodes 4 --window-s 120 --time-scale 10
 
 Tenant B replays the victim trace as recorded, tenant A the aggressor trace sped up to `--aggressor-x` times B's

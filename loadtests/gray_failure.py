@@ -2,7 +2,7 @@
 the gateway over real HTTP. Does routing see it, move new load off it, keep the fleet's TTFT, and take it back when
 the fault clears?
 
-    flock /tmp/heavy.lock .venv/bin/python -m loadtests.gray_failure --rate 5 --phase-s 60
+    .venv/bin/python -m loadtests.gray_failure --rate 5 --phase-s 60
 
 Four simulated MI355X replicas (one process) and one gateway (`gateway serve`, admin API on its own port), steady
 Poisson arrivals of streamed chats (Wafer-shaped, smaller: 16 groups sharing a 2,000-token prefix, 4,000-token
