@@ -147,7 +147,9 @@ def create_app(config: GatewayConfig, *, span_exporter: Any = None, transport: h
                 config, backends, metrics, feedback, tracer=tracer, on_unreachable=health.unreachable,
                 quarantine=Quarantine(config.retry.quarantine_ttl_s, redis_client, rc.redis_prefix, rc.redis_timeout_s)),
             health=health, feedback=feedback, tracer=tracer, tracer_provider=provider,
-            concurrency=ConcurrencyLimiter(redis_client, rc.redis_prefix, rc.concurrency_lease_s, rc.limits_redis_timeout_s),
+            concurrency=ConcurrencyLimiter(redis_client, rc.redis_prefix, rc.concurrency_lease_s, rc.limits_redis_timeout_s,
+                                           RedisGuard("concurrency caps", on_fallback=fell_back,
+                                                      hung_after=rc.redis_hung_after_s)),
             index=index, loads=loads, corrector=corrector, poller=poller, admin_hashes=secrets.admin_hashes, recorder=recorder,
             cpu=CpuPool(config.offload, metrics),
         )

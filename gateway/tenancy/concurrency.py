@@ -6,8 +6,10 @@ take, so a burst of requests on one event loop cannot all pass the check before 
 Fleet-wide (`max_concurrent_scope: fleet`, needs Redis): also a slot in `<prefix>conc:<tenant>`, a sorted set of
 slot ids scored by lease expiry (ms, Redis's own clock). Taking is one Lua script (drop expired, count, add);
 releasing removes the id. Each instance renews the leases of its own slots every `lease_s / 3`, so the slots of an
-instance that crashed expire within `lease_s` instead of holding the tenant's cap forever. When Redis does not
-answer within its timeout the request is admitted on the local cap alone (logged; Redis is retried a second later).
+instance that crashed expire within `lease_s` instead of holding the tenant's cap forever. A slow answer (a busy
+Redis or machine) is waited on and asked again — a take is idempotent per slot id; when Redis is away (refused,
+reset, or no answer to anyone for `routing.redis_hung_after_s`) the request is admitted on the local cap alone
+(logged and counted, shared_redis.RedisGuard; Redis is retried a second later).
 
 A slot is released exactly once (`release` is idempotent). Its id is minted here, never taken from the client: a
 client reusing one x-request-id across concurrent requests would otherwise hold one set member for all of them (so
@@ -27,6 +29,7 @@ from typing import Any
 from redis.exceptions import RedisError
 
 from gateway.background import BackgroundTask
+from gateway.shared_redis import RedisGuard
 
 log = logging.getLogger("gateway.concurrency")
 
@@ -35,6 +38,10 @@ TAKE_LUA = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+if redis.call('ZSCORE', KEYS[1], ARGV[1]) then
+  redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[1])
+  return 1
+end
 if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[2]) then return 0 end
 redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[1])
 redis.call('PEXPIRE', KEYS[1], 2 * tonumber(ARGV[3]))
@@ -62,14 +69,17 @@ class Slot:
 
 
 class ConcurrencyLimiter:
-    def __init__(self, client: Any = None, prefix: str = "gw:", lease_s: float = 30.0, timeout: float = 1.0) -> None:
+    def __init__(self, client: Any = None, prefix: str = "gw:", lease_s: float = 30.0, timeout: float = 1.0,
+                 guard: RedisGuard | None = None) -> None:
         self.r = client
         self.prefix = prefix
         self.lease_ms = int(lease_s * 1000)
         self.timeout = timeout
+        # a slow answer (a busy Redis, a saturated pool, a busy machine) is waited on; only an outage, or no answer
+        # to anyone for the guard's hung_after, sends the cap to this instance alone (shared_redis.RedisGuard)
+        self.guard = guard or RedisGuard("concurrency caps")
         self.local: dict[str, int] = {}
         self._held: dict[str, set[str]] = {}  # tenant -> request ids holding a fleet slot from this instance
-        self._down_until = 0.0
         self._tasks: set[asyncio.Task[Any]] = set()
         self._take = client.register_script(TAKE_LUA) if client is not None else None
         self._renew = client.register_script(RENEW_LUA) if client is not None else None
@@ -102,14 +112,22 @@ class ConcurrencyLimiter:
     async def take_fleet(self, slot: Slot, cap: int) -> bool:
         """Also take a fleet-wide slot. False: the fleet is at the cap (the caller releases `slot`). Redis away:
         True — the local cap already holds."""
-        if self._take is None or time.monotonic() < self._down_until:
+        if self._take is None or not self.guard.available:
             return True
-        try:
-            async with asyncio.timeout(self.timeout):
-                got = await self._take(keys=[self._key(slot.tenant)], args=[slot.id, cap, self.lease_ms])
-        except (RedisError, OSError, TimeoutError) as e:
-            self._mark_down(e)
-            return True
+        while True:  # a take is idempotent per slot id (the script): a slow one is simply asked again
+            start = time.monotonic()
+            try:
+                async with asyncio.timeout(self.timeout):
+                    got = await self._take(keys=[self._key(slot.tenant)], args=[slot.id, cap, self.lease_ms])
+                self.guard.succeeded()
+                break
+            except (RedisError, OSError, TimeoutError) as e:
+                reason = self.guard.failed(e, start)
+                if reason in ("timeout", "saturated") and self.guard.available:
+                    await asyncio.sleep(0.01)
+                    continue
+                self.guard.fallback(reason)
+                return True
         if not int(got):
             return False
         slot.fleet = True
@@ -146,9 +164,8 @@ class ConcurrencyLimiter:
         task.add_done_callback(self._tasks.discard)
 
     def _mark_down(self, err: BaseException) -> None:
-        if time.monotonic() >= self._down_until:
-            log.warning("redis unavailable (%s): concurrency caps fall back to this instance", type(err).__name__)
-        self._down_until = time.monotonic() + 1.0
+        """A background call (release, lease renewal) failed: the guard judges whether Redis is away."""
+        self.guard.failed(err, time.monotonic())
 
     async def _renew_loop(self) -> None:
         while True:
