@@ -141,9 +141,11 @@ class HfTokenizer:
     # -- the per-conversation prefix cache ---------------------------------------------------------------------
     def _from_cache(self, text: str, messages: list[dict[str, Any]], tools: list[Any] | None,
                     namespace: str) -> np.ndarray:
-        for cut in (1, 2):  # the previous turn: the last user message, or the last assistant reply and user message
+        # the previous turn: the last assistant reply and the new user message (a chat turn, an agent's tool call and
+        # its result: tried first, one render fewer), or the last message alone
+        for cut in (2, 1):
             if len(messages) <= cut:
-                break
+                continue
             prefix = self.render(messages[:-cut], tools, add_generation_prompt=False)
             key = _key(namespace, prefix)
             with self._lock:
