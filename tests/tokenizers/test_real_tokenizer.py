@@ -69,6 +69,19 @@ def test_conversation_turns_reuse_the_cached_prefix(tmp_path: Path) -> None:
     assert t.hits == 4
 
 
+def test_a_turn_of_one_more_message_reuses_the_cached_prefix(tmp_path: Path) -> None:
+    """A request that adds a single message to the previous one (a second user message, a lone tool result) finds
+    the previous turn one message back, after looking two back: same ids as a fresh encode."""
+    t = HfTokenizer.from_dir(str(make_tokenizer_dir(tmp_path)))
+    msgs = [{"role": "user", "content": "hello"}]
+    t.encode_request("chat/completions", {"messages": msgs})
+    for i in range(3):
+        msgs = [*msgs, {"role": "user", "content": f"count one two {i}"}]
+        got = t.encode_request("chat/completions", {"messages": msgs})
+        assert got.tolist() == t.tok.encode(t.render(msgs, None), add_special_tokens=False).ids
+    assert (t.hits, t.misses) == (3, 1)
+
+
 def test_the_prefix_cache_is_kept_per_namespace(tmp_path: Path) -> None:
     """A tenant's cached turns serve only that tenant's next turns (the same conversation in another namespace is
     encoded afresh, with the same ids), and one namespace filling its share never evicts another's entries."""
