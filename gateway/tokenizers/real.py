@@ -31,6 +31,7 @@ from gateway.tokenizers import TemplateRefused
 from gateway.tokenizers.sim import token_ids_of
 
 CACHE_ENTRIES = 256
+CHECKED_RENDERS = 8  # requests whose generation prompt is checked to be a plain suffix before it is trusted to be
 NAMESPACE_ENTRIES = 64  # one tenant's conversations cannot take more of the cache than this, so none evicts the rest
 
 
@@ -76,7 +77,9 @@ class HfTokenizer:
         self.special = special
         self.added = sorted({t.content for t in tokenizer.get_added_tokens_decoder().values()}, key=len, reverse=True)
         self._cache: OrderedDict[bytes, np.ndarray] = OrderedDict()
-        self._owned: dict[str, OrderedDict[bytes, None]] = {}  # namespace -> its keys, least recently used first
+        self._owned: dict[str, OrderedDict[bytes, None]] = {}
+        self._suffix: str | None = None  # the generation prompt as the template appends it, once checked
+        self._suffix_checks = 0  # namespace -> its keys, least recently used first
         # large bodies are tokenized on the offload pool's threads (gateway/offload.py): the LRU's reads and
         # reorders must not interleave
         self._lock = threading.Lock()
@@ -135,15 +138,33 @@ class HfTokenizer:
         ids = self._from_cache(text, messages, tools, namespace)
         # what the next turn will extend: this conversation without the generation prompt
         if len(messages) >= 1:
-            self._remember(self.render(messages, tools, add_generation_prompt=False), text, ids, namespace)
+            self._remember(self._without_generation_prompt(text, messages, tools), text, ids, namespace)
         return ids
+
+    def _without_generation_prompt(self, text: str, messages: list[dict[str, Any]], tools: list[Any] | None) -> str:
+        """The rendering without the generation prompt. Most templates only append the prompt, so it is `text` less
+        the suffix seen on the first CHECKED_RENDERS requests, which saves one render of the whole conversation a
+        turn; checked against a real render for those requests, and rendered every time after any disagreement. A
+        wrong guess could only cost cache misses: the ids kept are always those of the text they are keyed by."""
+        if self._suffix_checks >= CHECKED_RENDERS and self._suffix and text.endswith(self._suffix):
+            return text[: len(text) - len(self._suffix)]
+        prefix = self.render(messages, tools, add_generation_prompt=False)
+        if self._suffix_checks < CHECKED_RENDERS:
+            suffix = text[len(prefix):] if text.startswith(prefix) else None
+            if suffix and (self._suffix is None or self._suffix == suffix):
+                self._suffix, self._suffix_checks = suffix, self._suffix_checks + 1
+            else:
+                self._suffix, self._suffix_checks = None, CHECKED_RENDERS  # disagreement: always render
+        return prefix
 
     # -- the per-conversation prefix cache ---------------------------------------------------------------------
     def _from_cache(self, text: str, messages: list[dict[str, Any]], tools: list[Any] | None,
                     namespace: str) -> np.ndarray:
-        for cut in (1, 2):  # the previous turn: the last user message, or the last assistant reply and user message
+        # the previous turn: the last assistant reply and the new user message (a chat turn, an agent's tool call and
+        # its result: tried first, one render fewer), or the last message alone
+        for cut in (2, 1):
             if len(messages) <= cut:
-                break
+                continue
             prefix = self.render(messages[:-cut], tools, add_generation_prompt=False)
             key = _key(namespace, prefix)
             with self._lock:

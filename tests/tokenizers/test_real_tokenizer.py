@@ -69,6 +69,43 @@ def test_conversation_turns_reuse_the_cached_prefix(tmp_path: Path) -> None:
     assert t.hits == 4
 
 
+def test_a_turn_of_one_more_message_reuses_the_cached_prefix(tmp_path: Path) -> None:
+    """A request that adds a single message to the previous one (a second user message, a lone tool result) finds
+    the previous turn one message back, after looking two back: same ids as a fresh encode."""
+    t = HfTokenizer.from_dir(str(make_tokenizer_dir(tmp_path)))
+    msgs = [{"role": "user", "content": "hello"}]
+    t.encode_request("chat/completions", {"messages": msgs})
+    for i in range(3):
+        msgs = [*msgs, {"role": "user", "content": f"count one two {i}"}]
+        got = t.encode_request("chat/completions", {"messages": msgs})
+        assert got.tolist() == t.tok.encode(t.render(msgs, None), add_special_tokens=False).ids
+    assert (t.hits, t.misses) == (3, 1)
+
+
+# a template whose generation prompt is not only appended: it also marks the start (the rendering without it is no
+# prefix of the rendering with it)
+MARKED = ("{% if add_generation_prompt %}<|im_start|>{% endif %}" + CHATML)
+
+
+@pytest.mark.parametrize("template", [CHATML, MARKED], ids=["appended", "not-a-suffix"])
+def test_long_conversations_keep_hitting_and_match_a_fresh_encode(tmp_path: Path, template: str) -> None:
+    """Past the checked requests the rendering without the generation prompt is taken as the rendering less the
+    prompt (one render fewer a turn) where the template only appends it; a template that does otherwise is rendered
+    every turn. Either way every turn's ids equal a fresh encode."""
+    t = HfTokenizer.from_dir(str(make_tokenizer_dir(tmp_path, template=template)))
+    msgs = [{"role": "system", "content": "you are a helpful assistant"}, {"role": "user", "content": "hello"}]
+    t.encode_request("chat/completions", {"messages": msgs})
+    for turn in range(real.CHECKED_RENDERS + 6):
+        msgs = [*msgs, {"role": "assistant", "content": f"the quick brown fox {turn}"},
+                {"role": "user", "content": f"count one two three {turn}"}]
+        got = t.encode_request("chat/completions", {"messages": msgs})
+        assert got.tolist() == t.tok.encode(t.render(msgs, None), add_special_tokens=False).ids
+    if template == CHATML:
+        assert t.hits == real.CHECKED_RENDERS + 6 and t._suffix == "<|im_start|>assistant\n"
+    else:
+        assert t._suffix is None
+
+
 def test_the_prefix_cache_is_kept_per_namespace(tmp_path: Path) -> None:
     """A tenant's cached turns serve only that tenant's next turns (the same conversation in another namespace is
     encoded afresh, with the same ids), and one namespace filling its share never evicts another's entries."""
