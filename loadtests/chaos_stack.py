@@ -20,7 +20,7 @@ import yaml
 
 from gateway.config import hash_key
 from loadtests.procs import Proc
-from tests.helpers import RedisServer, free_port
+from tests.support import RedisServer, free_port
 
 ADMIN_TOKEN = "chaos-admin-token"
 BODY_READ_S = 2.0  # the gateway's body-read timeout here: a client that declares more than it sends waits this long

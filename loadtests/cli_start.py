@@ -14,7 +14,7 @@ import sys
 import time
 
 from loadtests.procs import Proc
-from tests.helpers import free_port
+from tests.support import free_port
 
 
 def timed(cmd: list[str], runs: int) -> list[float]:

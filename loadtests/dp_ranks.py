@@ -26,7 +26,7 @@ import httpx
 from tqdm import tqdm
 
 from tests.gateway_fixtures import KEY_A, config, sglang_pool, start_gateway
-from tests.helpers import start_sims, wait_until
+from tests.support import start_sims, wait_until
 
 
 @dataclass

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from loadtests.peers import ensure
 from loadtests.procs import Proc
-from tests.helpers import free_port
+from tests.support import free_port
 
 MAKE_TOKENIZER = """
 import json, pathlib, sys

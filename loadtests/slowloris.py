@@ -27,7 +27,7 @@ import yaml
 
 from gateway.config import hash_key
 from loadtests.procs import Proc, rss_mib
-from tests.helpers import free_port
+from tests.support import free_port
 
 KEY = "sk-slowloris-normal"
 

@@ -1,6 +1,6 @@
 import pytest
 
-from tests.helpers import RedisServer, start_sims
+from tests.support import RedisServer, start_sims
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,7 @@ from typing import Any
 from gateway.app import create_admin_app, create_app
 from gateway.config import hash_key, parse_config
 from gateway.servers import make_server
-from tests.helpers import ServerThread
+from tests.support import ServerThread
 
 KEY_A = "sk-test-tenant-a"
 KEY_B = "sk-test-tenant-b"

@@ -14,7 +14,7 @@ import pytest
 from gateway.cli import build_parser
 from gateway.config import hash_key
 from tests.gateway_fixtures import KEY_A, config, sglang_pool, start_gateway
-from tests.helpers import env_without_proxies, free_port, start_sims
+from tests.support import env_without_proxies, free_port, start_sims
 
 ADMIN = "admin-cli-token"
 # what the server is made of: none of it may load for an admin command

@@ -16,7 +16,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from tests.gateway_fixtures import config, sglang_pool
-from tests.helpers import ServerThread, env_without_proxies, free_port, start_sims
+from tests.support import ServerThread, env_without_proxies, free_port, start_sims
 
 KEY = "sk-provider-right"
 MODEL = "hosted-glm"

@@ -14,7 +14,7 @@ import yaml
 from gateway.config import parse_config
 from gateway.preflight import check_config
 from tests.gateway_fixtures import config
-from tests.helpers import env_without_proxies, free_port, start_pd_sims
+from tests.support import env_without_proxies, free_port, start_pd_sims
 
 
 @pytest.fixture(scope="module")

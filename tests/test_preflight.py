@@ -9,7 +9,7 @@ import httpx
 import yaml
 
 from tests.gateway_fixtures import config, sglang_pool, start_gateway
-from tests.helpers import env_without_proxies, free_port, start_sims, wait_until
+from tests.support import env_without_proxies, free_port, start_sims, wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 

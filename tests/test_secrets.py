@@ -12,7 +12,7 @@ from gateway.app import create_app
 from gateway.config import ConfigError, hash_key, parse_config
 from gateway.secrets import resolve
 from gateway.upstreams import UpstreamRegistry
-from tests.helpers import env_without_proxies
+from tests.support import env_without_proxies
 
 ENV = "H10_TEST_UPSTREAM_KEY"
 

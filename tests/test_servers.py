@@ -17,7 +17,7 @@ from gateway.app import create_admin_app, create_app
 from gateway.config import HttpLimits, parse_config
 from gateway.servers import make_server
 from tests.gateway_fixtures import config, sglang_pool
-from tests.helpers import ServerThread, wait_until
+from tests.support import ServerThread, wait_until
 
 LIMITS = HttpLimits(max_header_bytes=16 * 1024, max_headers=40, header_read_s=1.0, max_connections_per_ip=20)
 

@@ -17,7 +17,7 @@ from gateway.shared_redis import PoolSaturated, RedisGuard, build_client
 from gateway.tenancy.budget import MemoryBudgetLedger, RedisBudgetLedger, Usage
 from gateway.tenancy.fallback import FallbackBudgetLedger
 from gateway.tenancy.ratelimit import Bucket, RedisRateLimiter
-from tests.helpers import RedisServer
+from tests.support import RedisServer
 
 
 def tenant() -> Tenant:

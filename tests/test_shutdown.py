@@ -17,7 +17,7 @@ import yaml
 from openai import OpenAI
 
 from tests.gateway_fixtures import KEY_A, config, sglang_pool
-from tests.helpers import (
+from tests.support import (
     env_without_proxies,
     free_port,
     start_sims,

@@ -17,7 +17,7 @@ import yaml
 from gateway.config import hash_key
 from tests.api.openai.test_edge import _admin_routes
 from tests.gateway_fixtures import KEY_A, config, sglang_pool, start_gateway
-from tests.helpers import env_without_proxies, free_port, start_sims, wait_http
+from tests.support import env_without_proxies, free_port, start_sims, wait_http
 
 ADMIN = "admin-listener-token"
 SCRAPE = "scrape-token"

@@ -12,7 +12,7 @@ from openai import OpenAI
 from pydantic import BaseModel, Field
 
 from tests.gateway_fixtures import KEY_A, config, sglang_pool, start_gateway
-from tests.helpers import start_sims
+from tests.support import start_sims
 
 
 class Step(BaseModel):

@@ -18,7 +18,7 @@ from opentelemetry.trace import SpanKind
 
 from gateway.config import hash_key
 from tests.gateway_fixtures import KEY_A, config, sglang_pool, start_gateway
-from tests.helpers import ServerThread, start_sims, wait_until
+from tests.support import ServerThread, start_sims, wait_until
 
 ADMIN = {"authorization": "Bearer admin-secret"}
 

@@ -11,7 +11,7 @@ import pytest
 from gateway.config import hash_key
 from tests.fakes.openai_upstream import FakeOpenAI
 from tests.gateway_fixtures import config, start_gateway
-from tests.helpers import ServerThread
+from tests.support import ServerThread
 
 STRIP, FORWARD = "sk-strip", "sk-forward"
 IDS = "inst-4e1f-secret-device"

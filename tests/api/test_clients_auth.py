@@ -14,7 +14,7 @@ import pytest
 from openai import OpenAI
 
 from tests.gateway_fixtures import KEY_A, config, sglang_pool, start_gateway
-from tests.helpers import env_without_proxies, start_sims
+from tests.support import env_without_proxies, start_sims
 
 BAD_KEY = "sk-bad-0123456789abcdef"
 ROOT = Path(__file__).resolve().parents[2]

@@ -13,7 +13,7 @@ import pytest
 
 from gateway.config import hash_key
 from tests.gateway_fixtures import KEY_A, config, sglang_pool, start_gateway
-from tests.helpers import start_sims
+from tests.support import start_sims
 
 CHAT = {"model": "glm-5.2", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 ENDPOINTS = {  # path -> (a valid body, how the key is sent)

@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from tests.gateway_fixtures import KEY_A, config, sglang_pool, start_gateway
-from tests.helpers import start_sims
+from tests.support import start_sims
 
 SESSIONS = 8
 

@@ -14,7 +14,7 @@ from gateway_lab.sim.profiles import for_version, profile
 from gateway_lab.sim.replica import Replica
 from gateway_lab.sim.server import create_sim_app
 from tests.gateway_fixtures import KEY_A, config, sglang_pool, start_gateway
-from tests.helpers import ServerThread, free_port, start_sims, wait_until
+from tests.support import ServerThread, free_port, start_sims, wait_until
 
 
 class NotReadyAtFirst:

@@ -7,7 +7,7 @@ import pytest
 from openai import OpenAI
 
 from tests.gateway_fixtures import KEY_A, config, start_gateway
-from tests.helpers import env_without_proxies, start_sims
+from tests.support import env_without_proxies, start_sims
 
 pytest.importorskip("litellm", reason="the litellm extra is not installed")
 

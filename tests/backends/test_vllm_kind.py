@@ -21,7 +21,7 @@ from gateway.config import ConfigError, parse_config
 from gateway.prefix.memory import MemoryPrefixIndex
 from gateway.upstreams import UpstreamRegistry
 from tests.gateway_fixtures import config
-from tests.helpers import ServerThread
+from tests.support import ServerThread
 
 METRICS = """# HELP vllm:num_requests_running Number of requests in model execution batches.
 # TYPE vllm:num_requests_running gauge

@@ -15,7 +15,7 @@ import yaml
 
 from gateway.config import hash_key
 from tests.gateway_fixtures import KEY_A, config, sglang_pool, start_gateway
-from tests.helpers import wait_until
+from tests.support import wait_until
 
 ADM = {"authorization": "Bearer adm", "x-admin-actor": "alice"}
 

@@ -8,7 +8,7 @@ import httpx
 
 from gateway.config import hash_key
 from tests.gateway_fixtures import KEY_A, config, sglang_pool, start_gateway
-from tests.helpers import start_sims
+from tests.support import start_sims
 
 ADM = {"authorization": "Bearer adm", "x-admin-actor": "oncall"}
 BODY = {"model": "glm-5.2", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}

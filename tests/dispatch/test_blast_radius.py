@@ -17,7 +17,7 @@ from tests.gateway_fixtures import (
     sglang_pool,
     start_gateway,
 )
-from tests.helpers import start_sims, wait_until
+from tests.support import start_sims, wait_until
 
 MSG = [{"role": "user", "content": "blast radius"}]
 
@@ -129,7 +129,7 @@ def test_a_hosted_pool_whose_key_is_refused_everywhere_is_a_credentials_error_no
     unhealthy, and clients got 503 "overloaded" (retried, hiding the cause). The endpoint is up: it stays routable,
     clients get the credentials error (502, x-should-retry false), and the probe's finding is logged for on-call."""
     from tests.fakes.openai_upstream import FakeOpenAI
-    from tests.helpers import ServerThread
+    from tests.support import ServerThread
 
     fake = FakeOpenAI()
     fake.status = 401
@@ -207,7 +207,7 @@ def test_one_tenants_bad_bodies_cannot_open_a_single_target_pool_for_others():
     503 on that pool for the cooldown. Evidence is counted per tenant: A gets its 502s, B keeps 100%. Failures from
     two tenants are evidence about the target, and do open it (the contrast that makes the rule meaningful)."""
     from tests.fakes.openai_upstream import FakeOpenAI
-    from tests.helpers import ServerThread
+    from tests.support import ServerThread
 
     fake = FakeOpenAI()
     fake.fail_if = lambda body: "poison" in str(body.get("messages"))

@@ -14,7 +14,7 @@ import yaml
 from openai import OpenAI
 
 from tests.gateway_fixtures import KEY_A, config, sglang_pool, start_gateway
-from tests.helpers import env_without_proxies, free_port, start_sims, wait_http, wait_until
+from tests.support import env_without_proxies, free_port, start_sims, wait_http, wait_until
 
 MSG = [{"role": "user", "content": "fault tolerance please"}]
 

@@ -12,7 +12,7 @@ import pytest
 
 from gateway.api.admin.routes import _replica_truth
 from tests.gateway_fixtures import KEY_A, config, sglang_pool, start_gateway
-from tests.helpers import start_sims
+from tests.support import start_sims
 
 TS = 4.0  # simulator speed; the pool's timing is stated in wall time to match (as loadtests/fleet_http.py does)
 TIMING = {"base_s": 0.14 / TS, "prefill_tokens_per_s": 16700 * TS, "decode_step_s": 0.0467 / TS}

@@ -16,7 +16,7 @@ from gateway.app import create_admin_app, create_app
 from gateway.config import hash_key, parse_config
 from gateway_lab.sim.pd import FABRIC
 from tests.gateway_fixtures import KEY_A, config, start_gateway
-from tests.helpers import ServerThread, start_pd_sims, wait_until
+from tests.support import ServerThread, start_pd_sims, wait_until
 
 LONG = [{"role": "user", "content": "explain prefill/decode disaggregation in detail " * 300}]
 

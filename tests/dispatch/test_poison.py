@@ -12,7 +12,7 @@ from openai import OpenAI
 
 from gateway.dispatch.quarantine import BodyPrint, Quarantine
 from tests.gateway_fixtures import KEY_A, config, sglang_pool, start_gateway
-from tests.helpers import RedisServer, start_sims, wait_until
+from tests.support import RedisServer, start_sims, wait_until
 
 AUTH = {"authorization": f"Bearer {KEY_A}"}
 POISON = {"model": "glm-5.2", "messages": [{"role": "user", "content": "the body that freezes replicas"}], "max_tokens": 4}

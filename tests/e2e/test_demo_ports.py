@@ -8,7 +8,7 @@ import sys
 import httpx
 from openai import OpenAI
 
-from tests.helpers import env_without_proxies, free_port, wait_http
+from tests.support import env_without_proxies, free_port, wait_http
 
 
 def _start(*args: str) -> subprocess.Popen:

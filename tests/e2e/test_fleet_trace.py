@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from gateway.recording.trace import TraceRecord, write_trace
-from tests.helpers import free_port, free_port_base
+from tests.support import free_port, free_port_base
 
 
 def _sessions() -> list[TraceRecord]:

@@ -15,7 +15,7 @@ import yaml
 
 from gateway.config import hash_key
 from tests.gateway_fixtures import KEY_A, config, sglang_pool
-from tests.helpers import env_without_proxies, free_port, start_sims, wait_http, wait_until
+from tests.support import env_without_proxies, free_port, start_sims, wait_http, wait_until
 
 
 def cli(base: str, *args: str) -> dict:

@@ -14,7 +14,7 @@ from openai import OpenAI
 
 from gateway.config import hash_key
 from tests.gateway_fixtures import KEY_A, config, sglang_pool
-from tests.helpers import env_without_proxies, free_port, start_sims, wait_http, wait_until
+from tests.support import env_without_proxies, free_port, start_sims, wait_http, wait_until
 
 
 def test_three_serve_processes_share_placement_through_redis(redis_server, tmp_path):

@@ -21,7 +21,7 @@ import redis
 from gateway.config import hash_key
 from tests.fakes.openai_upstream import FakeOpenAI
 from tests.gateway_fixtures import config, start_gateway
-from tests.helpers import ServerThread, wait_until
+from tests.support import ServerThread, wait_until
 
 SAME_ID = "client-chosen-id-1"
 IN, OUT = 1.0, 1000.0  # $/Mtok: the fake's usage (7 prompt, 3 completion) costs ~$0.003, a reservation ~$0.0036

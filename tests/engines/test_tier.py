@@ -18,7 +18,7 @@ from gateway.tokenizers.real import HfTokenizer
 from gateway_lab.engines.servers import Fleet
 from gateway_lab.engines.workload import Session, direct_round_robin, run_sessions
 from tests.gateway_fixtures import KEY_A, config, sglang_pool, start_gateway
-from tests.helpers import ServerThread, wait_until
+from tests.support import ServerThread, wait_until
 
 H = {"Authorization": f"Bearer {KEY_A}"}
 PAGE = 64

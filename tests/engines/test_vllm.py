@@ -21,7 +21,7 @@ from gateway_lab.engines.check import Report, check_server
 from gateway_lab.engines.servers import Fleet, start_fleet
 from gateway_lab.engines.workload import Session, run_sessions
 from tests.gateway_fixtures import KEY_A, config, start_gateway
-from tests.helpers import wait_until
+from tests.support import wait_until
 
 VLLM = envs.env_for(recipes.recipe(os.environ.get("GATEWAY_ENGINE_VLLM", "vllm==0.32.0")))
 if not VLLM.ready and os.environ.get("GATEWAY_ENGINE_TESTS") != "1":

@@ -7,7 +7,7 @@ import pytest
 
 from gateway.config import hash_key
 from tests.gateway_fixtures import KEY_A, KEY_B, config, sglang_pool, start_gateway
-from tests.helpers import start_sims
+from tests.support import start_sims
 
 ADMIN = "admin-flow-token"
 BODY = {"model": "glm-5.2", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4}

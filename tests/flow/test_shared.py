@@ -19,7 +19,7 @@ from gateway.routing.decision import Decision, Inputs
 from gateway.routing.features import Candidate, TargetInfo
 from gateway.routing.request import RoutingRequest
 from gateway.shared_redis import RedisGuard, build_client
-from tests.helpers import RedisServer
+from tests.support import RedisServer
 
 
 def chosen(req: RoutingRequest) -> Decision[None]:

@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from gateway.config import hash_key
 from gateway.prefix.memory import MemoryPrefixIndex
 from tests.gateway_fixtures import KEY_A, config, sglang_pool, start_gateway
-from tests.helpers import ServerThread, free_port_base, start_sims, wait_until
+from tests.support import ServerThread, free_port_base, start_sims, wait_until
 
 H = {"Authorization": f"Bearer {KEY_A}"}
 CONVERGE_S = 1.0
@@ -435,7 +435,7 @@ def test_sim_kv_events_control_validates(fleet: Fleet) -> None:
 def test_two_instances_over_redis_hybrid_events_correct_the_shared_index() -> None:
     """Hybrid with the approximate index in Redis (two instances): both subscribe, both route on the events, and a
     flush seen through the events empties the shared index's entries for that replica."""
-    from tests.helpers import RedisServer
+    from tests.support import RedisServer
 
     redis = RedisServer()
     base = free_port_base()

@@ -15,7 +15,7 @@ from openai import OpenAI
 from gateway.config import hash_key
 from gateway.observability.metrics import APIS, api_for_path
 from tests.gateway_fixtures import KEY_A, config, sglang_pool, start_gateway
-from tests.helpers import start_sims, wait_until
+from tests.support import start_sims, wait_until
 
 
 class _Lines(logging.Handler):

@@ -8,7 +8,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from tests.fakes.openai_upstream import FakeOpenAI
 from tests.gateway_fixtures import KEY_A, config, sglang_pool, start_gateway
-from tests.helpers import ServerThread, start_sims, wait_until
+from tests.support import ServerThread, start_sims, wait_until
 
 
 def test_attempt_spans_and_traceparent():

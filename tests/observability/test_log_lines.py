@@ -22,7 +22,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from gateway.config import hash_key
 from gateway.observability.logging import JsonLines
 from tests.gateway_fixtures import KEY_A, config, sglang_pool, start_gateway
-from tests.helpers import RedisServer, start_sims, wait_until
+from tests.support import RedisServer, start_sims, wait_until
 
 ADMIN = "admin-log-token"
 ADMIN_H = {"authorization": f"Bearer {ADMIN}", "x-admin-actor": "oncall"}

@@ -12,7 +12,7 @@ import pytest
 from openai import OpenAI
 
 from tests.gateway_fixtures import KEY_A, config, sglang_pool, start_gateway
-from tests.helpers import start_sims, wait_until
+from tests.support import start_sims, wait_until
 
 pytest.importorskip("opentelemetry.exporter.otlp.proto.http", reason="the `otlp` extra is not installed")
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest

@@ -8,7 +8,7 @@ import redis.asyncio as aioredis
 
 from gateway.prefix.memory import MemoryPrefixIndex
 from gateway.prefix.redis import RedisPrefixIndex
-from tests.helpers import RedisServer, wait_until
+from tests.support import RedisServer, wait_until
 
 
 class FakeClock:

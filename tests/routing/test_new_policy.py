@@ -57,7 +57,7 @@ from gateway.cli import main
 from gateway.config import ConfigError, hash_key, parse_config
 from gateway.recording.trace import TraceRecord, write_trace
 from tests.gateway_fixtures import KEY_A, config, sglang_pool, start_gateway
-from tests.helpers import start_sims
+from tests.support import start_sims
 
 trace_path = sys.argv[1]
 

@@ -9,7 +9,7 @@ from openai import OpenAI
 
 from gateway.config import ConfigError
 from tests.gateway_fixtures import KEY_A, config, sglang_pool, start_gateway
-from tests.helpers import RedisServer, start_sims, wait_until
+from tests.support import RedisServer, start_sims, wait_until
 
 
 def long_prompt(tag: str) -> list[dict]:

@@ -17,7 +17,7 @@ from gateway.config import ConfigError, hash_key, parse_config
 from gateway.tenancy.concurrency import ConcurrencyLimiter
 from tests.fakes.openai_upstream import FakeOpenAI
 from tests.gateway_fixtures import config, start_gateway
-from tests.helpers import ServerThread, free_port, wait_until
+from tests.support import ServerThread, free_port, wait_until
 
 KEY = "sk-capped"
 
@@ -157,7 +157,7 @@ def test_fleet_scope_needs_redis():
 def test_a_burst_at_the_moment_redis_dies_admits_at_most_the_local_cap_per_instance(hosted, instances):
     """Redis SIGKILLed, then at once a burst of 100: requests caught mid-call to Redis, and those after it, fall back
     to the local cap (5 per instance). An outside run saw 40 of 100 admitted at a fleet cap of 5."""
-    from tests.helpers import RedisServer
+    from tests.support import RedisServer
 
     fake, url = hosted
     srv = RedisServer()

@@ -14,7 +14,7 @@ import pytest
 
 from gateway.config import hash_key
 from tests.gateway_fixtures import config, sglang_pool, start_gateway
-from tests.helpers import RedisServer, start_sims, wait_until
+from tests.support import RedisServer, start_sims, wait_until
 
 ADMIN = "admin-durability-token"
 PER_TOKEN = {"type": "per_token", "input_per_mtok": 1.0, "cached_input_per_mtok": 0.2, "output_per_mtok": 3.2}

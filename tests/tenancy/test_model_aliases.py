@@ -12,7 +12,7 @@ from openai import OpenAI
 from gateway.config import hash_key
 from gateway.policy_schema import Tenant
 from tests.gateway_fixtures import config, sglang_pool, start_gateway
-from tests.helpers import start_sims, wait_until
+from tests.support import start_sims, wait_until
 from tests.tenancy.test_tenancy import ADMIN, admin, write_policies
 
 KEY = "sk-alias"

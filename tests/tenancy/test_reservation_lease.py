@@ -16,7 +16,7 @@ import redis
 from gateway.config import hash_key
 from tests.fakes.openai_upstream import FakeOpenAI
 from tests.gateway_fixtures import config, start_gateway
-from tests.helpers import ServerThread, wait_until
+from tests.support import ServerThread, wait_until
 
 KEY = "sk-lease"
 IN, OUT = 1.0, 1000.0  # $/Mtok: a 300-token max output reserves ~$0.30; the fake's usage (7 + 3 tokens) ~$0.003

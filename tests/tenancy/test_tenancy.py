@@ -18,7 +18,7 @@ from openai import OpenAI
 from gateway.app import create_app
 from gateway.config import ConfigError, hash_key, parse_config
 from tests.gateway_fixtures import config, sglang_pool, start_gateway
-from tests.helpers import RedisServer, env_without_proxies, start_sims, wait_until
+from tests.support import RedisServer, env_without_proxies, start_sims, wait_until
 
 ADMIN = "admin-test-token"
 ADMIN_H = {"authorization": f"Bearer {ADMIN}", "x-admin-actor": "alice"}
@@ -389,7 +389,7 @@ def test_admin_port_serves_the_admin_api_alone_and_flushes_a_replicas_prefix_ent
     """`admin.port`: the same instance's admin API on a second port, and nothing else there; flush-prefix makes
     the router forget a replica's entries (the next request with that prefix is no longer a predicted hit)."""
     from gateway.app import create_admin_app
-    from tests.helpers import ServerThread
+    from tests.support import ServerThread
 
     sims, _ = fleet
     app = create_app(parse_config(cfg_for([sglang_pool("p", sims.urls[:1])])))

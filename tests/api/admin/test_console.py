@@ -18,7 +18,7 @@ import pytest
 
 from gateway.config import hash_key
 from tests.gateway_fixtures import KEY_A, config, sglang_pool, start_gateway
-from tests.helpers import start_sims, wait_until
+from tests.support import start_sims, wait_until
 
 ADM = {"authorization": "Bearer adm"}
 SLOW = 8.0  # the slowed replica's every forward takes this many times longer

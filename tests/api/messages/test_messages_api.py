@@ -9,7 +9,7 @@ import pytest
 
 from gateway.config import hash_key
 from tests.gateway_fixtures import KEY_A, config, sglang_pool, start_gateway
-from tests.helpers import start_sims
+from tests.support import start_sims
 
 FULL = {"ignore_eos": True}  # the simulator then generates exactly max_tokens
 TOOL = {"name": "lookup", "description": "Look a topic up.",

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from tests.gateway_fixtures import KEY_A, config, sglang_pool, start_gateway
-from tests.helpers import start_sims
+from tests.support import start_sims
 
 BASE = {"model": "glm-5.2", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
 U = "user"

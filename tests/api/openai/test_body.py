@@ -85,7 +85,7 @@ def test_a_body_that_arrived_while_the_event_loop_was_blocked_is_not_a_408():
     from gateway.servers import make_server
     from tests.fakes.openai_upstream import FakeOpenAI
     from tests.gateway_fixtures import KEY_A, config
-    from tests.helpers import ServerThread, wait_until
+    from tests.support import ServerThread, wait_until
 
     fake = FakeOpenAI()
     up = ServerThread([fake.app()]).start()

@@ -15,7 +15,7 @@ from openai import OpenAI
 from gateway.config import hash_key
 from gateway.servers import make_server
 from tests.gateway_fixtures import KEY_A, config, sglang_pool, start_gateway
-from tests.helpers import ServerThread, start_sims
+from tests.support import ServerThread, start_sims
 
 ADMIN = "admin-edge-token"
 ADMIN_H = {"authorization": f"Bearer {ADMIN}"}
@@ -365,7 +365,7 @@ def test_an_exception_escaping_every_handler_is_a_json_500(gw):
 def test_max_tokens_above_the_context_the_servers_report_is_refused_at_the_door():
     """With no `context_tokens` in the config, the context length the SGLang servers report in /server_info bounds
     max_tokens at the edge (400 naming the field) once the preflight has read it; below it the request is served."""
-    from tests.helpers import wait_until
+    from tests.support import wait_until
 
     sims, _ = start_sims(1, context_length=4096, enable_cache_report=True)
     gw = start_gateway(config([sglang_pool("mi", sims.urls)]))

@@ -9,7 +9,7 @@ from openai import OpenAI
 from gateway.config import hash_key
 from tests.fakes.openai_upstream import FakeOpenAI
 from tests.gateway_fixtures import KEY_A, KEY_B, config, sglang_pool, start_gateway
-from tests.helpers import ServerThread, start_sims
+from tests.support import ServerThread, start_sims
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ import pytest
 from gateway.config import hash_key
 from tests.fakes.openai_upstream import FakeOpenAI
 from tests.gateway_fixtures import KEY_A, KEY_B, config, start_gateway
-from tests.helpers import ServerThread, wait_until
+from tests.support import ServerThread, wait_until
 
 BODY = {"model": "glm-5.2", "messages": [{"role": "user", "content": "charge my card once"}], "max_tokens": 3}
 

@@ -11,7 +11,7 @@ import pytest
 
 from gateway.config import hash_key
 from tests.gateway_fixtures import config, sglang_pool, start_gateway
-from tests.helpers import start_sims, wait_until
+from tests.support import start_sims, wait_until
 
 CLASSES = ("high", "normal", "low")
 KEYS = {c: f"sk-priority-{c}" for c in CLASSES}

@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from gateway.config import hash_key
 from tests.fakes.openai_upstream import FakeOpenAI
 from tests.gateway_fixtures import KEY_A, config, sglang_pool, start_gateway
-from tests.helpers import ServerThread, start_sims, wait_until
+from tests.support import ServerThread, start_sims, wait_until
 
 HOSTED = {"name": "h", "kind": "openai", "model": "hosted-glm", "base_url": "",
           "pricing": {"type": "per_token", "input_per_mtok": 1.0, "cached_input_per_mtok": 0.2, "output_per_mtok": 3.0}}

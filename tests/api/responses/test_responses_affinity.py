@@ -10,7 +10,7 @@ from openai import OpenAI
 
 from gateway.config import hash_key
 from tests.gateway_fixtures import KEY_A, config, sglang_pool, start_gateway
-from tests.helpers import start_sims
+from tests.support import start_sims
 
 FULL = {"ignore_eos": True}
 

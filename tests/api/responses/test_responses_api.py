@@ -13,7 +13,7 @@ from openai import AsyncOpenAI, OpenAI
 
 from gateway.config import hash_key
 from tests.gateway_fixtures import KEY_A, KEY_B, config, sglang_pool, start_gateway
-from tests.helpers import RedisServer, start_sims, wait_until
+from tests.support import RedisServer, start_sims, wait_until
 
 FULL = {"ignore_eos": True}  # the simulator then generates exactly max_output_tokens
 TOOL = {"type": "function", "name": "lookup", "description": "Look a topic up.",
@@ -74,7 +74,7 @@ def test_stream_event_sequence(client):
     assert client.responses.retrieve(final.id).output_text == text  # streamed responses are stored too
 
 
-def test_stream_helper_completes_with_stop(client):
+def test_sdk_stream_completes_with_stop(client):
     """The SDK's `responses.stream` accumulator (stricter than plain iteration) reaches a completed response."""
     with client.responses.stream(model="glm-5.2", input="Short answer please.", max_output_tokens=400) as s:
         final = s.get_final_response()

@@ -14,7 +14,7 @@ from openai import OpenAI
 from gateway.config import ConfigError, hash_key, parse_config
 from tests.fakes.openai_upstream import FakeOpenAI
 from tests.gateway_fixtures import KEY_A, KEY_B, config, start_gateway
-from tests.helpers import ServerThread
+from tests.support import ServerThread
 
 PRICING = {"type": "per_token", "input_per_mtok": 1.0, "cached_input_per_mtok": 0.5, "output_per_mtok": 2.0}
 

@@ -18,7 +18,7 @@ from gateway.config import hash_key
 from gateway.upstreams import CAPABILITIES
 from tests.fakes.openai_upstream import FakeOpenAI
 from tests.gateway_fixtures import KEY_A, config, sglang_pool, start_gateway
-from tests.helpers import ServerThread, start_sims
+from tests.support import ServerThread, start_sims
 
 SG, HOSTED, MIXED = frozenset({"sglang"}), frozenset({"openai"}), frozenset({"sglang", "litellm"})
 

@@ -13,7 +13,7 @@ import orjson
 import pytest
 
 from tests.gateway_fixtures import KEY_A, config, sglang_pool, start_gateway
-from tests.helpers import start_sims
+from tests.support import start_sims
 
 
 @pytest.fixture(scope="module")

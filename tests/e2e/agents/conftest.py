@@ -18,7 +18,7 @@ import pytest
 from gateway.config import hash_key
 from tests.e2e.agents.clis import CLAUDE, CODEX, Cli, install, pins
 from tests.gateway_fixtures import KEY_A, config, sglang_pool, start_gateway
-from tests.helpers import start_sims
+from tests.support import start_sims
 
 ALIASES = [{"match": "claude-*", "model": "glm-5.2"}, {"match": "gpt-*", "model": "glm-5.2"}]
 PROJECT = {"calc.py": "def add(a, b):\n    return a + b\n\n\ndef mul(a, b):\n    return a * b\n",

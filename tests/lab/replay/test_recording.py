@@ -17,7 +17,7 @@ from gateway.config import hash_key, parse_config
 from gateway.recording.trace import read_trace
 from gateway_lab.replay.run import replay, targets_from_config
 from tests.gateway_fixtures import KEY_A, config, sglang_pool, start_gateway
-from tests.helpers import env_without_proxies, start_sims, wait_until
+from tests.support import env_without_proxies, start_sims, wait_until
 
 TIME_SCALE = 20.0  # the simulators run 20x faster than real time; the replay stretches the arrivals back
 

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from tests.gateway_fixtures import KEY_A, config, sglang_pool, start_gateway
-from tests.helpers import start_sims
+from tests.support import start_sims
 
 TIME_SCALE = 20.0
 

@@ -15,7 +15,7 @@ from gateway.config import Routing
 from gateway.recording.trace import read_trace
 from gateway_lab.replay.pd import compare, run_pd, trace_arrivals, wafer_arrivals
 from gateway_lab.sim.pd import DecodeRank, PrefillRank
-from tests.helpers import env_without_proxies
+from tests.support import env_without_proxies
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ from gateway_lab.sim.replica import Replica
 from gateway_lab.sim.server import create_sim_app
 from loadtests.dp_ranks import SETUPS, run_setup
 from tests.gateway_fixtures import KEY_A, config, sglang_pool, start_gateway
-from tests.helpers import ServerThread, free_port, start_sims, wait_until
+from tests.support import ServerThread, free_port, start_sims, wait_until
 
 
 def test_pinned_ranks_keep_the_hits_of_separate_servers_and_unpinned_lose_them():

@@ -13,7 +13,7 @@ from openai import OpenAI
 from gateway.config import parse_config
 from gateway.preflight import describe, inspect
 from tests.gateway_fixtures import KEY_A, config, sglang_pool, start_gateway
-from tests.helpers import start_sims, wait_until
+from tests.support import start_sims, wait_until
 
 VERSIONS = ["0.5.9", "0.5.13", "0.5.23"]
 

@@ -6,7 +6,7 @@ import httpx
 import pytest
 
 from gateway.preflight import PROBE_HEADER
-from tests.helpers import start_sims, wait_until
+from tests.support import start_sims, wait_until
 
 
 def sse_events(text):

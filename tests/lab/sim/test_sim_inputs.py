@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.helpers import env_without_proxies, free_port, start_sims, wait_http, wait_until
+from tests.support import env_without_proxies, free_port, start_sims, wait_http, wait_until
 
 CHAT = "/v1/chat/completions"
 COMP = "/v1/completions"

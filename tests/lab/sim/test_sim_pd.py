@@ -16,7 +16,7 @@ from gateway_lab.sim.des import EventLoop, VirtualRank
 from gateway_lab.sim.engine import Event, EventKind, SimRequest
 from gateway_lab.sim.pd import DecodeRank, KvFabric, PrefillRank, Side, rank_for_room
 from gateway_lab.sim.profiles import profile
-from tests.helpers import start_pd_sims, wait_until
+from tests.support import start_pd_sims, wait_until
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import orjson
 import pytest
 
 from gateway_lab.sim.protocol import WORDS, output_text, stop_at
-from tests.helpers import start_sims
+from tests.support import start_sims
 
 TOOL = {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object", "properties": {}}}}
 
