@@ -12,6 +12,8 @@ test can fail on any other. `gateway engines diff --out FILE` writes the report.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -251,38 +253,46 @@ def render(rows: list[Row], header: str) -> str:
     return "\n".join(out) + "\n"
 
 
-def run_diff(env: Any, model_dir: Any, logs: Any) -> str:
-    """One real server and one `gateway sim` with the same flags, compared; the Markdown report."""
+@contextmanager
+def sim_twin(real: Any, model_dir: Any, version: str, ready_s: float = 60.0) -> Iterator[tuple[Endpoint, list[str]]]:
+    """A `gateway sim` started with the same flags and release as the real server `real` (a `servers.Server`), on
+    free ports, once it answers `/v1/models`: its endpoint and the argv it was started with. Stopped on exit."""
     import subprocess
     import sys
 
     from gateway_lab.engines.recipes import ServerFlags, sim_argv
-    from gateway_lab.engines.servers import free_port_pair, running
+    from gateway_lab.engines.servers import free_port_pair
+
+    port = free_port_pair({real.flags.port, real.flags.kv_port})
+    kv = free_port_pair({port, port + 1, real.flags.port, real.flags.kv_port})
+    argv = sim_argv(ServerFlags(port=port, kv_port=kv, model=str(model_dir)), version)
+    sim = subprocess.Popen([sys.executable, "-c", "import sys; from gateway.cli import main; sys.exit(main(sys.argv[1:]))",
+                            *argv], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + ready_s
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline or sim.poll() is not None:
+                raise RuntimeError("gateway sim did not start")
+            time.sleep(0.2)
+        yield Endpoint(f"http://127.0.0.1:{port}", f"tcp://127.0.0.1:{kv}"), argv
+    finally:
+        sim.terminate()
+        sim.wait(10)
+
+
+def run_diff(env: Any, model_dir: Any, logs: Any) -> str:
+    """One real server and one `gateway sim` with the same flags, compared; the Markdown report."""
+    from gateway_lab.engines.servers import running
 
     with running(env, str(model_dir), 1, logs) as fleet:
         real = fleet.servers[0]
-        port = free_port_pair({real.flags.port, real.flags.kv_port})
-        kv = free_port_pair({port, port + 1, real.flags.port, real.flags.kv_port})
-        sf = ServerFlags(port=port, kv_port=kv, model=str(model_dir))
-        sim = subprocess.Popen([sys.executable, "-c", "import sys; from gateway.cli import main; "
-                                "sys.exit(main(sys.argv[1:]))", *sim_argv(sf, env.recipe.version)],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        try:
-            deadline = time.monotonic() + 30
-            while True:
-                try:
-                    if httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=2).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if time.monotonic() > deadline or sim.poll() is not None:
-                    raise RuntimeError("gateway sim did not start")
-                time.sleep(0.2)
-            rows = compare(Endpoint(real.url, real.kv_endpoint),
-                           Endpoint(f"http://127.0.0.1:{port}", f"tcp://127.0.0.1:{kv}"))
-        finally:
-            sim.terminate()
-            sim.wait(10)
+        with sim_twin(real, model_dir, env.recipe.version, ready_s=30) as (sim, argv):
+            rows = compare(Endpoint(real.url, real.kv_endpoint), sim)
     head = (f"Real SGLang {env.recipe.version} (engine kit, tiny model, CPU) against `gateway sim --sglang-version "
-            f"{env.recipe.version}` with the same flags (`{' '.join(sim_argv(sf, env.recipe.version)[1:])}`).")
+            f"{env.recipe.version}` with the same flags (`{' '.join(argv[1:])}`).")
     return render(rows, head)

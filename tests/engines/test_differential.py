@@ -5,18 +5,13 @@ here, naming the observable and both answers."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
-from gateway_lab.engines.differential import Endpoint, compare
-from gateway_lab.engines.recipes import ServerFlags, sim_argv
-from gateway_lab.engines.servers import Fleet, free_port_pair
+from gateway_lab.engines.differential import Endpoint, compare, sim_twin
+from gateway_lab.engines.servers import Fleet
 from tests.engines.conftest import start_checked
 
 
@@ -24,24 +19,10 @@ from tests.engines.conftest import start_checked
 def twins(sglang_env, model_dir: Path) -> Iterator[tuple[Endpoint, Endpoint]]:  # type: ignore[no-untyped-def]
     fleet: Fleet = start_checked(sglang_env, model_dir, 1)
     real = fleet.servers[0]
-    port = free_port_pair({real.flags.port, real.flags.kv_port})
-    kv = free_port_pair({port, port + 1, real.flags.port, real.flags.kv_port})
-    sim = subprocess.Popen([sys.executable, "-c", "import sys; from gateway.cli import main; sys.exit(main(sys.argv[1:]))",
-                            *sim_argv(ServerFlags(port=port, kv_port=kv, model=str(model_dir)))])
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert sim.poll() is None and time.monotonic() < deadline, "gateway sim did not start"
-            time.sleep(0.2)
-        yield Endpoint(real.url, real.kv_endpoint), Endpoint(f"http://127.0.0.1:{port}", f"tcp://127.0.0.1:{kv}")
+        with sim_twin(real, model_dir, sglang_env.recipe.version) as (sim, _):
+            yield Endpoint(real.url, real.kv_endpoint), sim
     finally:
-        sim.terminate()
-        sim.wait(10)
         fleet.stop()
 
 
