@@ -20,10 +20,8 @@ from typing import Any
 from fastapi import APIRouter, Depends, Query, Request
 from starlette.responses import JSONResponse, Response
 
-from gateway.api.admin.routes import _proxy, _replica_truth, _state, require_admin
+from gateway.api.admin.routes import _live, _proxy, _replica_truth, _state, require_admin
 from gateway.api.openai.exchange import RecentDecision
-from gateway.prediction.ttft import LoadView, predict_ttft, regime
-from gateway.routing.engine import merged_load
 
 router = APIRouter(prefix="/admin", dependencies=[Depends(require_admin)])
 SLOW_FACTOR = 2.0  # observed TTFT this many times the pool's median marks a replica slow on the overview
@@ -67,7 +65,7 @@ async def fleet(request: Request, uncached_tokens: int = Query(8000, ge=0, le=10
     for pool in st.config.pools:
         reps = []
         for t in st.registry.by_pool[pool.name]:
-            load = merged_load(tracked.get(t.name, LoadView()), t.engine_load)
+            load, predicted = _live(st, t, tracked, uncached_tokens)
             s = served.get(t.name) or _empty()
             ttfts = s["ttfts"]
             reps.append({
@@ -75,8 +73,7 @@ async def fleet(request: Request, uncached_tokens: int = Query(8000, ge=0, le=10
                 "circuit": t.breaker.state.value, "last_error": t.last_error, "misconfigured": list(t.state.misconfigured),
                 "queued_prefill_tokens": round(load.queued_prefill_tokens), "inflight": round(load.inflight, 1),
                 "kv_usage": round(t.state.kv_usage, 3) if t.state.kv_usage is not None else None,
-                "predicted_ttft_s": round(predict_ttft(t.timing, load, uncached_tokens)
-                                          * st.corrector.get(t.pool, regime(t.timing, load), t.name), 3),
+                "predicted_ttft_s": round(predicted, 3),
                 # its own learned TTFT correction and, if it is out as a latency outlier, why (dispatch/outliers.py)
                 "ttft_correction": round(st.corrector.replica_factor(t.name), 3),
                 "outlier": _replica_truth(st, t.name)["outlier"],

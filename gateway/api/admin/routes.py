@@ -53,6 +53,7 @@ from gateway.routing.engine import merged_load
 from gateway.state import AppState
 from gateway.tenancy.policy_loader import PolicyError
 from gateway.typed import Strict
+from gateway.upstreams import Target
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -125,6 +126,13 @@ def _replica(st: AppState, name: str) -> Any:
 
 
 # -- state --------------------------------------------------------------------------------------------------------
+def _live(st: AppState, t: Target, tracked: dict[str, LoadView], uncached_tokens: int) -> tuple[LoadView, float]:
+    """A target's load as this instance sees it (its own view merged with the engine's report) and the TTFT routing
+    predicts there for `uncached_tokens` of prefill, with the pool's and the replica's own correction."""
+    load = merged_load(tracked.get(t.name, LoadView()), t.engine_load)
+    return load, predict_ttft(t.timing, load, uncached_tokens) * st.corrector.get(t.pool, regime(t.timing, load), t.name)
+
+
 def _replica_truth(st: AppState, name: str) -> dict[str, Any]:
     """What the replica was observed to do (the outlier window), its own learned TTFT correction, and whether it is
     ejected as a latency outlier and why."""
@@ -145,8 +153,7 @@ async def state(request: Request, uncached_tokens: int = Query(8000, ge=0, le=10
     for pool in st.config.pools:
         reps = []
         for t in st.registry.by_pool[pool.name]:
-            load = merged_load(tracked.get(t.name, LoadView()), t.engine_load)
-            ttft = predict_ttft(t.timing, load, uncached_tokens) * st.corrector.get(t.pool, regime(t.timing, load), t.name)
+            load, ttft = _live(st, t, tracked, uncached_tokens)
             reps.append({"name": t.name, "healthy": t.healthy, "drained": t.drained, "routable": t.routable(),
                          "circuit": t.breaker.state.value, "incarnation": t.incarnation, "last_error": t.last_error,
                          "queued_prefill_tokens": round(load.queued_prefill_tokens), "inflight": round(load.inflight, 1),
