@@ -692,42 +692,13 @@ async def sc_reused_id(stack: Stack, lb: LoadBalancer, client: httpx.AsyncClient
     return t
 
 
-async def slowloris_one(port: int, every: float, deadline: float) -> str:
-    """One connection that sends a request line, then a header line every `every` s: how it ended."""
-    try:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    except OSError:
-        return "connect failed"
-    got = b""
-    try:
-        writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n")
-        i = 0
-        while time.monotonic() < deadline:
-            try:
-                chunk = await asyncio.wait_for(reader.read(65536), every)
-            except TimeoutError:
-                writer.write(b"x-slow-%d: 1\r\n" % i)
-                i += 1
-                await writer.drain()
-                continue
-            if not chunk:
-                break
-            got += chunk
-        else:
-            return "still open"
-    except (ConnectionError, OSError):
-        pass
-    finally:
-        writer.close()
-    return got.split(b" ", 2)[1].decode() if got.startswith(b"HTTP/1.1 ") else "closed without answer"
-
-
 async def sc_header_flood(stack: Stack, lb: LoadBalancer, client: httpx.AsyncClient, a: argparse.Namespace) -> Tally:
     """Before any key: a 32 MiB header to each instance (431, connection closed, the instance's RSS unchanged), and
     `a.slowloris` connections trickling header lines (each cut with 408 by the header timeout), while steady traffic
     must all be served."""
     from loadtests.chaos_stack import HEADER_READ_S
     from loadtests.procs import rss_mib
+    from loadtests.slowloris import slow_client
 
     t = Tally()
     for i, port in enumerate(stack.gw_ports):
@@ -759,7 +730,8 @@ async def sc_header_flood(stack: Stack, lb: LoadBalancer, client: httpx.AsyncCli
     steady_t = Tally()
     load = asyncio.create_task(steady(lb, client, HEADER_READ_S * 2 + 2, a.rate, steady_t))
     deadline = time.monotonic() + HEADER_READ_S * 3 + 10
-    ends = await asyncio.gather(*(slowloris_one(stack.gw_ports[k % 2], 0.5, deadline) for k in range(a.slowloris)))
+    ends = [how for how, _ in await asyncio.gather(*(slow_client(stack.gw_ports[k % 2], 0.5, deadline)
+                                                       for k in range(a.slowloris)))]
     await load
     t.sent += len(ends)
     for how in ends:
