@@ -201,6 +201,17 @@ def wait_http(url: str, timeout: float = 20.0, proc: subprocess.Popen[Any] | Non
     raise RuntimeError(f"{url} not up")
 
 
+def stop_processes(procs: list[subprocess.Popen[Any]], grace_s: float = 20.0) -> None:
+    """SIGTERM every process first (they drain together), then wait for each; one that outlives the grace is killed."""
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        try:
+            p.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
 def wait_until(pred: Callable[[], bool], timeout: float = 5.0, what: str = "condition") -> None:
     """Poll `pred` until it holds. For effects the server commits after the client saw its last byte (a stream's
     accounting runs when the response closes), so a test asserts on them without racing the server."""

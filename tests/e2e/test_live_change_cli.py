@@ -15,7 +15,7 @@ import yaml
 
 from gateway.config import hash_key
 from tests.gateway_fixtures import KEY_A, config, sglang_pool
-from tests.support import env_without_proxies, free_port, start_sims, wait_http, wait_until
+from tests.support import env_without_proxies, free_port, start_sims, stop_processes, wait_http, wait_until
 
 
 def cli(base: str, *args: str) -> dict:
@@ -81,11 +81,5 @@ def test_rate_limit_raised_and_undone_through_the_cli_reaches_the_other_instance
         print(f"\nlive change reached instance B: raise {up:.3f} s (admitting at 600/min), undo {down:.3f} s (stating "
               f"2/min; refusing by it {refused:.3f} s) after the CLI returned")
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(20)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_processes(procs)
         sims.stop()

@@ -14,7 +14,7 @@ from openai import OpenAI
 
 from gateway.config import hash_key
 from tests.gateway_fixtures import KEY_A, config, sglang_pool
-from tests.support import env_without_proxies, free_port, start_sims, wait_http, wait_until
+from tests.support import env_without_proxies, free_port, start_sims, stop_processes, wait_http, wait_until
 
 
 def test_three_serve_processes_share_placement_through_redis(redis_server, tmp_path):
@@ -60,11 +60,5 @@ def test_three_serve_processes_share_placement_through_redis(redis_server, tmp_p
                                                                    headers={"authorization": "Bearer adm"}).json()["replicas"]),
                        timeout=1.0, what=f"the drain on instance :{port}")
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(20)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_processes(procs)
         sims.stop()
