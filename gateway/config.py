@@ -34,7 +34,7 @@ from gateway.settings.routing import KvEventsStatic as KvEventsStatic
 from gateway.settings.routing import Routing as Routing
 from gateway.settings.routing import TokenizerSettings as TokenizerSettings
 from gateway.typed import Strict as _Strict
-from gateway.typed import sha256_hex_list
+from gateway.typed import sha256_hex_list, unique_names
 
 
 class ConfigError(ValueError):
@@ -288,12 +288,12 @@ class GatewayConfig(_Strict):
     @model_validator(mode="after")
     def _references(self) -> GatewayConfig:
         pool_names = [p.name for p in self.pools]
-        _unique(pool_names, "pools")
-        _unique([m.name for m in self.models], "models")
+        unique_names(pool_names, "pools")
+        unique_names([m.name for m in self.models], "models")
         replica_names = [r.name for p in self.pools if isinstance(p, SGLangPool | VLLMPool) for r in p.replicas]
         replica_names += [r.name for p in self.pools if isinstance(p, SGLangPool) and p.disaggregation
                           for r in p.disaggregation.prefill]
-        _unique(replica_names + [p.name for p in self.pools if not isinstance(p, SGLangPool | VLLMPool)], "replicas")
+        unique_names(replica_names + [p.name for p in self.pools if not isinstance(p, SGLangPool | VLLMPool)], "replicas")
         for i, m in enumerate(self.models):
             for j, p in enumerate(m.pools):
                 if p not in pool_names:
@@ -316,7 +316,7 @@ def check_tenants(cfg: GatewayConfig, tenants: list[Tenant], where: list[str]) -
     errors (`tenants[0].` inline, `tenants/acme.yaml: ` for a policy file)."""
     model_names = {m.name for m in cfg.models}
     pool_names = {p.name for p in cfg.pools}
-    _unique([t.name for t in tenants], "tenants")
+    unique_names([t.name for t in tenants], "tenants")
     seen: dict[str, str] = {}
     for t, loc in zip(tenants, where):
         for j, m in enumerate(t.models):
@@ -337,12 +337,6 @@ def check_tenants(cfg: GatewayConfig, tenants: list[Tenant], where: list[str]) -
             if h in seen:
                 raise ValueError(f"{loc}api_key_hashes: key already belongs to tenant {seen[h]!r}")
             seen[h] = t.name
-
-
-def _unique(names: list[str], what: str) -> None:
-    dup = sorted({n for n in names if names.count(n) > 1})
-    if dup:
-        raise ValueError(f"{what}: duplicate names {dup}")
 
 
 def hash_key(key: str) -> str:

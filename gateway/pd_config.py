@@ -12,7 +12,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from gateway.typed import HttpUrl, Strict
+from gateway.typed import HttpUrl, Strict, unique_names
 
 
 class PrefillServer(Strict):
@@ -62,8 +62,5 @@ class Disaggregation(Strict):
 
     @model_validator(mode="after")
     def _names(self) -> Disaggregation:
-        names = [p.name for p in self.prefill]
-        dup = sorted({n for n in names if names.count(n) > 1})
-        if dup:
-            raise ValueError(f"prefill: duplicate names {dup}")
+        unique_names([p.name for p in self.prefill], "prefill")
         return self

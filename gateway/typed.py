@@ -31,3 +31,10 @@ def _http_url(v: str) -> str:
 # A URL the gateway connects to (a replica, a hosted endpoint, a prefill server): http(s) only, no trailing slash.
 HttpUrl = Annotated[str, AfterValidator(_http_url)]
 
+
+def unique_names(names: list[str], what: str) -> None:
+    """A config list whose entries are addressed by name: a name given twice is an error naming the list."""
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise ValueError(f"{what}: duplicate names {dup}")
+

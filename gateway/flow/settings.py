@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pydantic import Field, model_validator
 
-from gateway.typed import Strict
+from gateway.typed import Strict, unique_names
 
 
 class Band(Strict):
@@ -55,9 +55,7 @@ class FlowControl(Strict):
     @model_validator(mode="after")
     def _bands(self) -> FlowControl:
         names = [b.name for b in self.bands]
-        dup = sorted({n for n in names if names.count(n) > 1})
-        if dup:
-            raise ValueError(f"bands: duplicate names {dup}")
+        unique_names(names, "bands")
         if self.default_band not in names:
             raise ValueError(f"default_band: {self.default_band!r} is not one of bands {names}")
         return self
