@@ -93,19 +93,23 @@ def kv_events_json(flags: ServerFlags, vllm: bool = False) -> str:
     return json.dumps(cfg, separators=(",", ":"))
 
 
+def sglang_switches(flags: ServerFlags) -> list[str]:
+    """The SGLang flags a real server and its simulator twin (`sim_argv`) share: cache report, priority, KV events."""
+    out = ["--enable-cache-report"] if flags.cache_report else []
+    if flags.priority:
+        out += ["--enable-priority-scheduling", "--default-priority-value", "0"]
+    if flags.kv_events:
+        out += ["--kv-events-config", kv_events_json(flags)]
+    return out
+
+
 def sglang_argv(flags: ServerFlags) -> list[str]:
     argv = ["-m", "sglang.launch_server", "--model-path", flags.model, "--served-model-name", flags.served_name,
             "--host", "127.0.0.1", "--port", str(flags.port), "--device", "cpu",
             "--attention-backend", "torch_native", "--context-length", str(flags.context_length),
             "--max-total-tokens", str(flags.max_total_tokens), "--page-size", str(flags.page_size),
             "--enable-metrics", "--tool-call-parser", "qwen25"]
-    if flags.cache_report:
-        argv.append("--enable-cache-report")
-    if flags.priority:
-        argv += ["--enable-priority-scheduling", "--default-priority-value", "0"]
-    if flags.kv_events:
-        argv += ["--kv-events-config", kv_events_json(flags)]
-    return argv + list(flags.extra)
+    return argv + sglang_switches(flags) + list(flags.extra)
 
 
 def vllm_argv(flags: ServerFlags) -> list[str]:
@@ -141,10 +145,4 @@ def sim_argv(flags: ServerFlags, version: str = "0.5.23") -> list[str]:
             flags.served_name, "--page-size", str(flags.page_size), "--kv-capacity", str(flags.max_total_tokens),
             "--chunked-prefill-size", "4096", "--sglang-version", version, "--time-scale", "50",
             "--set", f"context_length={flags.context_length}"]
-    if flags.cache_report:
-        argv.append("--enable-cache-report")
-    if flags.priority:
-        argv += ["--enable-priority-scheduling", "--default-priority-value", "0"]
-    if flags.kv_events:
-        argv += ["--kv-events-config", kv_events_json(flags)]
-    return argv
+    return argv + sglang_switches(flags)
