@@ -1,7 +1,8 @@
 """N real engine servers on free loopback ports, started with a recipe's flags, waited on until they serve.
 
 Ready means served, not merely listening: `/v1/models` answers while SGLang's scheduler is still warming up (its
-`/health` and `/ping` answer 503 then), so readiness is a one-token completion that comes back 200. A server that
+`/health` and `/ping` answer 503 then, and may still a moment after its first completion), so readiness is a
+one-token completion that comes back 200 and a `/health` that answers 200. A server that
 exits before that fails the start with the tail of its log.
 """
 
@@ -115,7 +116,8 @@ def launch(env: EngineEnv, flags: ServerFlags, core: int, log: Path) -> EngineSe
 
 
 def wait_ready(server: EngineServer, timeout_s: float = 600.0) -> float:
-    """Blocks until the server completes a one-token request; returns the seconds since launch."""
+    """Blocks until the server completes a one-token request and reports itself healthy; returns the seconds since
+    launch."""
     deadline = server.started_at + timeout_s
     body = {"model": server.flags.served_name, "prompt": "ready", "max_tokens": 1, "temperature": 0}
     with httpx.Client(timeout=30.0) as c:
@@ -125,7 +127,8 @@ def wait_ready(server: EngineServer, timeout_s: float = 600.0) -> float:
                                  f"log {server.log}:\n{server.log_tail()}")
             try:
                 if c.get(server.url + "/v1/models").status_code == 200 and \
-                        c.post(server.url + "/v1/completions", json=body).status_code == 200:
+                        c.post(server.url + "/v1/completions", json=body).status_code == 200 and \
+                        c.get(server.url + "/health").status_code == 200:
                     server.ready_s = round(time.monotonic() - server.started_at, 1)
                     return server.ready_s
             except httpx.HTTPError:
