@@ -32,9 +32,6 @@ from fastapi import APIRouter, Depends, Query, Request
 from pydantic import BaseModel, Field, ValidationError, field_validator
 from starlette.responses import JSONResponse, Response
 
-from gateway.api.openai.body import read_body
-from gateway.api.openai.proxy import Exchange
-from gateway.api.openai.validation import parse_json, validate
 from gateway.api.ops import gateway_state
 from gateway.config import PerTokenPricing, error_location
 from gateway.control import history
@@ -48,6 +45,9 @@ from gateway.errors import (
     NoCapacity,
     NotFound,
 )
+from gateway.pipeline.body import read_body
+from gateway.pipeline.pipeline import Exchange
+from gateway.pipeline.validation import parse_json, validate
 from gateway.prediction.ttft import LoadView, predict_ttft, regime
 from gateway.routing.engine import merged_load
 from gateway.state import AppState

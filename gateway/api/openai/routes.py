@@ -8,8 +8,8 @@ from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
 
 from gateway.api.fastpath import HOT
-from gateway.api.openai.proxy import OpenAIProxy
 from gateway.errors import ModelNotFound
+from gateway.pipeline.pipeline import Pipeline
 from gateway.state import AppState
 
 router = APIRouter()
@@ -19,7 +19,7 @@ def _state(request: Request) -> AppState:
     return request.app.state.gateway  # type: ignore[no-any-return]
 
 
-def _proxy(request: Request) -> OpenAIProxy:
+def _proxy(request: Request) -> Pipeline:
     return request.app.state.proxy  # type: ignore[no-any-return]
 
 

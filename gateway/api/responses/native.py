@@ -29,13 +29,7 @@ from opentelemetry import trace
 from starlette.requests import Request
 from starlette.responses import Response
 
-from gateway.api.call import Call
 from gateway.api.error_handlers import to_response
-from gateway.api.openai.budget import usage_bound
-from gateway.api.openai.exchange import Exchange
-from gateway.api.openai.proxy import OpenAIProxy
-from gateway.api.openai.relay import cost, cut_by_shutdown, dispatch_failed
-from gateway.api.openai.usage import clean_usage
 from gateway.api.responses.affinity import served_by
 from gateway.api.responses.store import ResponseStore
 from gateway.api.responses.translate import new_id, parse_request
@@ -44,6 +38,12 @@ from gateway.backends.openai_compat import StreamBroken, sanitize_upstream_text
 from gateway.config import ModelRoute
 from gateway.dispatch.dispatcher import Dispatched
 from gateway.errors import GatewayError, InvalidRequest, ModelNotFound
+from gateway.pipeline.budget import usage_bound
+from gateway.pipeline.call import Call
+from gateway.pipeline.exchange import Exchange
+from gateway.pipeline.pipeline import Pipeline
+from gateway.pipeline.relay import cost, cut_by_shutdown, dispatch_failed
+from gateway.pipeline.usage import clean_usage
 from gateway.state import AppState
 
 ENDPOINT = "responses"
@@ -115,7 +115,7 @@ def chat_usage(usage: Any) -> dict[str, Any] | None:
 class NativeResponses:
     """One native /v1/responses request through the chat path's stages (see the module docstring)."""
 
-    def __init__(self, request: Request, proxy: OpenAIProxy, store: ResponseStore, tenant_name: str,
+    def __init__(self, request: Request, proxy: Pipeline, store: ResponseStore, tenant_name: str,
                  body: dict[str, Any], history: list[dict[str, Any]], call: Call) -> None:
         self.request, self.proxy, self.store, self.tenant_name = request, proxy, store, tenant_name
         self.call = call

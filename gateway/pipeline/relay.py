@@ -3,7 +3,7 @@
 Non-streamed: one JSON response with the client's model name, the clamped usage and `x-gateway-cost-usd`.
 Streamed: an `EventStreamResponse` whose first chunk is the dispatch (before the commit point an upstream failure
 is still a real HTTP error), then each upstream event re-labelled with the client's model name. The engine's usage
-chunk is kept for metering (clamped, api/openai/usage.py) and shown only if the client asked for it, then with
+chunk is kept for metering (clamped, pipeline/usage.py) and shown only if the client asked for it, then with
 the request's cost in `usage.cost_usd`. After the commit point a failure is one SSE error event and no [DONE].
 """
 
@@ -17,13 +17,13 @@ import orjson
 from starlette.responses import Response
 
 from gateway.api.error_handlers import to_response
-from gateway.api.openai import idempotency
-from gateway.api.openai.budget import usage_bound
-from gateway.api.openai.exchange import Exchange
-from gateway.api.openai.usage import clean_usage, usage_counts
 from gateway.backends.openai_compat import StreamBroken, sanitize_upstream_text
 from gateway.dispatch.dispatcher import Dispatched
 from gateway.errors import GatewayError, NoCapacity
+from gateway.pipeline import idempotency
+from gateway.pipeline.budget import usage_bound
+from gateway.pipeline.exchange import Exchange
+from gateway.pipeline.usage import clean_usage, usage_counts
 from gateway.prediction.pricing import request_cost
 from gateway.state import AppState
 

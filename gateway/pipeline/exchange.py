@@ -6,10 +6,10 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.api.call import PLAIN, Call
-from gateway.api.openai.validation import ParsedRequest
 from gateway.config import ModelRoute
 from gateway.dispatch.dispatcher import Dispatched
+from gateway.pipeline.call import PLAIN, Call
+from gateway.pipeline.validation import ParsedRequest
 from gateway.policy_schema import Tenant
 from gateway.routing.decision import Decision
 from gateway.routing.request import RoutingRequest
@@ -37,7 +37,7 @@ class Exchange:
     rreq: RoutingRequest | None = None
     dispatched: Dispatched | None = None
     first_token_at: float | None = None
-    usage: dict[str, Any] | None = None  # upstream usage, already clamped (api/openai/usage.py)
+    usage: dict[str, Any] | None = None  # upstream usage, already clamped (pipeline/usage.py)
     usage_anomalies: list[str] = field(default_factory=list)
     status: str = "200"
     reason: str = "ok"
@@ -55,8 +55,8 @@ class Exchange:
     # budget reservation and its settlement, the routing load reservation, the upstream's x-request-id). The
     # client's x-request-id (`request_id`) is only a correlation field: logged and echoed, never a key.
     id: str = field(default_factory=lambda: os.urandom(16).hex())
-    idem: Any = None  # the client's Idempotency-Key this request holds (api/openai/idempotency.py), if any
-    call: Call = PLAIN  # the API adapter's: API label, agent session, stored turn's replica (api/call.py)
+    idem: Any = None  # the client's Idempotency-Key this request holds (pipeline/idempotency.py), if any
+    call: Call = PLAIN  # the API adapter's: API label, agent session, stored turn's replica (pipeline/call.py)
     flow_band: str | None = None  # the client's x-gateway-band: honoured only for bands its policy lists
     body_bytes: int = 0  # the client's body size: large ones are hashed and tokenized off the event loop
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from opentelemetry.trace import NoOpTracer, SpanKind, Status, StatusCode
 
-from gateway.api.openai.exchange import Exchange
+from gateway.pipeline.exchange import Exchange
 
 
 def operation(endpoint: str) -> str:

@@ -7,9 +7,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from gateway.api.openai.exchange import Exchange
 from gateway.config import Routing
 from gateway.errors import NoCapacity
+from gateway.pipeline.exchange import Exchange
 from gateway.prefix.hashing import group_key, prefix_hashes
 from gateway.routing import registry
 from gateway.routing.decision import Decision

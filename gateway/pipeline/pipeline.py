@@ -28,29 +28,29 @@ from typing import Any
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
-from gateway.api.call import PLAIN, Call
-from gateway.api.openai import admission, budget, decide, flow, idempotency
-from gateway.api.openai.accounting import Accounting, Edge, reason_for
-from gateway.api.openai.body import read_body
-from gateway.api.openai.entitlements import Entitlements
-from gateway.api.openai.exchange import Exchange, RecentDecision
-from gateway.api.openai.relay import Relay, cut_by_shutdown
-from gateway.api.openai.telemetry import start_span
-from gateway.api.openai.validation import check_limits, limits_for, parse_json, refuse_images, validate
 from gateway.asgi import EventStreamResponse, LiveStreams, run_until_disconnect
 from gateway.config import ModelRoute
 from gateway.errors import GatewayError
+from gateway.pipeline import admission, budget, decide, flow, idempotency
+from gateway.pipeline.accounting import Accounting, Edge, reason_for
+from gateway.pipeline.body import read_body
+from gateway.pipeline.call import PLAIN, Call
+from gateway.pipeline.entitlements import Entitlements
+from gateway.pipeline.exchange import Exchange, RecentDecision
+from gateway.pipeline.relay import Relay, cut_by_shutdown
+from gateway.pipeline.telemetry import start_span
+from gateway.pipeline.validation import check_limits, limits_for, parse_json, refuse_images, validate
 from gateway.policy_schema import Tenant
 from gateway.routing.request import RoutingRequest
 from gateway.state import AppState
 from gateway.tenancy.concurrency import Slot
 
-__all__ = ["Exchange", "OpenAIProxy", "RecentDecision"]
+__all__ = ["Exchange", "Pipeline", "RecentDecision"]
 
 log = logging.getLogger("gateway.proxy")
 
 
-class OpenAIProxy:
+class Pipeline:
     def __init__(self, state: AppState) -> None:
         self.state = state
         self.entitlements = Entitlements(state)
@@ -74,7 +74,7 @@ class OpenAIProxy:
     async def handle(self, request: Request, endpoint: str, body: dict[str, Any] | None = None,
                      call: Call = PLAIN) -> Response:
         """`body`: an already-parsed OpenAI body (the Responses/Messages adapters); the request's own body is then
-        not read. `call`: what the adapter knows besides the body (api/call.py). Returns a JSON Response, or an
+        not read. `call`: what the adapter knows besides the body (pipeline/call.py). Returns a JSON Response, or an
         EventStreamResponse whose `on_close` runs the accounting — call it (with a translating `send` if need be)
         or the request is never accounted."""
         ex = await self.begin(request, endpoint, body, call)

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from gateway.api.openai.validation import ParsedRequest
 from gateway.config import ModelRoute, PerTokenPricing
 from gateway.errors import ModelNotFound, PermissionDenied
+from gateway.pipeline.validation import ParsedRequest
 from gateway.policy_schema import Tenant
 from gateway.state import AppState
 

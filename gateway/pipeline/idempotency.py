@@ -27,8 +27,8 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from gateway.api.openai.exchange import Exchange
 from gateway.errors import GatewayError, InvalidRequest, NoCapacity
+from gateway.pipeline.exchange import Exchange
 from gateway.shared_redis import REDIS_ERRORS
 from gateway.state import AppState
 from gateway.tenancy.idempotency import Begin, Outcome

@@ -9,11 +9,11 @@ with Retry-After.
 
 from __future__ import annotations
 
-from gateway.api.openai.budget import expected_output
-from gateway.api.openai.decide import routing_request
-from gateway.api.openai.exchange import Exchange
 from gateway.flow.gate import bound
 from gateway.flow.runtime import FlowRefused
+from gateway.pipeline.budget import expected_output
+from gateway.pipeline.decide import routing_request
+from gateway.pipeline.exchange import Exchange
 from gateway.routing.decision import Decision
 from gateway.routing.request import RoutingRequest
 from gateway.state import AppState

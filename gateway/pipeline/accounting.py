@@ -23,14 +23,14 @@ from typing import Any
 
 from starlette.requests import ClientDisconnect
 
-from gateway.api.call import PLAIN, Call
-from gateway.api.openai import idempotency
-from gateway.api.openai.exchange import Exchange, RecentDecision
-from gateway.api.openai.relay import cost, upstream_reason
-from gateway.api.openai.telemetry import end_span
-from gateway.api.openai.usage import usage_counts
 from gateway.errors import GatewayError, RequestTimeout, RequestTooLarge
 from gateway.observability.logging import log_request
+from gateway.pipeline import idempotency
+from gateway.pipeline.call import PLAIN, Call
+from gateway.pipeline.exchange import Exchange, RecentDecision
+from gateway.pipeline.relay import cost, upstream_reason
+from gateway.pipeline.telemetry import end_span
+from gateway.pipeline.usage import usage_counts
 from gateway.state import AppState
 from gateway.tenancy.budget import Usage
 
@@ -55,7 +55,7 @@ def reason_for(stage: str, err: BaseException) -> tuple[str, str]:
     metric label): invalid_http (the HTTP parser refused it: servers.py), headers_too_large, header_timeout,
     too_many_connections (the connection limits, servers.py), auth, body_too_large, body_timeout,
     invalid_body, malformed_json, invalid_request, model_not_found, pool_not_allowed, concurrency_limit, rate_limit,
-    shed, flow_* (flow control's refusals: api/openai/flow.py), budget, quarantined, upstream_rejected, upstream_error, no_capacity, upstream_timeout, client_disconnect, internal.
+    shed, flow_* (flow control's refusals: pipeline/flow.py), budget, quarantined, upstream_rejected, upstream_error, no_capacity, upstream_timeout, client_disconnect, internal.
     (Ends of admitted requests add: ok, stream_error, client_stall, shutdown — a stream cut by the shutdown —,
     idempotency — a refused Idempotency-Key — and idempotent_replay — a kept outcome sent again.)"""
     if isinstance(err, (ClientDisconnect, asyncio.CancelledError)):
@@ -90,7 +90,7 @@ class Edge:
     tenant: str = "none"
     model: str = "none"
     stream: bool = False
-    call: Call = PLAIN  # the API adapter's (api/call.py): its API label
+    call: Call = PLAIN  # the API adapter's (pipeline/call.py): its API label
 
 
 class Accounting:

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gateway.api.openai.budget import expected_output
-from gateway.api.openai.validation import ParsedRequest
 from gateway.config import ModelRoute
 from gateway.errors import RateLimited
+from gateway.pipeline.budget import expected_output
+from gateway.pipeline.validation import ParsedRequest
 from gateway.policy_schema import Tenant
 from gateway.state import AppState
 from gateway.tenancy.concurrency import Slot

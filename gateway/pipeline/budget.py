@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from gateway.api.openai.exchange import Exchange
-from gateway.api.openai.usage import UsageBound, bound_for
-from gateway.api.openai.validation import ParsedRequest, limits_for
 from gateway.errors import QuotaExceeded
+from gateway.pipeline.exchange import Exchange
+from gateway.pipeline.usage import UsageBound, bound_for
+from gateway.pipeline.validation import ParsedRequest, limits_for
 from gateway.prediction.pricing import request_cost
 from gateway.state import AppState
 from gateway.tenancy.budget import Refusal, Reservation, budget_caps
@@ -31,7 +31,7 @@ def expected_output(state: AppState, parsed: ParsedRequest, pool: str) -> int:
 
 
 def usage_bound(state: AppState, ex: Exchange, pool: str | None = None) -> UsageBound:
-    """The most the request can have used (api/openai/usage.py) on `pool` (default: the one that served it)."""
+    """The most the request can have used (pipeline/usage.py) on `pool` (default: the one that served it)."""
     u = state.config.usage_bounds
     pools = [pool] if pool is not None else [ex.dispatched.target.pool] if ex.dispatched is not None else ex.route.pools
     context = limits_for(state.config, pools, state.registry).context_tokens
