@@ -19,20 +19,27 @@ import time
 from collections import deque
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.requests import ClientDisconnect
 
+from gateway.dispatch.feedback import Feedback
 from gateway.errors import GatewayError, RequestTimeout, RequestTooLarge
 from gateway.observability.logging import log_request
+from gateway.observability.metrics import GatewayMetrics
 from gateway.pipeline import idempotency
 from gateway.pipeline.call import PLAIN, Call
 from gateway.pipeline.exchange import Exchange, RecentDecision
 from gateway.pipeline.relay import cost, upstream_reason
 from gateway.pipeline.telemetry import end_span
 from gateway.pipeline.usage import usage_counts
-from gateway.state import AppState
-from gateway.tenancy.budget import Usage
+from gateway.tenancy.budget import BudgetLedger, Usage
+from gateway.tenancy.concurrency import ConcurrencyLimiter
+from gateway.tenancy.ratelimit import RateLimiter
+
+if TYPE_CHECKING:
+    from gateway.recording.recorder import TraceRecorder
+    from gateway.tenancy.idempotency import IdempotencyStore
 
 log = logging.getLogger("gateway.accounting")
 
@@ -93,13 +100,28 @@ class Edge:
     call: Call = PLAIN  # the API adapter's (pipeline/call.py): its API label
 
 
+@dataclass(frozen=True)
+class Books:
+    """What accounting settles a request against: exactly these of the app's parts, never the whole app state."""
+
+    metrics: GatewayMetrics
+    feedback: Feedback  # load, prefix entry, TTFT/ITL observations
+    concurrency: ConcurrencyLimiter  # the tenant's slot
+    budget: BudgetLedger  # the reservation, settled with the real cost
+    limiter: RateLimiter  # the token buckets, adjusted to the real usage
+    idempotency: IdempotencyStore | None  # a kept outcome for the client's Idempotency-Key
+    recorder: TraceRecorder | None  # recording.path: one anonymized trace line
+    models: frozenset[str]  # the configured model names: the only model label values
+    log_requests: bool
+
+
 class Accounting:
-    def __init__(self, state: AppState, recent: deque[RecentDecision],
+    def __init__(self, books: Books, recent: deque[RecentDecision],
                  background: Callable[[Coroutine[Any, Any, None]], None]) -> None:
-        self.state = state
+        self.books = books
         self.recent = recent
         self._background = background
-        self._models = {m.name for m in state.config.models}
+        self._models = books.models
 
     def model_label(self, name: object) -> str:
         """A configured model's name, else "unknown": client-chosen strings never become label values."""
@@ -111,7 +133,7 @@ class Accounting:
         except Exception:  # the documented second broad catch: a step's failure stays in that step
             log.exception("accounting step %s failed", name)
             try:
-                self.state.metrics.accounting_failures.labels(name).inc()
+                self.books.metrics.accounting_failures.labels(name).inc()
             except Exception:  # noqa: BLE001, S110 - even the failure counter must not escape; the failure is logged above
                 pass
 
@@ -123,12 +145,12 @@ class Accounting:
         self._step("log", self._log_rejection, edge, status, reason, err, api)
 
     def _count_rejection(self, edge: Edge, status: str, reason: str, api: str) -> None:
-        m = self.state.metrics
+        m = self.books.metrics
         m.requests.labels(edge.model, "none", edge.tenant, status, reason, api).inc()
         m.latency.labels(edge.model, "none", edge.tenant, api).observe(time.monotonic() - edge.started)
 
     def _log_rejection(self, edge: Edge, status: str, reason: str, err: BaseException, api: str) -> None:
-        if not self.state.config.observability.log_requests:
+        if not self.books.log_requests:
             return
         code = (err.code or err.type) if isinstance(err, GatewayError) else type(err).__name__
         param = err.param if isinstance(err, GatewayError) else None
@@ -169,15 +191,15 @@ class Accounting:
                 self._step(name, step, ctx)
 
     def _release_load(self, ex: Exchange) -> None:
-        if ex.rreq is not None and self.state.feedback.reservations is not None:
-            self.state.feedback.reservations.release(ex.rreq.request_id)  # decided, then refused or failed early
+        if ex.rreq is not None and self.books.feedback.reservations is not None:
+            self.books.feedback.reservations.release(ex.rreq.request_id)  # decided, then refused or failed early
         if ex.dispatched is not None:
-            self.state.feedback.finished(ex.dispatched.attempt, failed=ex.reason not in CLEAN_ENDS)
+            self.books.feedback.finished(ex.dispatched.attempt, failed=ex.reason not in CLEAN_ENDS)
 
     def _release_slot(self, ex: Exchange) -> None:
         if ex.slot is not None:
-            self.state.concurrency.release(ex.slot)
-        self.state.metrics.inflight.labels(ex.tenant.name).dec()
+            self.books.concurrency.release(ex.slot)
+        self.books.metrics.inflight.labels(ex.tenant.name).dec()
 
     def _usage(self, c: _Ctx) -> None:
         ex, d = c.ex, c.ex.dispatched
@@ -185,12 +207,12 @@ class Accounting:
             return
         pool = d.target.pool
         for kind in ex.usage_anomalies:
-            self.state.metrics.usage_anomalies.labels(pool, kind).inc()
+            self.books.metrics.usage_anomalies.labels(pool, kind).inc()
         if ex.usage_anomalies:
             log.warning("upstream usage anomaly from %s/%s (request %s): %s; clamped", pool, d.target.name,
                         ex.request_id, ",".join(ex.usage_anomalies))
         if ex.usage is not None:
-            self.state.feedback.usage(d.attempt, usage_counts(ex.usage)[1])
+            self.books.feedback.usage(d.attempt, usage_counts(ex.usage)[1])
         elif ex.reason in CUT_ENDS and ex.first_token_at is not None:
             ex.usage = abandoned_usage(ex, d.attempt.predicted_cached)
         c.prompt, reported, c.completion = usage_counts(ex.usage)
@@ -198,7 +220,7 @@ class Accounting:
         c.cost = cost(ex)
 
     def _metrics(self, c: _Ctx) -> None:
-        ex, m = c.ex, self.state.metrics
+        ex, m = c.ex, self.books.metrics
         model, tenant, pool = ex.route.name, ex.tenant.name, c.pool  # the served model: an alias's glob is no label
         m.requests.labels(model, pool, tenant, ex.status, ex.reason, c.api).inc()
         m.latency.labels(model, pool, tenant, c.api).observe(c.now - ex.started)
@@ -220,7 +242,7 @@ class Accounting:
         n = ex.parsed.body.get("n")
         per_choice = c.completion / (n if isinstance(n, int) and n > 1 else 1)
         if per_choice >= 2:
-            self.state.feedback.itl(d.attempt, (c.now - ex.first_token_at) / (per_choice - 1))
+            self.books.feedback.itl(d.attempt, (c.now - ex.first_token_at) / (per_choice - 1))
 
     def _sla(self, c: _Ctx) -> None:
         """Streams are judged on their observed TTFT (dispatch feedback). A non-streamed response has no first
@@ -237,22 +259,25 @@ class Accounting:
         choices = n if isinstance(n, int) and n > 1 else 1  # choices decode side by side in one batch
         decode_s = c.completion / choices / t.tokens_per_step * t.decode_step_s
         ttft_est = (ex.first_token_at - ex.started) - decode_s
-        self.state.metrics.sla.labels(ex.tenant.name, "met" if ttft_est <= ex.rreq.ttft_sla_s else "missed").inc()
+        self.books.metrics.sla.labels(ex.tenant.name, "met" if ttft_est <= ex.rreq.ttft_sla_s else "missed").inc()
 
     def _settle(self, c: _Ctx) -> None:
         if c.ex.reservation is not None:
             used = Usage(c.cost, c.prompt, c.cached, c.completion) if c.ex.usage else None
-            self._background(self.state.budget.settle(c.ex.reservation, used))
+            self._background(self.books.budget.settle(c.ex.reservation, used))
 
     def _adjust_rate(self, c: _Ctx) -> None:
         used = c.prompt + c.completion if c.ex.usage else 0
         for b in c.ex.buckets:
             if b.key.endswith(":tok") and b.cost != used:
-                self._background(self.state.limiter.adjust(b, b.cost - used))
+                self._background(self.books.limiter.adjust(b, b.cost - used))
 
     def _idempotency(self, c: _Ctx) -> None:
-        if c.ex.idem is not None:
-            self._background(idempotency.end(self.state, c.ex))
+        ex, store = c.ex, self.books.idempotency
+        if ex.idem is not None and store is not None:
+            ok = ex.status == "200" and ex.reason == "ok"
+            self._background(idempotency.end(store, ex.idem, ex.tenant.name, ex.request_id, ok, ex.parsed.stream,
+                                             ex.headers))
 
     def _recent(self, c: _Ctx) -> None:
         ex, t = c.ex, c.ex.served_by
@@ -264,14 +289,14 @@ class Accounting:
 
     def _record(self, c: _Ctx) -> None:
         """One anonymized trace line when `recording.path` is set (gateway/recording/recorder.py)."""
-        if self.state.recorder is not None:
-            self.state.recorder.record(c.ex.rreq, c.ex.usage, c.ex.started)
+        if self.books.recorder is not None:
+            self.books.recorder.record(c.ex.rreq, c.ex.usage, c.ex.started)
 
     def _span(self, c: _Ctx) -> None:
         end_span(c.ex, c.prompt, c.cached, c.completion)
 
     def _log(self, c: _Ctx) -> None:
-        if not self.state.config.observability.log_requests:
+        if not self.books.log_requests:
             return
         ex, t = c.ex, c.ex.served_by
         log_request({

@@ -9,6 +9,7 @@ from typing import Any
 from gateway.config import ModelRoute
 from gateway.dispatch.dispatcher import Dispatched
 from gateway.pipeline.call import PLAIN, Call
+from gateway.pipeline.idempotency import Held
 from gateway.pipeline.validation import ParsedRequest
 from gateway.policy_schema import Tenant
 from gateway.routing.decision import Decision
@@ -21,7 +22,8 @@ from gateway.upstreams import Target
 
 @dataclass
 class Exchange:
-    """Written by the stages in order (admission -> decide -> budget -> relay); read by accounting at the end.
+    """Written by the orchestrator (pipeline.py) from what each stage returns (admission -> decide -> budget), then
+    by the relay as the answer arrives; read by accounting at the end.
     `request_id` is the correlation id (the client's x-request-id when sane, else minted), `id` the gateway's own.
     `status` is the HTTP status the client got ("200" for a stream that began, whatever followed); `reason` says
     why it ended (bounded set, a metric label: ok, client_disconnect, stream_error, client_stall, upstream_*...)."""
@@ -55,7 +57,7 @@ class Exchange:
     # budget reservation and its settlement, the routing load reservation, the upstream's x-request-id). The
     # client's x-request-id (`request_id`) is only a correlation field: logged and echoed, never a key.
     id: str = field(default_factory=lambda: os.urandom(16).hex())
-    idem: Any = None  # the client's Idempotency-Key this request holds (pipeline/idempotency.py), if any
+    idem: Held | None = None  # the client's Idempotency-Key this request holds (pipeline/idempotency.py), if any
     call: Call = PLAIN  # the API adapter's: API label, agent session, stored turn's replica (pipeline/call.py)
     flow_band: str | None = None  # the client's x-gateway-band: honoured only for bands its policy lists
     body_bytes: int = 0  # the client's body size: large ones are hashed and tokenized off the event loop

@@ -9,40 +9,48 @@ with Retry-After.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
+from gateway.config import ModelRoute
 from gateway.flow.gate import bound
-from gateway.flow.runtime import FlowRefused
-from gateway.pipeline.budget import expected_output
-from gateway.pipeline.decide import routing_request
-from gateway.pipeline.exchange import Exchange
+from gateway.flow.runtime import FlowGate, FlowRefused
+from gateway.observability.metrics import GatewayMetrics
+from gateway.pipeline.validation import ParsedRequest
+from gateway.policy_schema import Tenant
 from gateway.routing.decision import Decision
 from gateway.routing.request import RoutingRequest
-from gateway.state import AppState
+from gateway.settings.pools import PoolTiming
 from gateway.upstreams import Target
 
 BAND_HEADER = "x-gateway-band"
 
 
-async def hold(state: AppState, ex: Exchange) -> tuple[RoutingRequest, Decision[Target]] | None:
-    """None: not held (flow control off, or no contention): the decide stage routes as usual."""
-    fg = state.flow
-    if fg is None:
-        return None
-    pol = ex.tenant.flow
-    band = fg.band_of(pol.band, pol.client_bands, ex.flow_band)
-    rreq = await state.cpu.run(ex.body_bytes, routing_request, state.config.routing, ex, state.prefix_hasher)
-    pool = ex.route.pools[0]
-    timing = state.config.pool(pool).timing
-    t = fg.ctl.ticket(ex.id, ex.tenant.name, band, pol.weight, ex.parsed.prompt_tokens,
-                      expected_output(state, ex.parsed, pool), fg.clock(), rreq.ttft_sla_s, pol.queue_timeout_s,
-                      lead_s=bound(rreq, timing, fg.cfg.queue_for(band)))
+@dataclass(frozen=True)
+class Passed:
+    """How the request passed flow control: the decision it was let through on after waiting (None: not held, the
+    decide stage routes as usual) and the headers it owes the client (its band, the time it waited)."""
+
+    decision: Decision[Target] | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+async def hold(gate: FlowGate, metrics: GatewayMetrics, tenant: Tenant, gateway_id: str, client_band: str | None,
+               rreq: RoutingRequest, route: ModelRoute, parsed: ParsedRequest, timing: PoolTiming,
+               expected_output: int) -> Passed:
+    """Wait the request's turn (`client_band`: its x-gateway-band, honoured only for bands its policy lists;
+    `timing`, `expected_output`: of the route's first pool). Raises the API's refusal."""
+    pol = tenant.flow
+    band = gate.band_of(pol.band, pol.client_bands, client_band)
+    t = gate.ctl.ticket(gateway_id, tenant.name, band, pol.weight, parsed.prompt_tokens, expected_output, gate.clock(),
+                        rreq.ttft_sla_s, pol.queue_timeout_s, lead_s=bound(rreq, timing, gate.cfg.queue_for(band)))
     try:
-        decision = await fg.hold(t, rreq, ex.route, timing, pol.max_queued)
+        decision = await gate.hold(t, rreq, route, timing, pol.max_queued)
     except FlowRefused as e:
-        state.metrics.refusals.labels(ex.tenant.name, f"flow_{e.refusal.reason}").inc()
+        metrics.refusals.labels(tenant.name, f"flow_{e.refusal.reason}").inc()
         raise e.error() from None
-    ex.headers["x-gateway-band"] = fg.cfg.bands[band].name
+    headers = {BAND_HEADER: gate.cfg.bands[band].name}
     if decision is None:
-        return None
+        return Passed(None, headers)
     if t.granted_at is not None:
-        ex.headers["x-gateway-flow-wait-ms"] = str(int((t.granted_at - t.arrived) * 1000))
-    return rreq, decision
+        headers["x-gateway-flow-wait-ms"] = str(int((t.granted_at - t.arrived) * 1000))
+    return Passed(decision, headers)

@@ -36,7 +36,6 @@ def test_the_hint_travels_from_the_adapters_call() -> None:
     from gateway.config import ModelRoute, parse_config
     from gateway.pipeline.call import Call
     from gateway.pipeline.decide import routing_request
-    from gateway.pipeline.exchange import Exchange
     from gateway.pipeline.validation import validate
     from tests.gateway_fixtures import config, sglang_pool
 
@@ -44,9 +43,8 @@ def test_the_hint_travels_from_the_adapters_call() -> None:
     parsed = validate({"model": "glm-5.2", "messages": [{"role": "user", "content": "hi"}]}, "chat/completions")
 
     def rreq(call: Call) -> RoutingRequest:
-        ex = Exchange("rid", cfg.tenants[0], "chat/completions", parsed, ModelRoute(name="glm-5.2", pools=["p"]),
-                      0.0, 1.0, call=call)
-        return routing_request(cfg.routing, ex)
+        route = ModelRoute(name="glm-5.2", pools=["p"])
+        return routing_request(cfg.routing, "gid", cfg.tenants[0], "chat/completions", parsed, route.name, call)
 
     hinted = rreq(Call(api="responses", affinity=("p-1", 20 * CHUNK)))
     assert (hinted.affinity_hint, hinted.affinity_tokens) == ("p-1", 20 * CHUNK)

@@ -38,7 +38,6 @@ from gateway.backends.openai_compat import StreamBroken, sanitize_upstream_text
 from gateway.config import ModelRoute
 from gateway.dispatch.dispatcher import Dispatched
 from gateway.errors import GatewayError, InvalidRequest, ModelNotFound
-from gateway.pipeline.budget import usage_bound
 from gateway.pipeline.call import Call
 from gateway.pipeline.exchange import Exchange
 from gateway.pipeline.pipeline import Pipeline
@@ -193,7 +192,7 @@ class NativeResponses:
         raw = d.opened.body if isinstance(d.opened.body, dict) else {}
         self._own_id(raw.get("id"))
         response: dict[str, Any] = orjson.loads(self._swap(orjson.dumps(raw)))
-        ex.usage, ex.usage_anomalies = clean_usage(chat_usage(response.get("usage")), usage_bound(self.st, ex))
+        ex.usage, ex.usage_anomalies = clean_usage(chat_usage(response.get("usage")), self.proxy.relay.bound(ex))
         ex.headers["x-gateway-cost-usd"] = f"{cost(ex):.8f}"
         await self._keep(ex, response)
         return Response(orjson.dumps(response), media_type="application/json", headers=ex.headers)
@@ -259,7 +258,7 @@ class NativeResponses:
             ex.reason, ex.error = "stream_error", "upstream error event"
         else:
             final = orjson.loads(out).get("response") or {}
-            ex.usage, ex.usage_anomalies = clean_usage(chat_usage(final.get("usage")), usage_bound(self.st, ex))
+            ex.usage, ex.usage_anomalies = clean_usage(chat_usage(final.get("usage")), self.proxy.relay.bound(ex))
             if name == b"response.failed":
                 ex.reason, ex.error = "stream_error", "upstream response.failed"
             await self._keep(ex, final)
