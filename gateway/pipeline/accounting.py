@@ -8,12 +8,13 @@ budget settlement, rate-limit adjustment, the recent-decisions ring, the span an
 step is logged and counted (`gateway_accounting_failures_total{step}`) and the next step runs: none can change the
 response already decided, nor turn a served 200 into a 500.
 
-`rejected` counts and logs a request refused before an exchange existed (bad key, body, JSON, model, local cap).
+`refused` counts and logs a refusal, the one way every refusal is (pipeline/refusal.py): `rejected` for a request
+the pipeline refused before its exchange existed (bad key, body, JSON, model, local cap), api/refusals.py for one
+that never reached the pipeline.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections import deque
@@ -21,16 +22,13 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from starlette.requests import ClientDisconnect
-
 from gateway.dispatch.feedback import Feedback
-from gateway.errors import GatewayError, RequestTimeout, RequestTooLarge
 from gateway.observability.logging import log_request
 from gateway.observability.metrics import GatewayMetrics
 from gateway.pipeline import idempotency
-from gateway.pipeline.call import PLAIN, Call
 from gateway.pipeline.exchange import Exchange, RecentDecision
-from gateway.pipeline.relay import cost, upstream_reason
+from gateway.pipeline.refusal import Edge, Refused
+from gateway.pipeline.relay import cost
 from gateway.pipeline.telemetry import end_span
 from gateway.pipeline.usage import usage_counts
 from gateway.tenancy.budget import BudgetLedger, Usage
@@ -55,49 +53,6 @@ def abandoned_usage(ex: Exchange, predicted_cached: int) -> dict[str, Any]:
     prompt = ex.parsed.prompt_tokens
     return {"prompt_tokens": prompt, "completion_tokens": max(ex.chunks - 1, 0),  # minus the role chunk
             "prompt_tokens_details": {"cached_tokens": min(max(predicted_cached, 0), prompt)}}
-
-
-def reason_for(stage: str, err: BaseException) -> tuple[str, str]:
-    """(status, reason) of a request that ended with `err` raised at `stage`. Reasons are a small fixed set (a
-    metric label): invalid_http (the HTTP parser refused it: servers.py), headers_too_large, header_timeout,
-    too_many_connections (the connection limits, servers.py), auth, body_too_large, body_timeout,
-    invalid_body, malformed_json, invalid_request, model_not_found, pool_not_allowed, concurrency_limit, rate_limit,
-    shed, flow_* (flow control's refusals: pipeline/flow.py), budget, quarantined, upstream_rejected, upstream_error, no_capacity, upstream_timeout, client_disconnect, internal.
-    (Ends of admitted requests add: ok, stream_error, client_stall, shutdown — a stream cut by the shutdown —,
-    idempotency — a refused Idempotency-Key — and idempotent_replay — a kept outcome sent again.)"""
-    if isinstance(err, (ClientDisconnect, asyncio.CancelledError)):
-        return "499", "client_disconnect"
-    if not isinstance(err, GatewayError):
-        return "500", "internal"
-    status = str(err.status)
-    if isinstance(err, RequestTooLarge):
-        return status, "body_too_large"
-    if isinstance(err, RequestTimeout):
-        return status, "body_timeout"
-    by_stage = {"http": "invalid_http", "headers_too_large": "headers_too_large", "header_timeout": "header_timeout",
-                "connections": "too_many_connections", "identify": "auth", "read_body": "invalid_body", "parse": "malformed_json", "validate": "invalid_request",
-                "concurrency": "concurrency_limit", "rate_limit": "rate_limit", "decide": "shed", "budget": "budget"}
-    if stage in by_stage:
-        return status, by_stage[stage]
-    if stage == "flow":  # flow_queue_full, flow_queue_timeout, flow_evicted, flow_overloaded
-        return status, err.code or "flow"
-    if stage == "entitlements":
-        return status, "model_not_found" if err.status == 404 else "pool_not_allowed"
-    return status, upstream_reason(err.status, err.code)
-
-
-@dataclass
-class Edge:
-    """What is known of a request before its exchange exists (for counting and logging a refusal)."""
-
-    request_id: str
-    endpoint: str
-    started: float
-    stage: str = "identify"
-    tenant: str = "none"
-    model: str = "none"
-    stream: bool = False
-    call: Call = PLAIN  # the API adapter's (pipeline/call.py): its API label
 
 
 @dataclass(frozen=True)
@@ -137,31 +92,34 @@ class Accounting:
             except Exception:  # noqa: BLE001, S110 - even the failure counter must not escape; the failure is logged above
                 pass
 
-    # -- a request refused before its exchange existed ----------------------------------------------------------
+    # -- a refusal: before the exchange existed, or of a request that never reached the pipeline --------------------
     def rejected(self, edge: Edge, err: BaseException) -> None:
-        status, reason = reason_for(edge.stage, err)
-        api = edge.call.api_for(edge.endpoint)
-        self._step("metrics", self._count_rejection, edge, status, reason, api)
-        self._step("log", self._log_rejection, edge, status, reason, err, api)
+        self.refused(Refused.at_edge(edge, err))
 
-    def _count_rejection(self, edge: Edge, status: str, reason: str, api: str) -> None:
+    def refused(self, r: Refused) -> None:
+        """The one way a refusal is counted and logged (pipeline/refusal.py)."""
+        self._step("metrics", self._count_refusal, r)
+        self._step("log", self._log_refusal, r)
+
+    def _count_refusal(self, r: Refused) -> None:
         m = self.books.metrics
-        m.requests.labels(edge.model, "none", edge.tenant, status, reason, api).inc()
-        m.latency.labels(edge.model, "none", edge.tenant, api).observe(time.monotonic() - edge.started)
+        m.requests.labels(r.model, "none", r.tenant, r.status, r.reason, r.api).inc()
+        if r.timed:
+            m.latency.labels(r.model, "none", r.tenant, r.api).observe(time.monotonic() - r.started)
 
-    def _log_rejection(self, edge: Edge, status: str, reason: str, err: BaseException, api: str) -> None:
+    def _log_refusal(self, r: Refused) -> None:
         if not self.books.log_requests:
             return
-        code = (err.code or err.type) if isinstance(err, GatewayError) else type(err).__name__
-        param = err.param if isinstance(err, GatewayError) else None
-        log_request({
-            "request_id": edge.request_id, "tenant": edge.tenant, "model": edge.model, "endpoint": edge.endpoint,
-            "api": api, "stream": edge.stream, "status": status, "reason": reason, "pool": "none", "replica": None, "route": None,
-            "attempts": 0, "ttft_ms": None, "duration_ms": round((time.monotonic() - edge.started) * 1000, 1),
-            "prompt_tokens": 0, "cached_tokens": 0, "completion_tokens": 0, "cost_usd": 0.0,
-            # the error's code and field, never its text: messages may quote what the client sent
-            "error": code if param is None else f"{code} ({param})",
+        line: dict[str, Any] = {"request_id": r.request_id, "tenant": r.tenant, "model": r.logged_model or r.model,
+                                "endpoint": r.endpoint, "api": r.api}
+        if r.method is not None:
+            line["method"] = r.method
+        line.update({
+            "stream": r.stream, "status": r.status, "reason": r.reason, "pool": "none", "replica": None, "route": None,
+            "attempts": 0, "ttft_ms": None, "duration_ms": round((time.monotonic() - r.started) * 1000, 1),
+            "prompt_tokens": 0, "cached_tokens": 0, "completion_tokens": 0, "cost_usd": 0.0, "error": r.error,
         })
+        log_request(line)
 
     # -- the end of an admitted request -------------------------------------------------------------------------
     async def finish(self, ex: Exchange, disconnected: bool) -> None:

@@ -37,11 +37,12 @@ from gateway.asgi import EventStreamResponse, LiveStreams, run_until_disconnect
 from gateway.config import ModelRoute
 from gateway.errors import GatewayError
 from gateway.pipeline import admission, budget, decide, flow, idempotency
-from gateway.pipeline.accounting import Accounting, Books, Edge, reason_for
+from gateway.pipeline.accounting import Accounting, Books
 from gateway.pipeline.body import read_body
 from gateway.pipeline.call import PLAIN, Call
 from gateway.pipeline.entitlements import Entitlements
 from gateway.pipeline.exchange import Exchange, RecentDecision
+from gateway.pipeline.refusal import Edge, reason_for
 from gateway.pipeline.relay import Relay, cut_by_shutdown
 from gateway.pipeline.telemetry import start_span
 from gateway.pipeline.validation import check_limits, limits_for, parse_json, refuse_images, validate

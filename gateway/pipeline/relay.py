@@ -26,6 +26,7 @@ from gateway.errors import GatewayError, NoCapacity
 from gateway.pipeline import idempotency
 from gateway.pipeline.budget import usage_bound
 from gateway.pipeline.exchange import Exchange
+from gateway.pipeline.refusal import upstream_reason
 from gateway.pipeline.usage import UsageBound, clean_usage, usage_counts
 from gateway.prediction.pricing import request_cost
 from gateway.upstreams import UpstreamRegistry
@@ -62,14 +63,6 @@ def dispatch_failed(ex: Exchange, e: GatewayError) -> None:
     ex.error_target = getattr(e, "target", None)
     ex.error_attempts = int(getattr(e, "attempts", 0) or 0)
     ex.reason = upstream_reason(e.status, e.code)
-
-
-def upstream_reason(status: int, code: str | None = None) -> str:
-    if code == "request_quarantined":  # refused before any upstream saw it
-        return "quarantined"
-    if 400 <= status < 500:
-        return "upstream_rejected"
-    return {503: "no_capacity", 504: "upstream_timeout"}.get(status, "upstream_error")
 
 
 def cost(ex: Exchange) -> float:

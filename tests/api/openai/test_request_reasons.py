@@ -23,7 +23,7 @@ from gateway.errors import (
     UpstreamTimeout,
     upstream_client_error,
 )
-from gateway.pipeline.accounting import reason_for
+from gateway.pipeline.refusal import reason_for
 
 
 @pytest.mark.parametrize("stage, err, expected", [
