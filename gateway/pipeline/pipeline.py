@@ -174,7 +174,7 @@ class Pipeline:
                                          st.config.pool(first_pool).timing, expected)
                 ex.headers.update(passed.headers)
                 held = passed.decision
-            ex.span = start_span(st.tracer, ex)
+            ex.span = start_span(st.tracer, ex.endpoint, ex.parsed, ex.tenant.name, ex.request_id)
             stage = "decide"
             if held is None or rreq is None:  # not held: routed now, on the fleet as it is now
                 rreq = await self._routing(ex)
