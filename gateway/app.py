@@ -191,7 +191,7 @@ def create_app(config: GatewayConfig, *, span_exporter: Any = None, transport: h
                 await precise.manager.stop()
             await feedback.drain()
             recorder.close()
-            await budget.stop()  # after the proxy's settlements: a last replay of anything still queued
+            await budget.stop()  # after the pipeline's settlements: a last replay of anything still queued
             await state.dispatcher.quarantine.drain()
             if redis_loads is not None:
                 await redis_loads.stop()

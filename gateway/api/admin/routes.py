@@ -320,7 +320,7 @@ async def explain(request: Request) -> Response:
         raise InvalidRequest("'request' must be an OpenAI request body.", param="request")
     parsed = validate(body["request"], endpoint)
     proxy = _proxy(request)
-    route = proxy.route_for(tenant, parsed.model)  # the same resolution the proxy uses (404s alike)
+    route = proxy.route_for(tenant, parsed.model)  # the same resolution the pipeline uses (404s alike)
     ex = Exchange("explain", tenant, endpoint, parsed, route, 0.0, 0.0)
     rreq = proxy.routing_request(ex)
     decision = await st.router.decide(rreq, route, dry_run=True)

@@ -1,4 +1,5 @@
-"""Thin handlers for the OpenAI surface: parse, route, dispatch, respond (all in the proxy)."""
+"""Thin handlers for the OpenAI surface: the chat and completions routes hand the request to the pipeline (pipeline/),
+which parses, routes, dispatches and responds; `/v1/models` lists what the key may use."""
 
 from __future__ import annotations
 
