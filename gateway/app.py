@@ -15,7 +15,6 @@ from gateway.api.fastpath import FastPath
 from gateway.api.messages import routes as messages_routes
 from gateway.api.middleware import RequestIdMiddleware
 from gateway.api.openai import routes as openai_routes
-from gateway.api.openai.proxy import OpenAIProxy
 from gateway.api.responses import routes as responses_routes
 from gateway.api.responses.store import build_store as build_response_store
 from gateway.backends.base import Backend
@@ -38,6 +37,7 @@ from gateway.observability.logging import setup_logging
 from gateway.observability.metrics import GatewayMetrics
 from gateway.observability.tracing import build_tracer
 from gateway.offload import CpuPool
+from gateway.pipeline.pipeline import Pipeline
 from gateway.prefix.index import PrefixIndex
 from gateway.prefix.memory import MemoryPrefixIndex
 from gateway.prefix.redis import RedisPrefixIndex
@@ -163,7 +163,7 @@ def create_app(config: GatewayConfig, *, span_exporter: Any = None, transport: h
                                     RedisGuard("flow", on_fallback=fell_back, hung_after=rc.redis_hung_after_s))
             state.flow.start()
         app.state.gateway = state
-        app.state.proxy = OpenAIProxy(state)
+        app.state.proxy = Pipeline(state)
         app.state.responses_store = build_response_store(config.responses, redis_client, rc.redis_prefix,
                                                          rc.limits_redis_timeout_s)
         health.start()
@@ -191,7 +191,7 @@ def create_app(config: GatewayConfig, *, span_exporter: Any = None, transport: h
                 await precise.manager.stop()
             await feedback.drain()
             recorder.close()
-            await budget.stop()  # after the proxy's settlements: a last replay of anything still queued
+            await budget.stop()  # after the pipeline's settlements: a last replay of anything still queued
             await state.dispatcher.quarantine.drain()
             if redis_loads is not None:
                 await redis_loads.stop()

@@ -182,7 +182,7 @@ class ResponsesConfig(_Strict):
 
 
 class Idempotency(_Strict):
-    """A client's explicit `Idempotency-Key` (api/openai/idempotency.py): the outcome of the first request with a
+    """A client's explicit `Idempotency-Key` (pipeline/idempotency.py): the outcome of the first request with a
     key is returned to its repeats instead of serving (and billing) them again."""
 
     ttl_s: float = Field(default=86_400, ge=1, le=7 * 86_400, description="how long a key and its outcome are kept")
@@ -233,7 +233,7 @@ class Offload(_Strict):
 
 
 class UsageBounds(_Strict):
-    """What an upstream's reported usage may claim before it is clamped (api/openai/usage.py): no upstream can bill
+    """What an upstream's reported usage may claim before it is clamped (pipeline/usage.py): no upstream can bill
     a request for more than it could have used."""
 
     prompt_factor: float = Field(default=4.0, ge=1, le=100, description="prompt tokens may exceed the gateway's own "

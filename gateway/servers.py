@@ -196,7 +196,7 @@ class OpenAIErrorProtocol(HttpToolsProtocol):
                 proxy = getattr(getattr(main, "state", None), "proxy", None)
             if proxy is not None:
                 # imported here, so the simulator (which shares this module) never loads the gateway's stack
-                from gateway.api.openai.accounting import Edge
+                from gateway.pipeline.refusal import Edge
 
                 proxy.accounting.rejected(Edge(uuid.uuid4().hex, "unknown", time.monotonic(), stage=stage), err)
         except Exception:  # counting must never break the connection handling it reports on

@@ -11,7 +11,7 @@ import time
 
 import orjson
 
-from gateway.api.openai.validation import parse_json, validate
+from gateway.pipeline.validation import parse_json, validate
 from gateway.prefix.hashing import prefix_hashes
 from loadtests.workload import WaferWorkload
 

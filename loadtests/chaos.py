@@ -569,11 +569,11 @@ def fallback_lines(stack: Stack) -> int:
 
 
 def reservation(body: dict[str, Any]) -> float:
-    """What the gateway reserves for `body` at the chaos pool's prices: its usage bound (api/openai/budget.py), priced
+    """What the gateway reserves for `body` at the chaos pool's prices: its usage bound (pipeline/budget.py), priced
     uncached — the most one request can be billed."""
-    from gateway.api.openai.usage import bound_for
-    from gateway.api.openai.validation import validate
     from gateway.config import UsageBounds
+    from gateway.pipeline.usage import bound_for
+    from gateway.pipeline.validation import validate
 
     u, p = UsageBounds(), validate(dict(body), "chat/completions")
     b = bound_for(body, p.prompt_tokens, p.max_output_tokens, None, u.prompt_factor, u.prompt_slack_tokens,

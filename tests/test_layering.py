@@ -36,6 +36,28 @@ def test_the_rule_sees_lazy_imports(tmp_path: Path):
     assert imported_modules(f) == {"gateway_lab.sim", "gateway_lab.replay"}
 
 
+# the parts the pipeline orchestrates: none of them knows the request path or the APIs above it
+BELOW_THE_PIPELINE = ("backends", "control", "dispatch", "flow", "kvevents", "observability", "prediction", "prefix",
+                      "recording", "routing", "settings", "tenancy", "tokenizers")
+# what the pipeline may use of api/: the one place errors become responses (it imports nothing else of api/)
+RENDERER = "gateway.api.error_handlers"
+
+
+def test_the_pipeline_sits_between_the_apis_and_the_parts_it_orchestrates():
+    """gateway/pipeline/ is the one request path of every API: the adapters in api/ call it and it never calls them
+    (an arrow up would let one API's detail leak into every API's path); the parts it orchestrates (tenancy/,
+    routing/, dispatch/, ...) import neither it nor api/, so each stays usable alone (the simulator, the admin API's
+    previews, unit tests). Lazy imports count too."""
+    up = sorted(f"{p.relative_to(ROOT)}: {m}" for p in (ROOT / "gateway" / "pipeline").rglob("*.py")
+                for m in imported_modules(p) if m.startswith("gateway.api") and m != RENDERER)
+    assert not up, f"pipeline modules importing the API layer above them: {up}"
+    assert not [m for m in imported_modules(ROOT / "gateway" / "api" / "error_handlers.py")
+                if m.startswith(("gateway.api", "gateway.pipeline"))]
+    down = sorted(f"{p.relative_to(ROOT)}: {m}" for pkg in BELOW_THE_PIPELINE for p in (ROOT / "gateway" / pkg).rglob("*.py")
+                  for m in imported_modules(p) if m.startswith(("gateway.pipeline", "gateway.api")))
+    assert not down, f"modules below the pipeline importing it or the API layer: {down}"
+
+
 def module_graph(package: Path) -> dict[str, set[str]]:
     """Module -> the package's modules it imports at module level (what runs at import time; an import inside a
     function is a deliberate late edge and does not make a cycle at import)."""

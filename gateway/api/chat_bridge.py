@@ -1,5 +1,5 @@
 """The seam the Responses and Messages APIs share: their requests become a chat/completions body handed to the
-one chat path (`OpenAIProxy.handle(..., body=...)`), so tenancy, limits, budgets, routing, metrics, traces and the
+one chat path (`Pipeline.handle(..., body=...)`), so tenancy, limits, budgets, routing, metrics, traces and the
 decision log apply unchanged and every pool kind serves them. This module only moves bytes between the two
 shapes; each API's own translation lives in its package.
 
@@ -22,11 +22,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Message, Receive, Scope, Send
 
-from gateway.api.call import Call, StreamEncoder
-from gateway.api.openai.body import read_body
-from gateway.api.openai.validation import parse_json
 from gateway.errors import GatewayError
 from gateway.offload import CpuPool
+from gateway.pipeline.body import read_body
+from gateway.pipeline.call import Call, StreamEncoder
+from gateway.pipeline.validation import parse_json
 from gateway.routing.request import MAX_SESSION_CHARS
 
 
@@ -87,7 +87,7 @@ def sse_event(name: str, data: dict[str, Any]) -> bytes:
 
 
 class Ending:
-    """An API's stream encoder, handed to the relay through the Call (api/call.py), that remembers whether its stream
+    """An API's stream encoder, handed to the relay through the Call (pipeline/call.py), that remembers whether its stream
     was ended — by the upstream's end or by an error event — so the bridge never lets it close silently."""
 
     def __init__(self, inner: StreamEncoder) -> None:

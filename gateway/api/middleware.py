@@ -27,13 +27,14 @@ class RequestIdMiddleware:
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
-    def _gateway_state(self) -> Any:
-        """The AppState (the admin-only app reaches it through the main app), None before the lifespan ran."""
+    def _pipeline(self) -> Any:
+        """The request pipeline, whose accounting records refusals (the admin-only app reaches it through the main
+        app), None before the lifespan ran."""
         st = getattr(self.app, "state", None)
         main = getattr(st, "main", None)
         if main is not None:
             st = getattr(main, "state", None)
-        return getattr(st, "gateway", None)
+        return getattr(st, "proxy", None)
 
     @property
     def state(self) -> object:
@@ -65,9 +66,9 @@ class RequestIdMiddleware:
                 message["headers"] = headers
                 status = message.get("status", 200)
                 if status >= 400 and refusals.counted(scope):
-                    st = self._gateway_state()
-                    if st is not None:
-                        refusals.account(st, scope, status, t0)
+                    pipeline = self._pipeline()
+                    if pipeline is not None:
+                        refusals.account(pipeline, scope, status, t0)
             await send(message)
 
         try:

@@ -1,7 +1,8 @@
-"""Refusals that never reached the chat path's accounting — `/v1/models`, the Responses and Messages bridges before
-they call the chat path, the admin API, unknown paths — counted in `gateway_requests_total{status,reason}` and logged
-in the one-line request log like the chat path's own, so an auth storm or a client sending garbage is visible on every
-endpoint. The chat path marks the requests it accounts itself (`scope["state"]["accounted"]`); those are skipped.
+"""Refusals that never reached the pipeline — `/v1/models`, the Responses and Messages bridges before they call it,
+the admin API, unknown paths — handed to the pipeline's one way of recording a refusal (`Accounting.refused`,
+pipeline/refusal.py), so they are counted in `gateway_requests_total{status,reason}` and logged in the one-line
+request log like the pipeline's own, and an auth storm or a client sending garbage is visible on every endpoint. The
+pipeline marks the requests it accounts itself (`scope["state"]["accounted"]`); those are skipped.
 
 Labels stay bounded: the tenant is a configured tenant's name or "none", the model label is always "unknown" here,
 the reason comes from a fixed map of statuses, and the logged endpoint is a known path prefix. A bridge that read the
@@ -11,13 +12,13 @@ the model as read and the error's code and field."""
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import MutableMapping
 from typing import Any
 
-from gateway.observability.logging import log_request
 from gateway.observability.metrics import api_for_path
-from gateway.state import AppState
+from gateway.pipeline.pipeline import Pipeline
+from gateway.pipeline.refusal import Refused
+from gateway.tenancy.policy_store import PolicyStore
 
 log = logging.getLogger("gateway.refusals")
 
@@ -40,7 +41,7 @@ def endpoint_of(path: str) -> str:
     return next((e.strip("/") for e in ENDPOINTS if path.startswith(e)), "other")
 
 
-def _tenant(st: AppState, headers: list[tuple[bytes, bytes]]) -> str:
+def _tenant(policies: PolicyStore, headers: list[tuple[bytes, bytes]]) -> str:
     """The configured tenant whose key the request carried (Bearer or x-api-key), else "none"."""
     key = None
     for k, v in headers:
@@ -52,27 +53,19 @@ def _tenant(st: AppState, headers: list[tuple[bytes, bytes]]) -> str:
             key = v.decode("latin-1").strip()
     if not key:
         return "none"
-    tenant = st.policies.index.for_key(key)
+    tenant = policies.index.for_key(key)
     return tenant.name if tenant is not None else "none"
 
 
-def account(st: AppState, scope: MutableMapping[str, Any], status: int, started: float) -> None:
-    """Count and log one refusal; never raises (it runs after the response was decided)."""
+def account(pipeline: Pipeline, scope: MutableMapping[str, Any], status: int, started: float) -> None:
+    """Record one refusal; never raises (it runs after the response was decided)."""
     try:
+        path = scope.get("path", "")
+        noted = scope.get("state", {}).get("refusal") or {}
         reason = reason_of(status)
-        tenant = _tenant(st, scope.get("headers", []))
-        st.metrics.requests.labels("unknown", "none", tenant, str(status), reason, api_for_path(scope.get("path", ""))).inc()
-        if st.config.observability.log_requests:
-            noted = scope.get("state", {}).get("refusal") or {}
-            log_request({
-                "request_id": scope.get("state", {}).get("request_id"), "tenant": tenant,
-                "model": noted.get("model") or "unknown",
-                "endpoint": endpoint_of(scope.get("path", "")), "api": api_for_path(scope.get("path", "")),
-                "method": scope.get("method"), "stream": False,
-                "status": str(status), "reason": reason, "pool": "none", "replica": None, "route": None,
-                "attempts": 0, "ttft_ms": None, "duration_ms": round((time.monotonic() - started) * 1000, 1),
-                "prompt_tokens": 0, "cached_tokens": 0, "completion_tokens": 0, "cost_usd": 0.0,
-                "error": noted.get("error") or reason,
-            })
+        pipeline.accounting.refused(Refused(
+            scope.get("state", {}).get("request_id"), _tenant(pipeline.state.policies, scope.get("headers", [])),
+            "unknown", endpoint_of(path), api_for_path(path), str(status), reason, noted.get("error") or reason, started,
+            method=scope.get("method"), logged_model=noted.get("model"), timed=False))
     except Exception:
         log.exception("counting a refusal failed")

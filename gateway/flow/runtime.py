@@ -38,7 +38,7 @@ Decide = Callable[[RoutingRequest, Any], Awaitable[Decision[Any]]]
 
 
 class FlowRefused(Exception):
-    """Turned into the API's error by the request path (`api/openai/flow.py`)."""
+    """Turned into the API's error by the request path (`pipeline/flow.py`)."""
 
     def __init__(self, refusal: Refusal) -> None:
         super().__init__(refusal.message)

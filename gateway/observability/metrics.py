@@ -24,7 +24,7 @@ class GatewayMetrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry(auto_describe=False)
         # every request, refused or served: status = HTTP status sent (499: the client left first); reason = a
-        # bounded set (api/openai/accounting.py: ok, auth, malformed_json, rate_limit, shed, stream_error, ...);
+        # bounded set (pipeline/refusal.py reason_for: ok, auth, malformed_json, rate_limit, shed, stream_error, ...);
         # api = APIS
         self.requests = Counter("gateway_requests", "Requests by outcome",
                                 ["model", "pool", "tenant", "status", "reason", "api"], registry=r)

@@ -84,9 +84,9 @@ def served(responses: list[httpx.Response]) -> int:
 def worst_case() -> float:
     """One request's reservation: its usage bound (the prompt tokens an upstream may claim for it, max_tokens of
     output), no cache hit."""
-    from gateway.api.openai.usage import bound_for
-    from gateway.api.openai.validation import validate
     from gateway.config import UsageBounds
+    from gateway.pipeline.usage import bound_for
+    from gateway.pipeline.validation import validate
 
     u, p = UsageBounds(), validate(dict(BODY), "chat/completions")
     b = bound_for(BODY, p.prompt_tokens, p.max_output_tokens, None, u.prompt_factor, u.prompt_slack_tokens,

@@ -223,3 +223,28 @@ def test_an_ejection_is_an_event_line(stream):
         httpx.post(sims.urls[0] + "/_sim/fault", json={"kind": "clear"})
         gw.stop()
         sims.stop()
+
+
+def test_a_refusal_is_recorded_alike_inside_and_outside_the_pipeline(stream):
+    """One mechanism for refusals (pipeline/refusal.py, `Accounting.refused`): a bad key refused by the pipeline
+    (`/v1/chat/completions`) and one refused before the pipeline is reached (`/v1/models`) give the same request-line
+    fields (the latter adds the method, its path being any path) and the same `gateway_requests_total` series shape,
+    so a log query or a dashboard written for one kind of refusal sees the other."""
+    gw = start_gateway(config([sglang_pool("p", ["http://127.0.0.1:9"])]))
+    bad = {"authorization": "Bearer sk-nope"}
+    try:
+        inside = httpx.post(gw.urls[0] + "/v1/chat/completions", headers=bad, json={})
+        outside = httpx.get(gw.urls[0] + "/v1/models", headers=bad)
+        assert inside.status_code == outside.status_code == 401
+        rids = [inside.headers["x-request-id"], outside.headers["x-request-id"]]
+        wait_until(lambda: all(stream.events("request", request_id=rid) for rid in rids), what="both refusal lines")
+        (a,), (b,) = (stream.events("request", request_id=rid) for rid in rids)
+        assert set(a) | {"method"} == set(b) and b["method"] == "GET"
+        assert (a["status"], a["reason"], a["tenant"], a["pool"]) == (b["status"], b["reason"], b["tenant"], b["pool"]) \
+            == ("401", "auth", "none", "none")
+        registry = gw.app.state.gateway.metrics.registry
+        for model, api in (("none", "chat"), ("unknown", "other")):
+            labels = {"model": model, "pool": "none", "tenant": "none", "status": "401", "reason": "auth", "api": api}
+            assert registry.get_sample_value("gateway_requests_total", labels) == 1.0, labels
+    finally:
+        gw.stop()

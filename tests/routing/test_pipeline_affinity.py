@@ -31,22 +31,20 @@ def test_the_hinted_replica_wins_where_cold_placement_would_choose_another() -> 
 
 
 def test_the_hint_travels_from_the_adapters_call() -> None:
-    """The Responses adapter names the stored turn's replica in its Call (api/call.py); the request path's routing
+    """The Responses adapter names the stored turn's replica in its Call (pipeline/call.py); the request path's routing
     request carries it, and decide treats it like the field (no ambient state: only the request that named it)."""
-    from gateway.api.call import Call
-    from gateway.api.openai.decide import routing_request
-    from gateway.api.openai.exchange import Exchange
-    from gateway.api.openai.validation import validate
     from gateway.config import ModelRoute, parse_config
+    from gateway.pipeline.call import Call
+    from gateway.pipeline.decide import routing_request
+    from gateway.pipeline.validation import validate
     from tests.gateway_fixtures import config, sglang_pool
 
     cfg = parse_config(config([sglang_pool("p", ["http://127.0.0.1:9"])]))
     parsed = validate({"model": "glm-5.2", "messages": [{"role": "user", "content": "hi"}]}, "chat/completions")
 
     def rreq(call: Call) -> RoutingRequest:
-        ex = Exchange("rid", cfg.tenants[0], "chat/completions", parsed, ModelRoute(name="glm-5.2", pools=["p"]),
-                      0.0, 1.0, call=call)
-        return routing_request(cfg.routing, ex)
+        route = ModelRoute(name="glm-5.2", pools=["p"])
+        return routing_request(cfg.routing, "gid", cfg.tenants[0], "chat/completions", parsed, route.name, call)
 
     hinted = rreq(Call(api="responses", affinity=("p-1", 20 * CHUNK)))
     assert (hinted.affinity_hint, hinted.affinity_tokens) == ("p-1", 20 * CHUNK)

@@ -23,11 +23,11 @@ from pydantic import Field, model_validator
 from starlette.responses import JSONResponse, Response
 
 from gateway.api.admin.routes import Admin, _apply, _body, _proxy, _raw, _state, require_admin
-from gateway.api.openai.validation import parse_json
 from gateway.control import history
 from gateway.control.state import LivePolicy
 from gateway.control.store import StoreUnavailable
 from gateway.errors import InvalidRequest, NoCapacity, NotFound
+from gateway.pipeline.validation import parse_json
 from gateway.routing.preview import preview
 from gateway.tenancy import live_policy
 from gateway.typed import Strict

@@ -21,7 +21,7 @@ from fastapi import APIRouter, Depends, Query, Request
 from starlette.responses import JSONResponse, Response
 
 from gateway.api.admin.routes import _live, _proxy, _replica_truth, _state, require_admin
-from gateway.api.openai.exchange import RecentDecision
+from gateway.pipeline.exchange import RecentDecision
 
 router = APIRouter(prefix="/admin", dependencies=[Depends(require_admin)])
 SLOW_FACTOR = 2.0  # observed TTFT this many times the pool's median marks a replica slow on the overview

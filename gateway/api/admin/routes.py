@@ -32,9 +32,6 @@ from fastapi import APIRouter, Depends, Query, Request
 from pydantic import BaseModel, Field, ValidationError, field_validator
 from starlette.responses import JSONResponse, Response
 
-from gateway.api.openai.body import read_body
-from gateway.api.openai.proxy import Exchange
-from gateway.api.openai.validation import parse_json, validate
 from gateway.api.ops import gateway_state
 from gateway.config import PerTokenPricing, error_location
 from gateway.control import history
@@ -48,6 +45,9 @@ from gateway.errors import (
     NoCapacity,
     NotFound,
 )
+from gateway.pipeline.body import read_body
+from gateway.pipeline.pipeline import Exchange
+from gateway.pipeline.validation import parse_json, validate
 from gateway.prediction.ttft import LoadView, predict_ttft, regime
 from gateway.routing.engine import merged_load
 from gateway.state import AppState
@@ -320,7 +320,7 @@ async def explain(request: Request) -> Response:
         raise InvalidRequest("'request' must be an OpenAI request body.", param="request")
     parsed = validate(body["request"], endpoint)
     proxy = _proxy(request)
-    route = proxy.route_for(tenant, parsed.model)  # the same resolution the proxy uses (404s alike)
+    route = proxy.route_for(tenant, parsed.model)  # the same resolution the pipeline uses (404s alike)
     ex = Exchange("explain", tenant, endpoint, parsed, route, 0.0, 0.0)
     rreq = proxy.routing_request(ex)
     decision = await st.router.decide(rreq, route, dry_run=True)

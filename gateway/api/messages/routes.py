@@ -12,7 +12,6 @@ import orjson
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from gateway.api.call import Call
 from gateway.api.chat_bridge import (
     Ending,
     TranslatedStream,
@@ -29,6 +28,7 @@ from gateway.api.messages.output import error_body, error_status, from_chat, fro
 from gateway.api.messages.stream import MessagesStream
 from gateway.api.messages.translate import input_tokens, to_chat
 from gateway.errors import GatewayError, ModelNotFound
+from gateway.pipeline.call import Call
 from gateway.policy_schema import Tenant
 from gateway.state import AppState
 from gateway.tokenizers import prompt_tokens

@@ -1,4 +1,5 @@
-"""Thin handlers for the OpenAI surface: parse, route, dispatch, respond (all in the proxy)."""
+"""Thin handlers for the OpenAI surface: the chat and completions routes hand the request to the pipeline (pipeline/),
+which parses, routes, dispatches and responds; `/v1/models` lists what the key may use."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
 
 from gateway.api.fastpath import HOT
-from gateway.api.openai.proxy import OpenAIProxy
 from gateway.errors import ModelNotFound
+from gateway.pipeline.pipeline import Pipeline
 from gateway.state import AppState
 
 router = APIRouter()
@@ -19,7 +20,7 @@ def _state(request: Request) -> AppState:
     return request.app.state.gateway  # type: ignore[no-any-return]
 
 
-def _proxy(request: Request) -> OpenAIProxy:
+def _proxy(request: Request) -> Pipeline:
     return request.app.state.proxy  # type: ignore[no-any-return]
 
 

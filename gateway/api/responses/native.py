@@ -29,13 +29,7 @@ from opentelemetry import trace
 from starlette.requests import Request
 from starlette.responses import Response
 
-from gateway.api.call import Call
 from gateway.api.error_handlers import to_response
-from gateway.api.openai.budget import usage_bound
-from gateway.api.openai.exchange import Exchange
-from gateway.api.openai.proxy import OpenAIProxy
-from gateway.api.openai.relay import cost, cut_by_shutdown, dispatch_failed
-from gateway.api.openai.usage import clean_usage
 from gateway.api.responses.affinity import served_by
 from gateway.api.responses.store import ResponseStore
 from gateway.api.responses.translate import new_id, parse_request
@@ -44,6 +38,11 @@ from gateway.backends.openai_compat import StreamBroken, sanitize_upstream_text
 from gateway.config import ModelRoute
 from gateway.dispatch.dispatcher import Dispatched
 from gateway.errors import GatewayError, InvalidRequest, ModelNotFound
+from gateway.pipeline.call import Call
+from gateway.pipeline.exchange import Exchange
+from gateway.pipeline.pipeline import Pipeline
+from gateway.pipeline.relay import cost, cut_by_shutdown, dispatch_failed
+from gateway.pipeline.usage import clean_usage
 from gateway.state import AppState
 
 ENDPOINT = "responses"
@@ -115,7 +114,7 @@ def chat_usage(usage: Any) -> dict[str, Any] | None:
 class NativeResponses:
     """One native /v1/responses request through the chat path's stages (see the module docstring)."""
 
-    def __init__(self, request: Request, proxy: OpenAIProxy, store: ResponseStore, tenant_name: str,
+    def __init__(self, request: Request, proxy: Pipeline, store: ResponseStore, tenant_name: str,
                  body: dict[str, Any], history: list[dict[str, Any]], call: Call) -> None:
         self.request, self.proxy, self.store, self.tenant_name = request, proxy, store, tenant_name
         self.call = call
@@ -193,7 +192,7 @@ class NativeResponses:
         raw = d.opened.body if isinstance(d.opened.body, dict) else {}
         self._own_id(raw.get("id"))
         response: dict[str, Any] = orjson.loads(self._swap(orjson.dumps(raw)))
-        ex.usage, ex.usage_anomalies = clean_usage(chat_usage(response.get("usage")), usage_bound(self.st, ex))
+        ex.usage, ex.usage_anomalies = clean_usage(chat_usage(response.get("usage")), self.proxy.relay.bound(ex))
         ex.headers["x-gateway-cost-usd"] = f"{cost(ex):.8f}"
         await self._keep(ex, response)
         return Response(orjson.dumps(response), media_type="application/json", headers=ex.headers)
@@ -259,7 +258,7 @@ class NativeResponses:
             ex.reason, ex.error = "stream_error", "upstream error event"
         else:
             final = orjson.loads(out).get("response") or {}
-            ex.usage, ex.usage_anomalies = clean_usage(chat_usage(final.get("usage")), usage_bound(self.st, ex))
+            ex.usage, ex.usage_anomalies = clean_usage(chat_usage(final.get("usage")), self.proxy.relay.bound(ex))
             if name == b"response.failed":
                 ex.reason, ex.error = "stream_error", "upstream response.failed"
             await self._keep(ex, final)

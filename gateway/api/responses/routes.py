@@ -14,7 +14,6 @@ from fastapi import APIRouter, Request
 from starlette.exceptions import HTTPException
 from starlette.responses import Response
 
-from gateway.api.call import Call
 from gateway.api.chat_bridge import (
     Ending,
     TranslatedStream,
@@ -32,6 +31,7 @@ from gateway.api.responses.store import ResponseStore
 from gateway.api.responses.stream import ResponsesStream
 from gateway.api.responses.translate import ResponsesRequest, new_id, parse_request
 from gateway.errors import GatewayError, InvalidRequest, ModelNotFound, UpgradeRequired
+from gateway.pipeline.call import Call
 from gateway.policy_schema import Tenant
 from gateway.state import AppState
 from gateway.tokenizers import prompt_tokens

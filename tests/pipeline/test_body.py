@@ -1,4 +1,4 @@
-"""Reading the request body at the edge (api/openai/body.py), driven through a real Starlette Request over ASGI
+"""Reading the request body at the edge (pipeline/body.py), driven through a real Starlette Request over ASGI
 messages: chunked bodies whose gaps stay under the read timeout arrive however long they take in all; a stall is a
 408; a client leaving mid-body is a ClientDisconnect; a body the framework already read is used as it is."""
 
@@ -8,8 +8,8 @@ import threading
 import pytest
 from starlette.requests import ClientDisconnect, Request
 
-from gateway.api.openai.body import read_body
 from gateway.errors import RequestTimeout, RequestTooLarge
+from gateway.pipeline.body import read_body
 
 
 def _request(messages: list[dict | None], gap_s: float = 0.0) -> Request:

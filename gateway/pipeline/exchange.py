@@ -1,4 +1,4 @@
-"""One client request's bookkeeping from arrival to the last byte, shared by the request-path stages."""
+"""One client request's record from arrival to the last byte: what it asked, what the stages returned, its outcome."""
 
 from __future__ import annotations
 
@@ -6,10 +6,11 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.api.call import PLAIN, Call
-from gateway.api.openai.validation import ParsedRequest
 from gateway.config import ModelRoute
 from gateway.dispatch.dispatcher import Dispatched
+from gateway.pipeline.call import PLAIN, Call
+from gateway.pipeline.idempotency import Held
+from gateway.pipeline.validation import ParsedRequest
 from gateway.policy_schema import Tenant
 from gateway.routing.decision import Decision
 from gateway.routing.request import RoutingRequest
@@ -21,11 +22,16 @@ from gateway.upstreams import Target
 
 @dataclass
 class Exchange:
-    """Written by the stages in order (admission -> decide -> budget -> relay); read by accounting at the end.
+    """One request's record, in three parts by who writes them. What was asked: set once by `Pipeline.begin`. What
+    the stages before dispatch returned (admission's slot and buckets, the span, the routing request and decision,
+    the reservation, the held Idempotency-Key): assigned by the orchestrator (pipeline.py), never by a stage. The
+    outcome: written by the relay as the answer arrives (and by the orchestrator for a refusal); accounting reads
+    the whole record once, at the end.
     `request_id` is the correlation id (the client's x-request-id when sane, else minted), `id` the gateway's own.
     `status` is the HTTP status the client got ("200" for a stream that began, whatever followed); `reason` says
     why it ended (bounded set, a metric label: ok, client_disconnect, stream_error, client_stall, upstream_*...)."""
 
+    # -- what was asked (Pipeline.begin) --
     request_id: str
     tenant: Tenant
     endpoint: str
@@ -33,11 +39,26 @@ class Exchange:
     route: ModelRoute
     started: float
     deadline: float
-    decision: Decision[Target] | None = None
+    call: Call = PLAIN  # the API adapter's: API label, agent session, stored turn's replica (pipeline/call.py)
+    flow_band: str | None = None  # the client's x-gateway-band: honoured only for bands its policy lists
+    body_bytes: int = 0  # the client's body size: large ones are hashed and tokenized off the event loop
+    # The gateway's own id for this request, never the client's: it keys what costs money or holds capacity (the
+    # budget reservation and its settlement, the routing load reservation, the upstream's x-request-id). The
+    # client's x-request-id (`request_id`) is only a correlation field: logged and echoed, never a key.
+    id: str = field(default_factory=lambda: os.urandom(16).hex())
+    # -- what the stages returned (assigned by the orchestrator) --
+    slot: Slot | None = None  # the tenant's concurrency slot, released by accounting
+    buckets: list[Bucket] = field(default_factory=list)  # rate-limit buckets this request was admitted on
+    span: Any = None
     rreq: RoutingRequest | None = None
+    decision: Decision[Target] | None = None
+    reservation: Reservation | None = None  # budget held until the usage is known
+    idem: Held | None = None  # the client's Idempotency-Key this request holds (pipeline/idempotency.py), if any
+    headers: dict[str, str] = field(default_factory=dict)  # the response headers the stages owe the client
+    # -- the outcome (the relay as the answer arrives; accounting reads it) --
     dispatched: Dispatched | None = None
     first_token_at: float | None = None
-    usage: dict[str, Any] | None = None  # upstream usage, already clamped (api/openai/usage.py)
+    usage: dict[str, Any] | None = None  # upstream usage, already clamped (pipeline/usage.py)
     usage_anomalies: list[str] = field(default_factory=list)
     status: str = "200"
     reason: str = "ok"
@@ -45,20 +66,7 @@ class Exchange:
     error_target: Any = None  # the last target tried when dispatch failed (set by the dispatcher on its error)
     error_attempts: int = 0
     chunks: int = 0
-    headers: dict[str, str] = field(default_factory=dict)
-    span: Any = None
-    slot: Slot | None = None  # the tenant's concurrency slot, released by accounting
-    buckets: list[Bucket] = field(default_factory=list)  # rate-limit buckets this request was admitted on
-    reservation: Reservation | None = None  # budget held until the usage is known
     finished: bool = False  # accounting ran (it runs exactly once)
-    # The gateway's own id for this request, never the client's: it keys what costs money or holds capacity (the
-    # budget reservation and its settlement, the routing load reservation, the upstream's x-request-id). The
-    # client's x-request-id (`request_id`) is only a correlation field: logged and echoed, never a key.
-    id: str = field(default_factory=lambda: os.urandom(16).hex())
-    idem: Any = None  # the client's Idempotency-Key this request holds (api/openai/idempotency.py), if any
-    call: Call = PLAIN  # the API adapter's: API label, agent session, stored turn's replica (api/call.py)
-    flow_band: str | None = None  # the client's x-gateway-band: honoured only for bands its policy lists
-    body_bytes: int = 0  # the client's body size: large ones are hashed and tokenized off the event loop
 
     @property
     def served_by(self) -> Any:

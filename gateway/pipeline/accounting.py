@@ -8,31 +8,36 @@ budget settlement, rate-limit adjustment, the recent-decisions ring, the span an
 step is logged and counted (`gateway_accounting_failures_total{step}`) and the next step runs: none can change the
 response already decided, nor turn a served 200 into a 500.
 
-`rejected` counts and logs a request refused before an exchange existed (bad key, body, JSON, model, local cap).
+`refused` counts and logs a refusal, the one way every refusal is (pipeline/refusal.py): `rejected` for a request
+the pipeline refused before its exchange existed (bad key, body, JSON, model, local cap), api/refusals.py for one
+that never reached the pipeline.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections import deque
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from starlette.requests import ClientDisconnect
-
-from gateway.api.call import PLAIN, Call
-from gateway.api.openai import idempotency
-from gateway.api.openai.exchange import Exchange, RecentDecision
-from gateway.api.openai.relay import cost, upstream_reason
-from gateway.api.openai.telemetry import end_span
-from gateway.api.openai.usage import usage_counts
-from gateway.errors import GatewayError, RequestTimeout, RequestTooLarge
+from gateway.dispatch.feedback import Feedback
 from gateway.observability.logging import log_request
-from gateway.state import AppState
-from gateway.tenancy.budget import Usage
+from gateway.observability.metrics import GatewayMetrics
+from gateway.pipeline import idempotency
+from gateway.pipeline.exchange import Exchange, RecentDecision
+from gateway.pipeline.refusal import Edge, Refused
+from gateway.pipeline.relay import cost
+from gateway.pipeline.telemetry import end_span
+from gateway.pipeline.usage import usage_counts
+from gateway.tenancy.budget import BudgetLedger, Usage
+from gateway.tenancy.concurrency import ConcurrencyLimiter
+from gateway.tenancy.ratelimit import RateLimiter
+
+if TYPE_CHECKING:
+    from gateway.recording.recorder import TraceRecorder
+    from gateway.tenancy.idempotency import IdempotencyStore
 
 log = logging.getLogger("gateway.accounting")
 
@@ -50,56 +55,28 @@ def abandoned_usage(ex: Exchange, predicted_cached: int) -> dict[str, Any]:
             "prompt_tokens_details": {"cached_tokens": min(max(predicted_cached, 0), prompt)}}
 
 
-def reason_for(stage: str, err: BaseException) -> tuple[str, str]:
-    """(status, reason) of a request that ended with `err` raised at `stage`. Reasons are a small fixed set (a
-    metric label): invalid_http (the HTTP parser refused it: servers.py), headers_too_large, header_timeout,
-    too_many_connections (the connection limits, servers.py), auth, body_too_large, body_timeout,
-    invalid_body, malformed_json, invalid_request, model_not_found, pool_not_allowed, concurrency_limit, rate_limit,
-    shed, flow_* (flow control's refusals: api/openai/flow.py), budget, quarantined, upstream_rejected, upstream_error, no_capacity, upstream_timeout, client_disconnect, internal.
-    (Ends of admitted requests add: ok, stream_error, client_stall, shutdown — a stream cut by the shutdown —,
-    idempotency — a refused Idempotency-Key — and idempotent_replay — a kept outcome sent again.)"""
-    if isinstance(err, (ClientDisconnect, asyncio.CancelledError)):
-        return "499", "client_disconnect"
-    if not isinstance(err, GatewayError):
-        return "500", "internal"
-    status = str(err.status)
-    if isinstance(err, RequestTooLarge):
-        return status, "body_too_large"
-    if isinstance(err, RequestTimeout):
-        return status, "body_timeout"
-    by_stage = {"http": "invalid_http", "headers_too_large": "headers_too_large", "header_timeout": "header_timeout",
-                "connections": "too_many_connections", "identify": "auth", "read_body": "invalid_body", "parse": "malformed_json", "validate": "invalid_request",
-                "concurrency": "concurrency_limit", "rate_limit": "rate_limit", "decide": "shed", "budget": "budget"}
-    if stage in by_stage:
-        return status, by_stage[stage]
-    if stage == "flow":  # flow_queue_full, flow_queue_timeout, flow_evicted, flow_overloaded
-        return status, err.code or "flow"
-    if stage == "entitlements":
-        return status, "model_not_found" if err.status == 404 else "pool_not_allowed"
-    return status, upstream_reason(err.status, err.code)
+@dataclass(frozen=True)
+class Books:
+    """What accounting settles a request against: exactly these of the app's parts, never the whole app state."""
 
-
-@dataclass
-class Edge:
-    """What is known of a request before its exchange exists (for counting and logging a refusal)."""
-
-    request_id: str
-    endpoint: str
-    started: float
-    stage: str = "identify"
-    tenant: str = "none"
-    model: str = "none"
-    stream: bool = False
-    call: Call = PLAIN  # the API adapter's (api/call.py): its API label
+    metrics: GatewayMetrics
+    feedback: Feedback  # load, prefix entry, TTFT/ITL observations
+    concurrency: ConcurrencyLimiter  # the tenant's slot
+    budget: BudgetLedger  # the reservation, settled with the real cost
+    limiter: RateLimiter  # the token buckets, adjusted to the real usage
+    idempotency: IdempotencyStore | None  # a kept outcome for the client's Idempotency-Key
+    recorder: TraceRecorder | None  # recording.path: one anonymized trace line
+    models: frozenset[str]  # the configured model names: the only model label values
+    log_requests: bool
 
 
 class Accounting:
-    def __init__(self, state: AppState, recent: deque[RecentDecision],
+    def __init__(self, books: Books, recent: deque[RecentDecision],
                  background: Callable[[Coroutine[Any, Any, None]], None]) -> None:
-        self.state = state
+        self.books = books
         self.recent = recent
         self._background = background
-        self._models = {m.name for m in state.config.models}
+        self._models = books.models
 
     def model_label(self, name: object) -> str:
         """A configured model's name, else "unknown": client-chosen strings never become label values."""
@@ -111,35 +88,38 @@ class Accounting:
         except Exception:  # the documented second broad catch: a step's failure stays in that step
             log.exception("accounting step %s failed", name)
             try:
-                self.state.metrics.accounting_failures.labels(name).inc()
+                self.books.metrics.accounting_failures.labels(name).inc()
             except Exception:  # noqa: BLE001, S110 - even the failure counter must not escape; the failure is logged above
                 pass
 
-    # -- a request refused before its exchange existed ----------------------------------------------------------
+    # -- a refusal: before the exchange existed, or of a request that never reached the pipeline --------------------
     def rejected(self, edge: Edge, err: BaseException) -> None:
-        status, reason = reason_for(edge.stage, err)
-        api = edge.call.api_for(edge.endpoint)
-        self._step("metrics", self._count_rejection, edge, status, reason, api)
-        self._step("log", self._log_rejection, edge, status, reason, err, api)
+        self.refused(Refused.at_edge(edge, err))
 
-    def _count_rejection(self, edge: Edge, status: str, reason: str, api: str) -> None:
-        m = self.state.metrics
-        m.requests.labels(edge.model, "none", edge.tenant, status, reason, api).inc()
-        m.latency.labels(edge.model, "none", edge.tenant, api).observe(time.monotonic() - edge.started)
+    def refused(self, r: Refused) -> None:
+        """The one way a refusal is counted and logged (pipeline/refusal.py)."""
+        self._step("metrics", self._count_refusal, r)
+        self._step("log", self._log_refusal, r)
 
-    def _log_rejection(self, edge: Edge, status: str, reason: str, err: BaseException, api: str) -> None:
-        if not self.state.config.observability.log_requests:
+    def _count_refusal(self, r: Refused) -> None:
+        m = self.books.metrics
+        m.requests.labels(r.model, "none", r.tenant, r.status, r.reason, r.api).inc()
+        if r.timed:
+            m.latency.labels(r.model, "none", r.tenant, r.api).observe(time.monotonic() - r.started)
+
+    def _log_refusal(self, r: Refused) -> None:
+        if not self.books.log_requests:
             return
-        code = (err.code or err.type) if isinstance(err, GatewayError) else type(err).__name__
-        param = err.param if isinstance(err, GatewayError) else None
-        log_request({
-            "request_id": edge.request_id, "tenant": edge.tenant, "model": edge.model, "endpoint": edge.endpoint,
-            "api": api, "stream": edge.stream, "status": status, "reason": reason, "pool": "none", "replica": None, "route": None,
-            "attempts": 0, "ttft_ms": None, "duration_ms": round((time.monotonic() - edge.started) * 1000, 1),
-            "prompt_tokens": 0, "cached_tokens": 0, "completion_tokens": 0, "cost_usd": 0.0,
-            # the error's code and field, never its text: messages may quote what the client sent
-            "error": code if param is None else f"{code} ({param})",
+        line: dict[str, Any] = {"request_id": r.request_id, "tenant": r.tenant, "model": r.logged_model or r.model,
+                                "endpoint": r.endpoint, "api": r.api}
+        if r.method is not None:
+            line["method"] = r.method
+        line.update({
+            "stream": r.stream, "status": r.status, "reason": r.reason, "pool": "none", "replica": None, "route": None,
+            "attempts": 0, "ttft_ms": None, "duration_ms": round((time.monotonic() - r.started) * 1000, 1),
+            "prompt_tokens": 0, "cached_tokens": 0, "completion_tokens": 0, "cost_usd": 0.0, "error": r.error,
         })
+        log_request(line)
 
     # -- the end of an admitted request -------------------------------------------------------------------------
     async def finish(self, ex: Exchange, disconnected: bool) -> None:
@@ -169,15 +149,15 @@ class Accounting:
                 self._step(name, step, ctx)
 
     def _release_load(self, ex: Exchange) -> None:
-        if ex.rreq is not None and self.state.feedback.reservations is not None:
-            self.state.feedback.reservations.release(ex.rreq.request_id)  # decided, then refused or failed early
+        if ex.rreq is not None and self.books.feedback.reservations is not None:
+            self.books.feedback.reservations.release(ex.rreq.request_id)  # decided, then refused or failed early
         if ex.dispatched is not None:
-            self.state.feedback.finished(ex.dispatched.attempt, failed=ex.reason not in CLEAN_ENDS)
+            self.books.feedback.finished(ex.dispatched.attempt, failed=ex.reason not in CLEAN_ENDS)
 
     def _release_slot(self, ex: Exchange) -> None:
         if ex.slot is not None:
-            self.state.concurrency.release(ex.slot)
-        self.state.metrics.inflight.labels(ex.tenant.name).dec()
+            self.books.concurrency.release(ex.slot)
+        self.books.metrics.inflight.labels(ex.tenant.name).dec()
 
     def _usage(self, c: _Ctx) -> None:
         ex, d = c.ex, c.ex.dispatched
@@ -185,12 +165,12 @@ class Accounting:
             return
         pool = d.target.pool
         for kind in ex.usage_anomalies:
-            self.state.metrics.usage_anomalies.labels(pool, kind).inc()
+            self.books.metrics.usage_anomalies.labels(pool, kind).inc()
         if ex.usage_anomalies:
             log.warning("upstream usage anomaly from %s/%s (request %s): %s; clamped", pool, d.target.name,
                         ex.request_id, ",".join(ex.usage_anomalies))
         if ex.usage is not None:
-            self.state.feedback.usage(d.attempt, usage_counts(ex.usage)[1])
+            self.books.feedback.usage(d.attempt, usage_counts(ex.usage)[1])
         elif ex.reason in CUT_ENDS and ex.first_token_at is not None:
             ex.usage = abandoned_usage(ex, d.attempt.predicted_cached)
         c.prompt, reported, c.completion = usage_counts(ex.usage)
@@ -198,7 +178,7 @@ class Accounting:
         c.cost = cost(ex)
 
     def _metrics(self, c: _Ctx) -> None:
-        ex, m = c.ex, self.state.metrics
+        ex, m = c.ex, self.books.metrics
         model, tenant, pool = ex.route.name, ex.tenant.name, c.pool  # the served model: an alias's glob is no label
         m.requests.labels(model, pool, tenant, ex.status, ex.reason, c.api).inc()
         m.latency.labels(model, pool, tenant, c.api).observe(c.now - ex.started)
@@ -220,7 +200,7 @@ class Accounting:
         n = ex.parsed.body.get("n")
         per_choice = c.completion / (n if isinstance(n, int) and n > 1 else 1)
         if per_choice >= 2:
-            self.state.feedback.itl(d.attempt, (c.now - ex.first_token_at) / (per_choice - 1))
+            self.books.feedback.itl(d.attempt, (c.now - ex.first_token_at) / (per_choice - 1))
 
     def _sla(self, c: _Ctx) -> None:
         """Streams are judged on their observed TTFT (dispatch feedback). A non-streamed response has no first
@@ -237,22 +217,25 @@ class Accounting:
         choices = n if isinstance(n, int) and n > 1 else 1  # choices decode side by side in one batch
         decode_s = c.completion / choices / t.tokens_per_step * t.decode_step_s
         ttft_est = (ex.first_token_at - ex.started) - decode_s
-        self.state.metrics.sla.labels(ex.tenant.name, "met" if ttft_est <= ex.rreq.ttft_sla_s else "missed").inc()
+        self.books.metrics.sla.labels(ex.tenant.name, "met" if ttft_est <= ex.rreq.ttft_sla_s else "missed").inc()
 
     def _settle(self, c: _Ctx) -> None:
         if c.ex.reservation is not None:
             used = Usage(c.cost, c.prompt, c.cached, c.completion) if c.ex.usage else None
-            self._background(self.state.budget.settle(c.ex.reservation, used))
+            self._background(self.books.budget.settle(c.ex.reservation, used))
 
     def _adjust_rate(self, c: _Ctx) -> None:
         used = c.prompt + c.completion if c.ex.usage else 0
         for b in c.ex.buckets:
             if b.key.endswith(":tok") and b.cost != used:
-                self._background(self.state.limiter.adjust(b, b.cost - used))
+                self._background(self.books.limiter.adjust(b, b.cost - used))
 
     def _idempotency(self, c: _Ctx) -> None:
-        if c.ex.idem is not None:
-            self._background(idempotency.end(self.state, c.ex))
+        ex, store = c.ex, self.books.idempotency
+        if ex.idem is not None and store is not None:
+            ok = ex.status == "200" and ex.reason == "ok"
+            self._background(idempotency.end(store, ex.idem, ex.tenant.name, ex.request_id, ok, ex.parsed.stream,
+                                             ex.headers))
 
     def _recent(self, c: _Ctx) -> None:
         ex, t = c.ex, c.ex.served_by
@@ -264,14 +247,14 @@ class Accounting:
 
     def _record(self, c: _Ctx) -> None:
         """One anonymized trace line when `recording.path` is set (gateway/recording/recorder.py)."""
-        if self.state.recorder is not None:
-            self.state.recorder.record(c.ex.rreq, c.ex.usage, c.ex.started)
+        if self.books.recorder is not None:
+            self.books.recorder.record(c.ex.rreq, c.ex.usage, c.ex.started)
 
     def _span(self, c: _Ctx) -> None:
         end_span(c.ex, c.prompt, c.cached, c.completion)
 
     def _log(self, c: _Ctx) -> None:
-        if not self.state.config.observability.log_requests:
+        if not self.books.log_requests:
             return
         ex, t = c.ex, c.ex.served_by
         log_request({

@@ -12,46 +12,55 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from gateway.api.openai.exchange import Exchange
-from gateway.api.openai.usage import UsageBound, bound_for
-from gateway.api.openai.validation import ParsedRequest, limits_for
+from gateway.config import GatewayConfig
 from gateway.errors import QuotaExceeded
+from gateway.observability.metrics import GatewayMetrics
+from gateway.pipeline.usage import UsageBound, bound_for
+from gateway.pipeline.validation import ParsedRequest, limits_for
+from gateway.policy_schema import Tenant
 from gateway.prediction.pricing import request_cost
-from gateway.state import AppState
-from gateway.tenancy.budget import Refusal, Reservation, budget_caps
+from gateway.tenancy.budget import BudgetLedger, Refusal, Reservation, budget_caps
+from gateway.upstreams import UpstreamRegistry
 
 
-def expected_output(state: AppState, parsed: ParsedRequest, pool: str) -> int:
+def expected_output(registry: UpstreamRegistry, parsed: ParsedRequest, pool: str) -> int:
     n = parsed.body.get("n")
     choices = n if isinstance(n, int) and n > 1 else 1
     if parsed.max_output_tokens is not None:
         return parsed.max_output_tokens * choices
-    head = state.registry.head(pool)
+    head = registry.head(pool)
     return (head.timing.expected_output_tokens if head else 1000) * choices
 
 
-def usage_bound(state: AppState, ex: Exchange, pool: str | None = None) -> UsageBound:
-    """The most the request can have used (api/openai/usage.py) on `pool` (default: the one that served it)."""
-    u = state.config.usage_bounds
-    pools = [pool] if pool is not None else [ex.dispatched.target.pool] if ex.dispatched is not None else ex.route.pools
-    context = limits_for(state.config, pools, state.registry).context_tokens
-    return bound_for(ex.parsed.body, ex.parsed.prompt_tokens, ex.parsed.max_output_tokens, context, u.prompt_factor,
+def usage_bound(config: GatewayConfig, registry: UpstreamRegistry, parsed: ParsedRequest, pools: list[str]) -> UsageBound:
+    """The most the request can have used (pipeline/usage.py) on `pools` (the one that served it, once known)."""
+    u = config.usage_bounds
+    context = limits_for(config, pools, registry).context_tokens
+    return bound_for(parsed.body, parsed.prompt_tokens, parsed.max_output_tokens, context, u.prompt_factor,
                      u.prompt_slack_tokens, u.media_tokens, u.max_output_tokens)
 
 
-async def reserve(state: AppState, ex: Exchange) -> Reservation:
-    """The worst case held against the tenant's budgets (429 insufficient_quota when it does not fit)."""
+def worst_case(config: GatewayConfig, registry: UpstreamRegistry, tenant: Tenant, parsed: ParsedRequest,
+               pools: list[str]) -> float:
+    """The most the request can be billed on any of `pools` (0 when the tenant has no budget cap: not priced)."""
     worst = 0.0
-    if budget_caps(ex.tenant):
-        for pool in ex.route.pools:
-            head = state.registry.head(pool)
+    if budget_caps(tenant):
+        for pool in pools:
+            head = registry.head(pool)
             if head is not None:
-                prompt = usage_bound(state, ex, pool).prompt
-                worst = max(worst, request_cost(head.pricing, prompt, 0, expected_output(state, ex.parsed, pool)))
+                prompt = usage_bound(config, registry, parsed, [pool]).prompt
+                worst = max(worst, request_cost(head.pricing, prompt, 0, expected_output(registry, parsed, pool)))
+    return worst
+
+
+async def reserve(ledger: BudgetLedger, metrics: GatewayMetrics, tenant: Tenant, request_id: str, worst: float,
+                  lease_s: float) -> Reservation:
+    """`worst` held against the tenant's budgets under the gateway's `request_id` (429 insufficient_quota when it
+    does not fit)."""
     # a lease renewed while the request runs (tenancy/fallback.py): it lives as long as the request, however long
-    got = await state.budget.reserve(ex.tenant, ex.id, worst, state.config.routing.budget_lease_s)
+    got = await ledger.reserve(tenant, request_id, worst, lease_s)
     if isinstance(got, Refusal):
-        state.metrics.refusals.labels(ex.tenant.name, "budget").inc()
+        metrics.refusals.labels(tenant.name, "budget").inc()
         err = QuotaExceeded(f"This key's {'daily' if got.period == 'day' else 'monthly'} budget of ${got.limit:.2f} "
                             f"is spent (or held by requests in flight).", should_retry=False)
         err.extra_headers = {"retry-after": str(seconds_to_reset(got.period))}

@@ -3,7 +3,9 @@ field, before anything reaches an engine; unknown fields and every value the API
 
 import pytest
 
-from gateway.api.openai.validation import (
+from gateway.config import parse_config
+from gateway.errors import InvalidRequest
+from gateway.pipeline.validation import (
     MAX_JSON_DEPTH,
     RequestLimits,
     check_limits,
@@ -11,8 +13,6 @@ from gateway.api.openai.validation import (
     parse_json,
     validate,
 )
-from gateway.config import parse_config
-from gateway.errors import InvalidRequest
 from tests.gateway_fixtures import config, sglang_pool
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}

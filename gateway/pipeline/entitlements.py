@@ -10,25 +10,30 @@ model's (`route.name`), while the request keeps the name the client asked for, w
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 
-from gateway.api.openai.validation import ParsedRequest
 from gateway.config import ModelRoute, PerTokenPricing
+from gateway.control.plane import ControlPlane
 from gateway.errors import ModelNotFound, PermissionDenied
+from gateway.pipeline.validation import ParsedRequest
 from gateway.policy_schema import Tenant
-from gateway.state import AppState
+from gateway.tenancy.policy_store import PolicyStore
+from gateway.upstreams import UpstreamRegistry
 
 
 class Entitlements:
-    def __init__(self, state: AppState) -> None:
-        self.state = state
+    def __init__(self, models: Sequence[ModelRoute], registry: UpstreamRegistry, policies: PolicyStore,
+                 control: ControlPlane) -> None:
+        """`models`: the configured models; `policies`, `control`: their versions key the memo (a live change or an
+        on-call pin resolves anew)."""
+        self.models, self.registry, self.policies, self.control = models, registry, policies, control
         self._routes: dict[tuple[str, str, str, float, str | None], ModelRoute] = {}
 
     def route_for(self, tenant: Tenant, model: str) -> ModelRoute:
         """Memoized per policy/control version (the admin API's explain uses the same resolution)."""
-        st = self.state
-        pin = st.control.pinned_pool(tenant.name)  # in the key: a pin lapses by time, with no state change
-        key = (tenant.name, model, st.policies.current.fingerprint, st.control.applied_at, pin)
+        pin = self.control.pinned_pool(tenant.name)  # in the key: a pin lapses by time, with no state change
+        key = (tenant.name, model, self.policies.current.fingerprint, self.control.applied_at, pin)
         route = self._routes.get(key)
         if route is not None:
             return route
@@ -44,7 +49,7 @@ class Entitlements:
             self._routes[key] = route
             return route
         if model in tenant.models:
-            r = next((r for r in st.config.models if r.name == model), None)
+            r = next((r for r in self.models if r.name == model), None)
             pools = [pin] if pin is not None else \
                 [p for p in r.pools if self._pool_allowed(tenant, p)] + \
                 [p for p in tenant.fallback_pools if p not in r.pools and self._pool_allowed(tenant, p)] if r else []
@@ -76,6 +81,6 @@ class Entitlements:
         if tenant.pools is not None and pool not in tenant.pools and pool not in tenant.fallback_pools:
             return False
         cap = tenant.max_price_per_mtok
-        head = self.state.registry.head(pool)
+        head = self.registry.head(pool)
         price = head.pricing if head else None
         return cap is None or not isinstance(price, PerTokenPricing) or max(price.input_per_mtok, price.output_per_mtok) <= cap

@@ -8,7 +8,6 @@ import asyncio
 import pytest
 from starlette.requests import ClientDisconnect
 
-from gateway.api.openai.accounting import reason_for
 from gateway.errors import (
     AuthenticationFailed,
     GatewayError,
@@ -24,6 +23,7 @@ from gateway.errors import (
     UpstreamTimeout,
     upstream_client_error,
 )
+from gateway.pipeline.refusal import reason_for
 
 
 @pytest.mark.parametrize("stage, err, expected", [

@@ -203,8 +203,8 @@ def test_an_upstream_claiming_a_trillion_tokens_is_billed_at_the_request_bound(s
     $0.01 budget was overrun 34,000x) is billed at the request's bound: 5 completion tokens, and the gateway's own
     prompt count times `usage_bounds.prompt_factor` plus the slack. The client sees the same usage; the correction is
     counted per kind and named in the request's log line."""
-    from gateway.api.openai.validation import validate
     from gateway.config import UsageBounds
+    from gateway.pipeline.validation import validate
 
     u, fake, lines = stack["url"], stack["fake"], stack["lines"]
     fake.usage = {"prompt_tokens": 10**12, "completion_tokens": 10**12, "total_tokens": 2 * 10**12}

@@ -24,14 +24,11 @@ import logging
 from dataclasses import dataclass, field
 
 import orjson
-from starlette.requests import Request
 from starlette.responses import Response
 
-from gateway.api.openai.exchange import Exchange
 from gateway.errors import GatewayError, InvalidRequest, NoCapacity
 from gateway.shared_redis import REDIS_ERRORS
-from gateway.state import AppState
-from gateway.tenancy.idempotency import Begin, Outcome
+from gateway.tenancy.idempotency import Begin, IdempotencyStore, Outcome
 
 log = logging.getLogger("gateway.idempotency")
 HEADER = "idempotency-key"
@@ -75,25 +72,24 @@ def fingerprint(endpoint: str, body: dict[str, object]) -> str:
     return hashlib.sha256(endpoint.encode() + b"\0" + canon).hexdigest()
 
 
-async def begin(state: AppState, request: Request, ex: Exchange) -> Response | None:
-    """None: serve the request (holding its key, if it has one); a Response: the kept outcome to send instead.
-    Raises the 400/409/422/503 above."""
-    key = request.headers.get(HEADER)
-    if key is None or state.idempotency is None:
+async def begin(store: IdempotencyStore | None, max_replay_bytes: int, key: str | None, tenant: str, endpoint: str,
+                body: dict[str, object]) -> Held | Response | None:
+    """`key`: the client's Idempotency-Key header. None: serve the request (no key, or keys off); a Held: serve it
+    holding its key; a Response: the kept outcome to send instead. Raises the 400/409/422/503 above."""
+    if key is None or store is None:
         return None
     if not 1 <= len(key) <= MAX_KEY or not key.isprintable() or not key.isascii():
         raise InvalidRequest(f"The Idempotency-Key header must be 1 to {MAX_KEY} printable ASCII characters.",
                              param="Idempotency-Key")
-    fp = fingerprint(ex.endpoint, ex.parsed.body)
+    fp = fingerprint(endpoint, body)
     try:
         async with asyncio.timeout(STORE_TIMEOUT_S):
-            got, outcome = await state.idempotency.begin(ex.tenant.name, key, fp)
+            got, outcome = await store.begin(tenant, key, fp)
     except (*REDIS_ERRORS, TimeoutError) as e:
         raise NoCapacity("Idempotency keys cannot be checked right now (shared state unavailable); retry shortly.",
                          retry_after=1) from e
     if got is Begin.NEW:
-        ex.idem = Held(key, fp, state.config.idempotency.max_replay_bytes)
-        return None
+        return Held(key, fp, max_replay_bytes)
     if got is Begin.RUNNING:
         raise IdempotencyConflict("A request with this Idempotency-Key is still being served; retry once it "
                                   "completed to get its answer.", param="Idempotency-Key", retry_after=1)
@@ -111,35 +107,34 @@ async def begin(state: AppState, request: Request, ex: Exchange) -> Response | N
     return Response(outcome.body, media_type="application/json", headers=headers)
 
 
-def answered(ex: Exchange, body: bytes) -> None:
+def answered(held: Held | None, headers: dict[str, str], body: bytes) -> None:
     """A JSON answer was sent: the outcome a repeat gets, if the request ends well."""
-    if ex.idem is not None:
-        ex.idem.outcome = Outcome(200, _headers(ex), body, False)
+    if held is not None:
+        held.outcome = Outcome(200, replayed(headers), body, False)
 
 
-def streamed(ex: Exchange, chunk: bytes) -> None:
-    if ex.idem is not None:
-        ex.idem.record(chunk)
+def streamed(held: Held | None, chunk: bytes) -> None:
+    if held is not None:
+        held.record(chunk)
 
 
-def _headers(ex: Exchange) -> dict[str, str]:
-    return {k: v for k, v in ex.headers.items() if k in REPLAYED_HEADERS}
+def replayed(headers: dict[str, str]) -> dict[str, str]:
+    """The response headers a repeat gets again."""
+    return {k: v for k, v in headers.items() if k in REPLAYED_HEADERS}
 
 
-async def end(state: AppState, ex: Exchange) -> None:
-    """Keep the outcome of a request that ended well, or let its key go."""
-    held, store = ex.idem, state.idempotency
-    if held is None or store is None:
-        return
-    ok = ex.status == "200" and ex.reason == "ok"
+async def end(store: IdempotencyStore, held: Held, tenant: str, request_id: str, ok: bool, stream: bool,
+              headers: dict[str, str]) -> None:
+    """Keep the outcome of a request that ended well (`ok`), or let its key go."""
     try:
-        if ok and ex.parsed.stream:
+        if ok and stream:
             too_long = held.size > held.max_bytes
-            outcome = Outcome(409 if too_long else 200, _headers(ex), b"" if too_long else b"".join(held.chunks), True)
-            await store.complete(ex.tenant.name, held.key, held.fingerprint, outcome)
+            outcome = Outcome(409 if too_long else 200, replayed(headers), b"" if too_long else b"".join(held.chunks),
+                              True)
+            await store.complete(tenant, held.key, held.fingerprint, outcome)
         elif ok and held.outcome is not None:
-            await store.complete(ex.tenant.name, held.key, held.fingerprint, held.outcome)
+            await store.complete(tenant, held.key, held.fingerprint, held.outcome)
         else:
-            await store.abandon(ex.tenant.name, held.key)
+            await store.abandon(tenant, held.key)
     except REDIS_ERRORS as e:  # the key lapses with its TTL; a repeat meanwhile gets 409
-        log.warning("idempotency key of request %s not updated: %s", ex.request_id, type(e).__name__)
+        log.warning("idempotency key of request %s not updated: %s", request_id, type(e).__name__)

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from gateway.api.openai.usage import KINDS, MAX_TOKENS, UsageBound, bound_for, clean_usage, usage_counts
+from gateway.pipeline.usage import KINDS, MAX_TOKENS, UsageBound, bound_for, clean_usage, usage_counts
 
 
 def test_a_sane_usage_passes_unchanged_but_for_total():

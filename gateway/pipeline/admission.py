@@ -5,21 +5,19 @@
 2. Its requests/min and tokens/min buckets (estimated tokens: prompt + expected output), across every instance.
 
 Refusals are 429 with Retry-After. What was taken here is given back by accounting (the slot) or, for a request
-refused later before dispatch, by the orchestrator (the rate allowance).
+refused later before dispatch, by the orchestrator (the rate allowance). Each step takes the store it draws on and
+returns what it took; none keeps or writes the request's record.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gateway.api.openai.budget import expected_output
-from gateway.api.openai.validation import ParsedRequest
-from gateway.config import ModelRoute
 from gateway.errors import RateLimited
+from gateway.observability.metrics import GatewayMetrics
 from gateway.policy_schema import Tenant
-from gateway.state import AppState
-from gateway.tenancy.concurrency import Slot
-from gateway.tenancy.ratelimit import Bucket, buckets_for
+from gateway.tenancy.concurrency import ConcurrencyLimiter, Slot
+from gateway.tenancy.ratelimit import Bucket, RateLimiter, buckets_for
 
 CONCURRENCY_RETRY_S = 1.0
 
@@ -28,14 +26,14 @@ def _over_cap(cap: int, where: str) -> RateLimited:
     return RateLimited(f"Too many concurrent requests for this key (limit {cap}{where}).", retry_after=CONCURRENCY_RETRY_S)
 
 
-def take_slot(state: AppState, tenant: Tenant, request_id: str) -> Slot | None:
+def take_slot(concurrency: ConcurrencyLimiter, metrics: GatewayMetrics, tenant: Tenant, request_id: str) -> Slot | None:
     """This instance's slot (None when the tenant has no cap). No await: the check and the take are one step."""
     cap = tenant.max_concurrent
     if cap is None:
         return None
-    slot = state.concurrency.try_take(tenant.name, request_id, cap)
+    slot = concurrency.try_take(tenant.name, request_id, cap)
     if slot is None:
-        state.metrics.refusals.labels(tenant.name, "concurrency").inc()
+        metrics.refusals.labels(tenant.name, "concurrency").inc()
         raise _over_cap(cap, "")
     return slot
 
@@ -51,32 +49,34 @@ class Admitted:
 NOTHING_TAKEN = Admitted()
 
 
-async def take_fleet_slot(state: AppState, tenant: Tenant, slot: Slot | None) -> None:
+async def take_fleet_slot(concurrency: ConcurrencyLimiter, metrics: GatewayMetrics, tenant: Tenant,
+                          slot: Slot | None) -> None:
     """The fleet-wide slot (scope `fleet`, through Redis) beside this instance's `slot`; 429 when the fleet is full."""
     cap = tenant.max_concurrent
     if slot is None or cap is None or tenant.max_concurrent_scope != "fleet":
         return
-    if not await state.concurrency.take_fleet(slot, cap):
-        state.metrics.refusals.labels(tenant.name, "concurrency").inc()
+    if not await concurrency.take_fleet(slot, cap):
+        metrics.refusals.labels(tenant.name, "concurrency").inc()
         raise _over_cap(cap, " across the fleet")
 
 
-async def admit_rate(state: AppState, tenant: Tenant, parsed: ParsedRequest, route: ModelRoute) -> Admitted:
-    """The tenant's requests/min and tokens/min buckets, taken across every instance; 429 with Retry-After."""
+async def admit_rate(limiter: RateLimiter, metrics: GatewayMetrics, tenant: Tenant, tokens: int) -> Admitted:
+    """The tenant's requests/min and tokens/min buckets, taken across every instance; 429 with Retry-After.
+    `tokens`: the request's estimate (its prompt and expected output: budget.expected_output)."""
     rl = tenant.rate_limits
     if rl.requests_per_minute is None and rl.tokens_per_minute is None:
         return NOTHING_TAKEN
-    buckets = buckets_for(tenant, parsed.prompt_tokens + expected_output(state, parsed, route.pools[0]))
+    buckets = buckets_for(tenant, tokens)
     if not buckets:
         return NOTHING_TAKEN
-    adm = await state.limiter.take(buckets)
+    adm = await limiter.take(buckets)
     headers = {}
     for b, left in zip(buckets, adm.remaining):
         kind = "requests" if b.key.endswith(":req") else "tokens"
         headers[f"x-ratelimit-limit-{kind}"] = str(b.limit)
         headers[f"x-ratelimit-remaining-{kind}"] = str(max(0, int(left)))
     if not adm.allowed:
-        state.metrics.refusals.labels(tenant.name, "rate_limit").inc()
+        metrics.refusals.labels(tenant.name, "rate_limit").inc()
         err = RateLimited("Rate limit reached for this key; retry after the time in Retry-After.",
                           retry_after=max(adm.retry_after_s, 0.001))
         err.extra_headers = headers

@@ -14,22 +14,23 @@ from typing import Any
 
 from opentelemetry.trace import NoOpTracer, SpanKind, Status, StatusCode
 
-from gateway.api.openai.exchange import Exchange
+from gateway.pipeline.exchange import Exchange
+from gateway.pipeline.validation import ParsedRequest
 
 
 def operation(endpoint: str) -> str:
     return "chat" if endpoint == "chat/completions" else "text_completion"
 
 
-def start_span(tracer: Any, ex: Exchange) -> Any:
-    """The request's span, or None when tracing is off."""
+def start_span(tracer: Any, endpoint: str, parsed: ParsedRequest, tenant: str, request_id: str) -> Any:
+    """The request's span, or None when tracing is off (`request_id`: the correlation id, logged and echoed)."""
     if isinstance(tracer, NoOpTracer):
         return None
-    attrs: dict[str, Any] = {"gen_ai.operation.name": operation(ex.endpoint), "gen_ai.request.model": ex.parsed.model,
-                             "gateway.tenant": ex.tenant.name, "gateway.request_id": ex.request_id}
-    if ex.parsed.max_output_tokens is not None:
-        attrs["gen_ai.request.max_tokens"] = ex.parsed.max_output_tokens
-    return tracer.start_span(f"{attrs['gen_ai.operation.name']} {ex.parsed.model}", kind=SpanKind.SERVER, attributes=attrs)
+    attrs: dict[str, Any] = {"gen_ai.operation.name": operation(endpoint), "gen_ai.request.model": parsed.model,
+                             "gateway.tenant": tenant, "gateway.request_id": request_id}
+    if parsed.max_output_tokens is not None:
+        attrs["gen_ai.request.max_tokens"] = parsed.max_output_tokens
+    return tracer.start_span(f"{attrs['gen_ai.operation.name']} {parsed.model}", kind=SpanKind.SERVER, attributes=attrs)
 
 
 def end_span(ex: Exchange, prompt: int, cached: int, completion: int) -> None:

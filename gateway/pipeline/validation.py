@@ -286,7 +286,7 @@ def _prompt_tokens(prompt: Any) -> int:
 
 
 def check_limits(parsed: ParsedRequest, endpoint: str, limits: RequestLimits) -> None:
-    """The route-dependent checks alone, for a caller that learns the pools after `validate` (the proxy resolves
+    """The route-dependent checks alone, for a caller that learns the pools after `validate` (the pipeline resolves
     the tenant's route from the model name `validate` returned)."""
     _check_size(parsed.body, endpoint, limits)
 

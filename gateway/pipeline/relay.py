@@ -3,7 +3,7 @@
 Non-streamed: one JSON response with the client's model name, the clamped usage and `x-gateway-cost-usd`.
 Streamed: an `EventStreamResponse` whose first chunk is the dispatch (before the commit point an upstream failure
 is still a real HTTP error), then each upstream event re-labelled with the client's model name. The engine's usage
-chunk is kept for metering (clamped, api/openai/usage.py) and shown only if the client asked for it, then with
+chunk is kept for metering (clamped, pipeline/usage.py) and shown only if the client asked for it, then with
 the request's cost in `usage.cost_usd`. After the commit point a failure is one SSE error event and no [DONE].
 """
 
@@ -17,15 +17,19 @@ import orjson
 from starlette.responses import Response
 
 from gateway.api.error_handlers import to_response
-from gateway.api.openai import idempotency
-from gateway.api.openai.budget import usage_bound
-from gateway.api.openai.exchange import Exchange
-from gateway.api.openai.usage import clean_usage, usage_counts
 from gateway.backends.openai_compat import StreamBroken, sanitize_upstream_text
-from gateway.dispatch.dispatcher import Dispatched
+from gateway.config import GatewayConfig
+from gateway.control.plane import ControlPlane
+from gateway.dispatch.dispatcher import Dispatched, Dispatcher
+from gateway.dispatch.feedback import Feedback
 from gateway.errors import GatewayError, NoCapacity
+from gateway.pipeline import idempotency
+from gateway.pipeline.budget import usage_bound
+from gateway.pipeline.exchange import Exchange
+from gateway.pipeline.refusal import upstream_reason
+from gateway.pipeline.usage import UsageBound, clean_usage, usage_counts
 from gateway.prediction.pricing import request_cost
-from gateway.state import AppState
+from gateway.upstreams import UpstreamRegistry
 
 DONE = b"data: [DONE]\n\n"
 
@@ -61,14 +65,6 @@ def dispatch_failed(ex: Exchange, e: GatewayError) -> None:
     ex.reason = upstream_reason(e.status, e.code)
 
 
-def upstream_reason(status: int, code: str | None = None) -> str:
-    if code == "request_quarantined":  # refused before any upstream saw it
-        return "quarantined"
-    if 400 <= status < 500:
-        return "upstream_rejected"
-    return {503: "no_capacity", 504: "upstream_timeout"}.get(status, "upstream_error")
-
-
 def cost(ex: Exchange) -> float:
     if ex.dispatched is None:
         return 0.0
@@ -77,8 +73,11 @@ def cost(ex: Exchange) -> float:
 
 
 class Relay:
-    def __init__(self, state: AppState) -> None:
-        self.state = state
+    def __init__(self, dispatcher: Dispatcher, feedback: Feedback, control: ControlPlane, config: GatewayConfig,
+                 registry: UpstreamRegistry) -> None:
+        """`control`: names an on-call override behind a capacity refusal; `config`, `registry`: the usage bounds."""
+        self.dispatcher, self.feedback, self.control = dispatcher, feedback, control
+        self.config, self.registry = config, registry
         self._model_swap: dict[tuple[str, str], tuple[bytes, bytes, bytes, bytes]] = {}
 
     async def _open(self, ex: Exchange) -> Dispatched:
@@ -86,10 +85,10 @@ class Relay:
         # the attempt spans hang under the request span, passed explicitly: making it current would attach and
         # detach an OTel context on every request, tracing on or off
         try:
-            d = await self.state.dispatcher.open(ex.decision, ex.rreq, ex.parsed.body, ex.deadline, ex.tenant,
+            d = await self.dispatcher.open(ex.decision, ex.rreq, ex.parsed.body, ex.deadline, ex.tenant,
                                                  parent=ex.span)
         except GatewayError as e:
-            raise self.state.control.name_override(ex.tenant.name, e) from None
+            raise self.control.name_override(ex.tenant.name, e) from None
         ex.dispatched = d
         ex.first_token_at = time.monotonic()
         ex.headers["x-gateway-pool"] = d.target.pool
@@ -99,6 +98,11 @@ class Relay:
             ex.headers["x-gateway-pd"] = d.opened.choice
         return d
 
+    def bound(self, ex: Exchange) -> UsageBound:
+        """The most the request can have used on the pool that served it (before dispatch: on any of its route's)."""
+        pools = [ex.dispatched.target.pool] if ex.dispatched is not None else ex.route.pools
+        return usage_bound(self.config, self.registry, ex.parsed, pools)
+
     # -- non-streaming ---------------------------------------------------------------------------------------
     async def non_stream(self, ex: Exchange) -> Response:
         try:
@@ -106,15 +110,15 @@ class Relay:
         except GatewayError as e:
             dispatch_failed(ex, e)
             raise
-        self.state.feedback.first_token(d.attempt, None)  # the whole response: not a TTFT observation
+        self.feedback.first_token(d.attempt, None)  # the whole response: not a TTFT observation
         body = d.opened.body if isinstance(d.opened.body, dict) else {}
-        ex.usage, ex.usage_anomalies = clean_usage(body.get("usage"), usage_bound(self.state, ex))
+        ex.usage, ex.usage_anomalies = clean_usage(body.get("usage"), self.bound(ex))
         if ex.usage is not None:
             body["usage"] = ex.usage
         body["model"] = ex.parsed.model
         ex.headers["x-gateway-cost-usd"] = f"{cost(ex):.8f}"
         data = orjson.dumps(body)
-        idempotency.answered(ex, data)
+        idempotency.answered(ex.idem, ex.headers, data)
         return Response(data, media_type="application/json", headers=ex.headers)
 
     # -- streaming -------------------------------------------------------------------------------------------
@@ -125,13 +129,13 @@ class Relay:
             dispatch_failed(ex, e)
             return to_response(e)  # x-request-id is added by RequestIdMiddleware like on every response
         assert ex.first_token_at is not None
-        self.state.feedback.first_token(d.attempt, ex.first_token_at - ex.started)
+        self.feedback.first_token(d.attempt, ex.first_token_at - ex.started)
         enc = ex.call.encoder
         if enc is not None:  # another API's stream: its opening events, then the first chunk in its shape
             out = enc.start() + (self._relay(ex, d.opened.first or b"") or b"")
         else:
             out = self._relay(ex, d.opened.first or b"") or b": stream open\n\n"
-        idempotency.streamed(ex, out)
+        idempotency.streamed(ex.idem, out)
         return out
 
     async def stream_rest(self, ex: Exchange) -> AsyncIterator[bytes]:
@@ -144,7 +148,7 @@ class Relay:
                 if payload == b"[DONE]":
                     saw_done = True
                     end = enc.done() if enc is not None else DONE
-                    idempotency.streamed(ex, end)
+                    idempotency.streamed(ex.idem, end)
                     yield end
                     break
                 if payload.startswith(b'{"error"'):
@@ -153,7 +157,7 @@ class Relay:
                     return
                 out = self._relay(ex, payload)
                 if out:
-                    idempotency.streamed(ex, out)
+                    idempotency.streamed(ex.idem, out)
                     yield out
         except StreamBroken as e:
             ex.reason, ex.error = "stream_error", str(e)
@@ -189,7 +193,7 @@ class Relay:
         if not isinstance(chunk, dict):
             ex.usage_anomalies = ["malformed"]
             return None
-        ex.usage, ex.usage_anomalies = clean_usage(chunk.get("usage"), usage_bound(self.state, ex))
+        ex.usage, ex.usage_anomalies = clean_usage(chunk.get("usage"), self.bound(ex))
         enc = ex.call.encoder
         if enc is not None:  # the other API reports usage in its own closing events: always handed over (clamped)
             return enc.chunk({**chunk, "usage": ex.usage}) if ex.usage is not None else None

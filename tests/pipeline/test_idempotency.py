@@ -1,4 +1,4 @@
-"""`Idempotency-Key` (api/openai/idempotency.py): the client's explicit key, per tenant. A repeat of a request that was
+"""`Idempotency-Key` (pipeline/idempotency.py): the client's explicit key, per tenant. A repeat of a request that was
 served gets its outcome again, not a second serving and a second bill; a repeat while it runs is a 409, with another
 body a 422; a request that failed keeps nothing. Real gateways over loopback in front of a fake hosted provider that
 counts what it serves; two instances share keys through a real Redis."""

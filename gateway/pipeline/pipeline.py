@@ -1,4 +1,5 @@
-"""The request path shared by /v1/chat/completions and /v1/completions, as a list of stages (each its own module):
+"""The one request path of every API (chat, completions, Responses bridged and native, Messages), as a list of
+stages, each its own module:
 
     identify key -> tenant               tenancy/ (401)
     admission: concurrency slot          admission.py  (429; synchronous: before the first await)
@@ -13,6 +14,10 @@
     accounting: release, meter, log      accounting.py  (exactly once, whatever happened before)
 
 Every request, refused or served, is counted in `gateway_requests_total{status,reason}` and logged once.
+
+Each stage takes the parts of the app it uses and typed inputs, and returns a value (a slot, what admission took,
+how flow control let the request pass, a decision, a reservation); only this orchestrator writes them into the
+request's record (`Exchange`), which accounting reads at the end.
 """
 
 from __future__ import annotations
@@ -28,35 +33,39 @@ from typing import Any
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
-from gateway.api.call import PLAIN, Call
-from gateway.api.openai import admission, budget, decide, flow, idempotency
-from gateway.api.openai.accounting import Accounting, Edge, reason_for
-from gateway.api.openai.body import read_body
-from gateway.api.openai.entitlements import Entitlements
-from gateway.api.openai.exchange import Exchange, RecentDecision
-from gateway.api.openai.relay import Relay, cut_by_shutdown
-from gateway.api.openai.telemetry import start_span
-from gateway.api.openai.validation import check_limits, limits_for, parse_json, refuse_images, validate
 from gateway.asgi import EventStreamResponse, LiveStreams, run_until_disconnect
 from gateway.config import ModelRoute
 from gateway.errors import GatewayError
+from gateway.pipeline import admission, budget, decide, flow, idempotency
+from gateway.pipeline.accounting import Accounting, Books
+from gateway.pipeline.body import read_body
+from gateway.pipeline.call import PLAIN, Call
+from gateway.pipeline.entitlements import Entitlements
+from gateway.pipeline.exchange import Exchange, RecentDecision
+from gateway.pipeline.refusal import Edge, reason_for
+from gateway.pipeline.relay import Relay, cut_by_shutdown
+from gateway.pipeline.telemetry import start_span
+from gateway.pipeline.validation import check_limits, limits_for, parse_json, refuse_images, validate
 from gateway.policy_schema import Tenant
 from gateway.routing.request import RoutingRequest
 from gateway.state import AppState
 from gateway.tenancy.concurrency import Slot
 
-__all__ = ["Exchange", "OpenAIProxy", "RecentDecision"]
+__all__ = ["Exchange", "Pipeline", "RecentDecision"]
 
 log = logging.getLogger("gateway.proxy")
 
 
-class OpenAIProxy:
+class Pipeline:
     def __init__(self, state: AppState) -> None:
         self.state = state
-        self.entitlements = Entitlements(state)
-        self.relay = Relay(state)
+        self.entitlements = Entitlements(state.config.models, state.registry, state.policies, state.control)
+        self.relay = Relay(state.dispatcher, state.feedback, state.control, state.config, state.registry)
         self.recent: deque[RecentDecision] = deque(maxlen=500)  # for the admin API (no prompt bodies kept)
-        self.accounting = Accounting(state, self.recent, self._background)
+        books = Books(state.metrics, state.feedback, state.concurrency, state.budget, state.limiter, state.idempotency,
+                      state.recorder, frozenset(m.name for m in state.config.models),
+                      state.config.observability.log_requests)
+        self.accounting = Accounting(books, self.recent, self._background)
         self._tasks: set[asyncio.Task[None]] = set()
         self._inflight: dict[str, Any] = {}  # tenant -> its gateway_inflight_requests child (labels() costs ~1.5 us)
         self.live = LiveStreams()  # streams in flight: a shutdown past its drain timeout cuts them (serve.py)
@@ -68,13 +77,15 @@ class OpenAIProxy:
     def routing_request(self, ex: Exchange) -> RoutingRequest:
         """The request as the router sees it, hashed exactly as live traffic is (the admin explain's dry run):
         in precise/hybrid mode the prefix keys are the engines' token-page keys, not the text-chunk hashes."""
-        return decide.routing_request(self.state.config.routing, ex, self.state.prefix_hasher)
+        st = self.state
+        return decide.routing_request(st.config.routing, ex.id, ex.tenant, ex.endpoint, ex.parsed, ex.route.name, ex.call,
+                                      st.prefix_hasher)
 
     # -- entry -----------------------------------------------------------------------------------------------
     async def handle(self, request: Request, endpoint: str, body: dict[str, Any] | None = None,
                      call: Call = PLAIN) -> Response:
         """`body`: an already-parsed OpenAI body (the Responses/Messages adapters); the request's own body is then
-        not read. `call`: what the adapter knows besides the body (api/call.py). Returns a JSON Response, or an
+        not read. `call`: what the adapter knows besides the body (pipeline/call.py). Returns a JSON Response, or an
         EventStreamResponse whose `on_close` runs the accounting — call it (with a translating `send` if need be)
         or the request is never accounted."""
         ex = await self.begin(request, endpoint, body, call)
@@ -96,7 +107,8 @@ class OpenAIProxy:
         try:
             tenant = st.control.effective(st.policies.index.identify(request.headers.get("authorization")))
             edge.tenant, edge.stage = tenant.name, "concurrency"
-            slot = admission.take_slot(st, tenant, edge.request_id)  # before the first await: check and take are one
+            # before the first await: check and take are one
+            slot = admission.take_slot(st.concurrency, st.metrics, tenant, edge.request_id)
             ex = await self._exchange(request, endpoint, body, tenant, edge, pools)
         except BaseException as e:
             if slot is not None:
@@ -147,22 +159,35 @@ class OpenAIProxy:
         st = self.state
         stage = "concurrency"
         try:
-            await admission.take_fleet_slot(st, ex.tenant, ex.slot)
+            await admission.take_fleet_slot(st.concurrency, st.metrics, ex.tenant, ex.slot)
             stage = "rate_limit"
-            admitted = await admission.admit_rate(st, ex.tenant, ex.parsed, ex.route)
+            first_pool = ex.route.pools[0]
+            expected = budget.expected_output(st.registry, ex.parsed, first_pool)
+            admitted = await admission.admit_rate(st.limiter, st.metrics, ex.tenant, ex.parsed.prompt_tokens + expected)
             ex.buckets = admitted.buckets
             ex.headers.update(admitted.headers)
             stage = "flow"
-            held = await flow.hold(st, ex)
-            ex.span = start_span(st.tracer, ex)
+            rreq, held = None, None
+            if st.flow is not None:
+                rreq = await self._routing(ex)
+                passed = await flow.hold(st.flow, st.metrics, ex.tenant, ex.id, ex.flow_band, rreq, ex.route, ex.parsed,
+                                         st.config.pool(first_pool).timing, expected)
+                ex.headers.update(passed.headers)
+                held = passed.decision
+            ex.span = start_span(st.tracer, ex.endpoint, ex.parsed, ex.tenant.name, ex.request_id)
             stage = "decide"
-            ex.rreq, ex.decision = await decide.decide(st, ex, held)
+            if held is None or rreq is None:  # not held: routed now, on the fleet as it is now
+                rreq = await self._routing(ex)
+            ex.rreq = rreq
+            ex.decision = await decide.decide(st.router, st.metrics, ex.rreq, ex.route, held)
             ex.headers["x-gateway-route"] = ex.decision.branch
-            decide.refuse_shed(st, ex.tenant.name, ex.decision)
+            decide.refuse_shed(st.control.name_override, ex.tenant.name, ex.decision)
             if decided is not None:
                 decided(ex)
             stage = "budget"
-            ex.reservation = await budget.reserve(st, ex)
+            worst = budget.worst_case(st.config, st.registry, ex.tenant, ex.parsed, ex.route.pools)
+            ex.reservation = await budget.reserve(st.budget, st.metrics, ex.tenant, ex.id, worst,
+                                                  st.config.routing.budget_lease_s)
         except BaseException as e:
             for b in ex.buckets:
                 self._background(st.limiter.adjust(b, b.cost))
@@ -173,15 +198,25 @@ class OpenAIProxy:
             await self.accounting.finish(ex, disconnected=False)
             raise
 
+    async def _routing(self, ex: Exchange) -> RoutingRequest:
+        """The request as the router sees it (a large body's hashing off the event loop)."""
+        st = self.state
+        return await st.cpu.run(ex.body_bytes, decide.routing_request, st.config.routing, ex.id, ex.tenant, ex.endpoint,
+                                ex.parsed, ex.route.name, ex.call, st.prefix_hasher)
+
     async def _serve(self, request: Request, ex: Exchange) -> Response:
         st = self.state
-        try:
-            replay = await idempotency.begin(st, request, ex)  # a repeat of a request already served: its outcome
+        try:  # a repeat of a request already served: its outcome
+            replay = await idempotency.begin(st.idempotency, st.config.idempotency.max_replay_bytes,
+                                             request.headers.get(idempotency.HEADER), ex.tenant.name, ex.endpoint,
+                                             ex.parsed.body)
         except GatewayError as e:
             ex.status, ex.reason, ex.error = str(e.status), "idempotency", e.message
             await self.accounting.finish(ex, disconnected=False)
             raise
-        if replay is not None:
+        if isinstance(replay, idempotency.Held):
+            ex.idem = replay
+        elif replay is not None:
             ex.reason = "idempotent_replay"
             await self.accounting.finish(ex, disconnected=False)
             return replay
