@@ -151,8 +151,10 @@ def turns(n_turns: int = 20, tokens: int = 20_000, vocab: int = 32_000, block_si
         fresh = HfTokenizer.from_dir(d)
         hasher = TokenPrefixHasher(hf, block_size)
         rng = np.random.default_rng(2)
-        per_turn = max(1, tokens // n_turns)
-        msgs = [{"role": "system", "content": words(rng, per_turn // 2)}, {"role": "user", "content": words(rng, 100)}]
+        # words a turn, from this tokenizer's tokens per word, so the last turn reaches about `tokens`
+        per_word = len(hf.encode_text(words(np.random.default_rng(3), 2000))) / 2000
+        w = max(4, int(tokens / per_word / n_turns))
+        msgs = [{"role": "system", "content": words(rng, w * 4 // 5)}, {"role": "user", "content": words(rng, w // 5)}]
         out = []
         for turn in range(1, n_turns + 1):
             body = {"messages": msgs}
@@ -166,8 +168,8 @@ def turns(n_turns: int = 20, tokens: int = 20_000, vocab: int = 32_000, block_si
             got = hf.encode_request("chat/completions", body, "tenant:a")
             out.append((turn, len(want), inc, full, got.tolist() == want.tolist()))
             # the model's answer and the next user message: ~tokens/n_turns more tokens a turn
-            msgs = [*msgs, {"role": "assistant", "content": words(rng, per_turn // 2)},
-                    {"role": "user", "content": words(rng, per_turn // 6)}]
+            msgs = [*msgs, {"role": "assistant", "content": words(rng, w * 3 // 4)},
+                    {"role": "user", "content": words(rng, w // 4)}]
     return out
 
 

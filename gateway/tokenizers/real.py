@@ -10,6 +10,11 @@ tokenizer splits before anything else, so ids(prefix + rest) == ids(prefix) + id
 encoded. A 20k-token conversation's next turn then costs the new turn's tokens, not 20k (docs/kv-events.md).
 Entries are kept per namespace (the tenant's cache namespace, as the engine's own cache is): a tenant holds at most
 NAMESPACE_ENTRIES of the CACHE_ENTRIES, and never reuses ids another tenant's request left.
+
+What a next turn costs, then (loadtests/tokenize_cost.py --turns, docs/results/2026-11-27-incremental-tokenization.md):
+encoding its new text, which no cache can avoid (done with `encode_batch_fast`: the same ids without the offsets
+`encode` also computes, a fifth of its time), two renders of the template, and the cache keys — the key of the prefix
+this turn leaves is taken on from the key of the prefix it found (one pass over the text, not two).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import hashlib
 import json
 import threading
 from collections import OrderedDict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +81,8 @@ class HfTokenizer:
         env.globals["raise_exception"] = _raise
         self.template = env.from_string(chat_template) if chat_template else None
         self.special = special
+        # the same ids as `encode` without offsets and alignments (tokenizers >= 0.21); a batch of one runs inline
+        self._encode_ids = getattr(tokenizer, "encode_batch_fast", None) or tokenizer.encode_batch
         self.added = sorted({t.content for t in tokenizer.get_added_tokens_decoder().values()}, key=len, reverse=True)
         self._cache: OrderedDict[bytes, np.ndarray] = OrderedDict()
         self._owned: dict[str, OrderedDict[bytes, None]] = {}
@@ -122,7 +130,7 @@ class HfTokenizer:
             raise TemplateRefused(str(e)) from e
 
     def encode_text(self, text: str) -> np.ndarray:
-        return np.asarray(self.tok.encode(text, add_special_tokens=False).ids, dtype=np.uint32)
+        return np.asarray(self._encode_ids([text], add_special_tokens=False)[0].ids, dtype=np.uint32)
 
     def encode_request(self, endpoint: str, body: dict[str, Any], namespace: str = "") -> np.ndarray:
         if endpoint != "chat/completions":
@@ -135,10 +143,10 @@ class HfTokenizer:
         messages = body.get("messages") or []
         tools = engine_tools(body.get("tools"))
         text = self.render(messages, tools)
-        ids = self._from_cache(text, messages, tools, namespace)
+        ids, found = self._from_cache(text, messages, tools, namespace)
         # what the next turn will extend: this conversation without the generation prompt
         if len(messages) >= 1:
-            self._remember(self._without_generation_prompt(text, messages, tools), text, ids, namespace)
+            self._remember(self._without_generation_prompt(text, messages, tools), text, ids, namespace, found)
         return ids
 
     def _without_generation_prompt(self, text: str, messages: list[dict[str, Any]], tools: list[Any] | None) -> str:
@@ -159,14 +167,16 @@ class HfTokenizer:
 
     # -- the per-conversation prefix cache ---------------------------------------------------------------------
     def _from_cache(self, text: str, messages: list[dict[str, Any]], tools: list[Any] | None,
-                    namespace: str) -> np.ndarray:
+                    namespace: str) -> tuple[np.ndarray, _Found | None]:
+        """The ids of `text`, and the cached prefix they were built on (None: encoded whole)."""
         # the previous turn: the last assistant reply and the new user message (a chat turn, an agent's tool call and
         # its result: tried first, one render fewer), or the last message alone
         for cut in (2, 1):
             if len(messages) <= cut:
                 continue
             prefix = self.render(messages[:-cut], tools, add_generation_prompt=False)
-            key = _key(namespace, prefix)
+            h = _keyer(namespace, prefix)
+            key = h.copy().digest()
             with self._lock:
                 cached = self._cache.get(key)
                 if cached is not None:
@@ -174,18 +184,23 @@ class HfTokenizer:
                     self._owned[namespace].move_to_end(key)
             if cached is not None and text.startswith(prefix) and self._boundary(text, len(prefix)):
                 self.hits += 1
-                return np.concatenate([cached, self.encode_text(text[len(prefix):])])
+                return np.concatenate([cached, self.encode_text(text[len(prefix):])]), _Found(len(prefix), h)
         self.misses += 1
-        return self.encode_text(text)
+        return self.encode_text(text), None
 
     def _boundary(self, text: str, at: int) -> bool:
         return at == len(text) or any(text.startswith(t, at) for t in self.added)
 
-    def _remember(self, prefix: str, text: str, ids: np.ndarray, namespace: str) -> None:
+    def _remember(self, prefix: str, text: str, ids: np.ndarray, namespace: str, found: _Found | None) -> None:
         if not text.startswith(prefix) or not self._boundary(text, len(prefix)):
             return
         n = len(ids) - len(self.encode_text(text[len(prefix):]))  # the rest is the generation prompt: short
-        key = _key(namespace, prefix)
+        if found is not None and found.chars <= len(prefix):  # both prefixes of `text`: hash only the difference
+            h = found.keyer.copy()
+            h.update(prefix[found.chars:].encode("utf-8", "surrogatepass"))
+            key = h.digest()
+        else:
+            key = _key(namespace, prefix)
         with self._lock:
             self._cache[key] = ids[:n]
             self._cache.move_to_end(key)
@@ -215,8 +230,22 @@ class HfTokenizer:
 
 
 def _key(namespace: str, text: str) -> bytes:
+    return _keyer(namespace, text).digest()
+
+
+def _keyer(namespace: str, text: str) -> Any:
+    """The cache key's hash state after `text`: more text can be fed to it (UTF-8 encodes piece by piece, so the key
+    of a longer text is the same whether hashed at once or continued)."""
     return hashlib.blake2b(namespace.encode("utf-8", "surrogatepass") + b"\0" + text.encode("utf-8", "surrogatepass"),
-                           digest_size=16).digest()
+                           digest_size=16)
+
+
+@dataclass(frozen=True)
+class _Found:
+    """The cached prefix a request's ids were built on: its length in characters and its key's hash state."""
+
+    chars: int
+    keyer: Any
 
 
 def _token_text(v: Any) -> str | None:
