@@ -158,7 +158,9 @@ def serve_worker(a: argparse.Namespace, cfg: Any, app: Any, admin_port: int, del
 async def drain_when_orphaned(parent: int) -> None:
     """A worker whose supervisor is gone (killed without forwarding a signal) drains as if sent SIGTERM, rather than
     serving on unsupervised."""
-    while os.getppid() == parent:
+    while True:  # polled: a parent's exit sends its child nothing it could await
         await asyncio.sleep(1.0)
+        if os.getppid() != parent:
+            break
     log_event("supervisor_gone", parent_pid=parent, why="draining as on SIGTERM")
     os.kill(os.getpid(), signal.SIGTERM)

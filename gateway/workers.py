@@ -118,7 +118,8 @@ class Supervisor:
         """A worker ended while the others serve: start it again, or take every worker down if it died young."""
         from prometheus_client import multiprocess
 
-        multiprocess.mark_process_dead(w.proc.pid, self.metrics_dir)  # its live gauges leave the sums
+        # its live gauges leave the sums (prometheus_client leaves the function unannotated)
+        multiprocess.mark_process_dead(w.proc.pid, self.metrics_dir)  # type: ignore[no-untyped-call]
         code = w.proc.returncode
         if time.monotonic() - w.started < MIN_UPTIME_S:
             log_event("worker_failed", index=w.index, worker_pid=w.proc.pid, exit_code=code,

@@ -37,8 +37,8 @@ import yaml
 from tqdm import tqdm
 
 from gateway.config import hash_key
-from loadtests.peers import ensure
 from loadtests import raw_client
+from loadtests.peers import ensure
 from loadtests.procs import Proc, cpu_seconds, rss_mib
 from loadtests.report import save_json, table
 

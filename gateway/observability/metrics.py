@@ -118,7 +118,7 @@ class GatewayMetrics:
         if not shared:
             return generate_latest(self.registry)
         every = CollectorRegistry(auto_describe=False)
-        MultiProcessCollector(every, shared)
+        MultiProcessCollector(every, shared)  # type: ignore[no-untyped-call]  # prometheus_client leaves it unannotated
         names = {m.name for m in every.collect()}
         # this process's scrape-time collectors: their families are in no worker's files (a metric made with
         # prometheus_client's classes is, from its creation, so it is never counted twice)

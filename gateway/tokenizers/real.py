@@ -233,7 +233,7 @@ def _key(namespace: str, text: str) -> bytes:
     return _keyer(namespace, text).digest()
 
 
-def _keyer(namespace: str, text: str) -> Any:
+def _keyer(namespace: str, text: str) -> hashlib.blake2b:
     """The cache key's hash state after `text`: more text can be fed to it (UTF-8 encodes piece by piece, so the key
     of a longer text is the same whether hashed at once or continued)."""
     return hashlib.blake2b(namespace.encode("utf-8", "surrogatepass") + b"\0" + text.encode("utf-8", "surrogatepass"),
@@ -245,7 +245,7 @@ class _Found:
     """The cached prefix a request's ids were built on: its length in characters and its key's hash state."""
 
     chars: int
-    keyer: Any
+    keyer: hashlib.blake2b
 
 
 def _token_text(v: Any) -> str | None:

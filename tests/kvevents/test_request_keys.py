@@ -20,7 +20,7 @@ def test_memo_keys_equal_a_whole_chain_turn_after_turn() -> None:
     rng = np.random.default_rng(0)
     prompt = rng.integers(0, 50_000, 100).tolist()
     other = rng.integers(0, 50_000, 300).tolist()
-    for turn in range(8):
+    for _ in range(8):
         prompt = prompt + rng.integers(0, 50_000, 37).tolist()  # grows mid-page: the last page changes
         assert h("completions", {"prompt": prompt}, "m", "a", 16) == whole(prompt, "a")
         # another conversation of the same namespace in between, and another namespace with the same ids
