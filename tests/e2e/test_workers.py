@@ -1,7 +1,8 @@
 """`gateway serve --workers 2`: a real supervisor and its two worker processes on one port, sharing a real Redis in
-front of simulated replicas. The workers must behave as two instances do: connections spread over both, a tenant's
-rate limit held across both (not one allowance per worker), one /metrics summing both, and SIGTERM draining both
-(an in-flight stream completes) before the supervisor exits."""
+front of simulated replicas. The workers must behave as two instances do: connections spread over both, prefix
+affinity and an on-call drain holding across both, a tenant's rate limit held across both (not one allowance per
+worker), one /metrics summing both, and SIGTERM draining both (an in-flight stream completes) before the supervisor
+exits."""
 
 from __future__ import annotations
 
@@ -41,11 +42,15 @@ def served_by(log: Path, tenant: str) -> Counter[int]:
     return Counter(x["pid"] for x in lines(log) if x.get("event") == "request" and x.get("tenant") == tenant)
 
 
-def ask(port: int, key: str) -> httpx.Response:
+def ask(port: int, key: str, messages: list[dict[str, str]] | None = None) -> httpx.Response:
     # a new connection each time: the kernel picks a worker per connection
     return httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", headers={"authorization": f"Bearer {key}"},
-                      json={"model": "glm-5.2", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
-                      timeout=30, trust_env=False)
+                      json={"model": "glm-5.2", "messages": messages or [{"role": "user", "content": "hi"}],
+                            "max_tokens": 4}, timeout=30, trust_env=False)
+
+
+def pids_of(log: Path, request_ids: set[str]) -> set[int]:
+    return {x["pid"] for x in lines(log) if x.get("event") == "request" and x.get("request_id") in request_ids}
 
 
 def worker_pids(supervisor: int) -> set[int]:
@@ -65,7 +70,7 @@ def test_two_workers_share_limits_metrics_and_drain_together(redis_server, tmp_p
     tenants = [{"name": "tenant-a", "api_key_hashes": [hash_key(KEY_A)], "models": ["glm-5.2"]},
                {"name": "tenant-b", "api_key_hashes": [hash_key(KEY_B)], "models": ["glm-5.2"],
                 "rate_limits": {"requests_per_minute": LIMIT}}]
-    cfg = config([sglang_pool("p", sims.urls)], tenants=tenants,
+    cfg = config([sglang_pool("p", sims.urls)], tenants=tenants, admin={"token_hashes": [hash_key("adm")]},
                  routing={"redis_url": redis_server.url, "redis_prefix": f"wk{time.monotonic_ns()}:"})
     path = tmp_path / "gw.yaml"
     path.write_text(yaml.safe_dump(cfg))
@@ -88,6 +93,33 @@ def test_two_workers_share_limits_metrics_and_drain_together(redis_server, tmp_p
         spread = served_by(log, "tenant-a")
         assert set(spread) == pids, spread  # both workers served (each line names its pid)
 
+        # prefix affinity held across workers (the index is in Redis): a prefix placed through one worker is
+        # served from the same replica, with its cached tokens, whichever worker a follow-up reaches
+        placed: set[str] = set()
+        for g in range(3):
+            shared = {"role": "system", "content": f"[group {g}] " + "shared tool schema and agent memory " * 500}
+            first = ask(port, KEY_A, [shared, {"role": "user", "content": "first"}])
+            ids = {first.headers["x-request-id"]}
+            for k in range(4):
+                r = ask(port, KEY_A, [shared, {"role": "user", "content": f"follow-up {k}"}])
+                assert r.headers["x-gateway-replica"] == first.headers["x-gateway-replica"]
+                assert r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] >= 4000
+                ids.add(r.headers["x-request-id"])
+            placed |= ids
+        wait_until(lambda: len(pids_of(log, placed)) == 2, timeout=10, what="affinity requests on both workers")
+
+        # an on-call drain made through the admin listener (worker 0) reaches worker 1 through Redis
+        drained = first.headers["x-gateway-replica"]
+        r = httpx.post(f"http://127.0.0.1:{admin}/admin/replicas/{drained}/drain",
+                       headers={"authorization": "Bearer adm"}, trust_env=False)
+        assert r.status_code == 200
+
+        def avoided() -> bool:
+            rs = [ask(port, KEY_A) for _ in range(8)]
+            return all(x.headers["x-gateway-replica"] != drained for x in rs) and \
+                len(pids_of(log, {x.headers["x-request-id"] for x in rs})) == 2
+        wait_until(avoided, timeout=20, what="the drain obeyed by both workers")
+
         codes = Counter(ask(port, KEY_B).status_code for _ in range(2 * LIMIT))
         # one allowance for the fleet: a per-worker one would have let up to 2 x LIMIT through (a bucket refills
         # continuously, so one more may have come due while the requests ran)
@@ -103,7 +135,9 @@ def test_two_workers_share_limits_metrics_and_drain_together(redis_server, tmp_p
                        and f'status="{status}"' in line)
 
         # worker 0 answers /metrics with the sum over both workers' counters
-        wait_until(lambda: total("tenant-a", "200") == 20, timeout=10, what="tenant-a's 20 in /metrics")
+        # every tenant-a request was answered 200 and logged by the worker that served it
+        wait_until(lambda: total("tenant-a", "200") == sum(served_by(log, "tenant-a").values()) >= 20 + 15 + 8,
+                   timeout=10, what="tenant-a's requests of both workers in /metrics")
         assert total("tenant-b", "200") == codes[200] and total("tenant-b", "429") == codes[429]
 
         # SIGTERM while a stream is in flight: it completes, then every worker and the supervisor exit
