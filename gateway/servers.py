@@ -222,15 +222,22 @@ def protocol_for(limits: HttpLimits) -> type[OpenAIErrorProtocol]:
 
 
 class _Server(uvicorn.Server):
+    bound: list[socket.socket] | None = None  # a listening socket made by another process (`gateway serve --workers`)
+
     @contextlib.contextmanager
     def capture_signals(self) -> Generator[None, None, None]:
         yield  # signals are handled once for all servers by `serve_all`
 
+    async def serve(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().serve(sockets=sockets or self.bound)
+
 
 def make_server(app: Any, host: str, port: int, **kw: Any) -> uvicorn.Server:
     """`openai_errors=True`: the gateway's protocol (OpenAI-shaped parser errors and the `http_limits`, default
-    HttpLimits()); otherwise uvicorn's own httptools protocol (the simulator)."""
+    HttpLimits()); otherwise uvicorn's own httptools protocol (the simulator). `sock`: serve on this listening socket
+    (inherited from `gateway serve --workers`' supervisor) instead of binding host:port."""
     limits = kw.pop("http_limits", None) or HttpLimits()
+    sock: socket.socket | None = kw.pop("sock", None)
     config = uvicorn.Config(
         app,
         host=host,
@@ -242,7 +249,10 @@ def make_server(app: Any, host: str, port: int, **kw: Any) -> uvicorn.Server:
         lifespan="on",
         **kw,
     )
-    return _Server(config)
+    server = _Server(config)
+    if sock is not None:
+        server.bound = [sock]
+    return server
 
 
 async def serve_all(servers: list[uvicorn.Server], on_started: Any = None, on_signal: Any = None) -> None:

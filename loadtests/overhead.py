@@ -2,6 +2,7 @@
 proxy and through the SGLang router (round-robin; none of them does prefix work here, so this is pure proxying).
 
     .venv/bin/python -m loadtests.overhead [--rounds 3] [--seconds 4] [--concurrency 4]
+    .venv/bin/python -m loadtests.overhead --workers 1,2 --client raw --peers ''   # gateway serve --workers N
 
 The upstream is `loadtests/stub_upstream.py` (2 ports): it answers instantly and streams chunks as fast as the
 connection takes them, so what is measured is proxy cost (the simulator's own scheduling would dominate). Every
@@ -9,7 +10,10 @@ target proxies to the same two stub ports.
 Targets are measured in interleaved rounds (same background noise); figures are medians over rounds.
 - added latency p50/p99: closed loop, non-streaming chat, fixed concurrency, minus direct's
 - CPU ms per request: the target process tree's utime+stime (procfs) / requests it served
-- max req/s per process: closed loop at concurrency 64
+- max req/s per process: closed loop at concurrency 64 (`--client raw`: a lean client, loadtests/raw_client.py, so
+  the client's own CPU, not the target, does not set the ceiling)
+- `--workers 1,2`: this gateway once per worker count (`gateway serve --workers N`, state in a private Redis the run
+  starts, as N > 1 requires; the 1-worker target uses it too, so the two differ only in processes)
 - idle RSS: after start-up and a short warm-up
 - SSE chunks/s: 16 concurrent streams of 5,000 chunks each, chunks received per second
 Peers are installed into loadtests/.venvs on first use (see loadtests/peers.py).
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import socket
 import statistics
 import sys
 import tempfile
@@ -32,6 +37,7 @@ import yaml
 from tqdm import tqdm
 
 from gateway.config import hash_key
+from loadtests import raw_client
 from loadtests.peers import ensure
 from loadtests.procs import Proc, cpu_seconds, rss_mib
 from loadtests.report import save_json, table
@@ -51,10 +57,15 @@ class Target:
         self.idle_rss = float("nan")
 
 
-async def closed_loop(t: Target, concurrency: int, seconds: float, body: dict[str, Any]) -> tuple[list[float], int, float]:
+async def closed_loop(t: Target, concurrency: int, seconds: float, body: dict[str, Any],
+                      lean: bool = False) -> tuple[list[float], int, float]:
     lat: list[float] = []
     errors = 0
     raw = orjson.dumps(body)
+    if lean:
+        cpu0 = cpu_seconds(t.proc.pid) if t.proc else 0.0
+        lat, errors = await raw_client.closed_loop(t.base_urls, raw, t.headers, concurrency, seconds)
+        return lat, errors, (cpu_seconds(t.proc.pid) - cpu0) if t.proc else float("nan")
     limits = httpx.Limits(max_connections=concurrency * 2, max_keepalive_connections=concurrency * 2)
     async with httpx.AsyncClient(timeout=30, limits=limits, trust_env=False) as c:
         stop = time.perf_counter() + seconds
@@ -98,9 +109,29 @@ async def sse_rate(t: Target, streams: int, tokens: int) -> float:
         return count / (time.perf_counter() - s)
 
 
+def wait_port(port: int, timeout: float = 10.0) -> None:
+    deadline = time.time() + timeout
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return
+        except OSError:
+            if time.time() > deadline:
+                raise
+            time.sleep(0.05)
+
+
 def pct(xs: list[float], q: float) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(q * len(xs)))] * 1000 if xs else float("nan")
+
+
+def gateway_proc(a: argparse.Namespace, work: Path, cfg: dict[str, Any], name: str, port: int, admin_port: int,
+                 workers: int = 1) -> Proc:
+    (work / f"{name}.yaml").write_text(yaml.safe_dump(cfg))
+    return Proc(name, [sys.executable, "-m", "gateway.cli", "serve", "--config", str(work / f"{name}.yaml"), "--port",
+                       str(port), "--admin-port", str(admin_port), "--workers", str(workers)],
+                f"http://127.0.0.1:{port}/healthz", log=work / f"{name}.log")
 
 
 def start_targets(a: argparse.Namespace, sim_urls: list[str], work: Path) -> list[Target]:
@@ -111,13 +142,19 @@ def start_targets(a: argparse.Namespace, sim_urls: list[str], work: Path) -> lis
               "tenants": [{"name": "bench", "api_key_hashes": [hash_key(KEY)], "models": ["glm-5.2"]}],
               "observability": {"log_requests": False}}
     (work / "gw.yaml").write_text(yaml.safe_dump(gw_cfg))
-    gw = Proc("gateway", [sys.executable, "-m", "gateway.cli", "serve", "--config", str(work / "gw.yaml"), "--port", str(a.port),
-                          "--admin-port", str(a.port + 5)],  # port + 1 is LiteLLM's
-              f"http://127.0.0.1:{a.port}/healthz", log=work / "gateway.log")
-    targets.append(Target("this gateway", [f"http://127.0.0.1:{a.port}"], gw, {"authorization": f"Bearer {KEY}"}))
+    auth = {"authorization": f"Bearer {KEY}"}
+    # ports: gateway +0 (admin +5), LiteLLM +1, SGLang router +2 (+3), baseline +4 (admin +6), workers +10.. (admin +20..)
+    for k, n in enumerate(a.workers):
+        port = a.port + 10 + k
+        cfg = {**gw_cfg, "routing": {"redis_url": a.redis_url, "redis_prefix": f"ov{n}:"}}
+        gw = gateway_proc(a, work, cfg, f"gateway-{n}w", port, a.port + 20 + k, workers=n)
+        targets.append(Target(f"this gateway, {n} worker{'s' if n > 1 else ''}", [f"http://127.0.0.1:{port}"], gw, auth))
+    if not a.workers:
+        gw = gateway_proc(a, work, gw_cfg, "gateway", a.port, a.port + 5)  # port + 1 is LiteLLM's
+        targets.append(Target("this gateway", [f"http://127.0.0.1:{a.port}"], gw, auth))
     if a.baseline:  # the gateway of another checkout (e.g. `git worktree add /tmp/base <rev>`), same config, same run
         base = Proc("gateway-baseline", [sys.executable, "-m", "gateway.cli", "serve", "--config", str(work / "gw.yaml"),
-                                         "--port", str(a.port + 4)],
+                                         "--port", str(a.port + 4), "--admin-port", str(a.port + 6)],
                     f"http://127.0.0.1:{a.port + 4}/healthz", log=work / "gateway-baseline.log", cwd=a.baseline)
         targets.append(Target(f"gateway @ {a.baseline_label}", [f"http://127.0.0.1:{a.port + 4}"], base,
                               {"authorization": f"Bearer {KEY}"}))
@@ -148,12 +185,18 @@ async def main_async(a: argparse.Namespace) -> None:
                f"http://127.0.0.1:{a.sim_port + 1}/health", log=work / "stub.log")
     sim.wait_ready()
     sim_urls = [f"http://127.0.0.1:{a.sim_port + i}" for i in range(2)]
+    redis = None
+    if a.workers:  # shared state for `--workers`: a private redis-server (never the machine's shared one)
+        redis = Proc("redis", ["redis-server", "--port", str(a.port + 30), "--bind", "127.0.0.1", "--save", "",
+                               "--appendonly", "no", "--dir", str(work)], "http://127.0.0.1:1/", log=work / "redis.log")
+        a.redis_url = f"redis://127.0.0.1:{a.port + 30}/0"
+        wait_port(a.port + 30)
     targets = start_targets(a, sim_urls, work)
     try:
         for t in targets:
             if t.proc:
                 t.startup_s = t.proc.wait_ready(180)
-        await asyncio.sleep(2)
+        await asyncio.sleep(5 if a.workers else 2)  # (every worker of a --workers target up, not only the first)
         for t in targets:  # the sglang router registers workers in the background
             for _ in range(100):
                 try:
@@ -181,7 +224,7 @@ async def main_async(a: argparse.Namespace) -> None:
                 for t in targets:
                     bar.set_description(f"round {r + 1}/{a.rounds}: {t.name}")
                     lat, err, cpu = await closed_loop(t, a.concurrency, a.seconds, BODY)
-                    tput_lat, tput_err, tput_cpu = await closed_loop(t, 64, a.seconds, BODY)
+                    tput_lat, tput_err, tput_cpu = await closed_loop(t, 64, a.seconds, BODY, lean=a.client == "raw")
                     chunks = await sse_rate(t, 16, 5_000)
                     t.rounds.append({"p50": pct(lat, 0.5), "p99": pct(lat, 0.99), "n": len(lat),
                                      "errors": err + tput_err, "cpu_ms": cpu * 1000 / max(len(lat), 1),
@@ -193,6 +236,8 @@ async def main_async(a: argparse.Namespace) -> None:
             if t.proc:
                 t.proc.stop()
         sim.stop()
+        if redis is not None:
+            redis.stop()
 
     def med(t: Target, k: str) -> float:
         return statistics.median(r[k] for r in t.rounds)
@@ -207,7 +252,8 @@ async def main_async(a: argparse.Namespace) -> None:
     import os
 
     print(f"\nOverhead, {a.rounds} interleaved rounds x {a.seconds:.0f} s, concurrency {a.concurrency}, non-streaming chat "
-          f"(16 tokens) against an instant stub upstream; load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
+          f"(16 tokens) against an instant stub upstream; load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores"
+          f"; max req/s measured with the {a.client} client")
     if a.tokenizer_cost:  # after every server has stopped: measured in this process, nothing else running
         from loadtests.tokenize_cost import measure
 
@@ -237,6 +283,10 @@ def main() -> None:
     p.add_argument("--tokenizer-cost", action="store_true", help="also the precise mode's per-request tokenizer and "
                    "event costs on a 20k-token chat, as rows under the table (~30 s more: it trains its tokenizer)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (stderr)")
+    p.add_argument("--workers", type=lambda v: [int(x) for x in v.split(",") if x], default=[],
+                   help="e.g. 1,2: this gateway once per worker count (`gateway serve --workers N`, state in Redis)")
+    p.add_argument("--client", choices=("httpx", "raw"), default="httpx", help="the client of the c=64 max req/s loop "
+                   "(raw: loadtests/raw_client.py, lean enough that the target saturates first)")
     asyncio.run(main_async(p.parse_args()))
 
 

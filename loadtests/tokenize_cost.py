@@ -3,6 +3,7 @@ tokenizing it as the engine will see it and chaining its page keys, next to the 
 
     .venv/bin/python -m loadtests.tokenize_cost            # ~30 s (most of it training the benchmark's tokenizer)
     .venv/bin/python -m loadtests.tokenize_cost --turns 20 # a 20-turn conversation to 20k tokens, turn by turn
+    .venv/bin/python -m loadtests.tokenize_cost --turns 20 --baseline DIR  # and another checkout's, turn by turn
 
 No model files are downloaded: the real-tokenizer rows use a byte-level BPE tokenizer.json (32k vocabulary) trained
 here on generated text, with a ChatML template, through the gateway's HfTokenizer (HF `tokenizers` + jinja2). A real
@@ -15,8 +16,11 @@ engine's events for such a request (its store and, later, its eviction). Process
 from __future__ import annotations
 
 import argparse
+import functools
+import importlib.util
 import json
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -141,34 +145,83 @@ def measure(tokens: int = 20_000, vocab: int = 32_000, reps: int = 30, block_siz
     return about, rows
 
 
-def turns(n_turns: int = 20, tokens: int = 20_000, vocab: int = 32_000, block_size: int = 64
-          ) -> list[tuple[int, int, float, float, bool]]:
+def baseline_modules(checkout: str) -> tuple[Any, Any]:
+    """HfTokenizer and TokenPrefixHasher as another checkout has them (e.g. `git archive main | tar -x -C DIR`),
+    loaded beside this checkout's under their own names; what they import comes from this checkout."""
+    loaded = []
+    for name, rel in (("baseline_real", "gateway/tokenizers/real.py"), ("baseline_keys", "gateway/kvevents/request_keys.py")):
+        spec = importlib.util.spec_from_file_location(name, Path(checkout) / rel)
+        assert spec is not None and spec.loader is not None
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
+        loaded.append(mod)
+    return loaded[0].HfTokenizer, loaded[1].TokenPrefixHasher
+
+
+def turns(n_turns: int = 20, tokens: int = 20_000, vocab: int = 32_000, block_size: int = 64, reps: int = 1,
+          baseline: str | None = None) -> list[tuple[int, int, float, float, bool, float]]:
     """A conversation of `n_turns` turns growing to about `tokens` tokens, sent turn after turn through precise
-    mode's hasher (the previous turn's ids cached, in the tenant's namespace): per turn (turn, prompt tokens, CPU ms
-    of this turn, CPU ms of the same turn tokenized whole with nothing cached, ids equal to a fresh encode)."""
+    mode's hasher (the previous turn's ids cached, in the tenant's namespace), `reps` times over (fresh caches each
+    time): per turn (turn, prompt tokens, median CPU ms of this turn, median CPU ms of the same turn tokenized whole
+    with nothing cached, ids equal to a fresh encode every time, median CPU ms of the `baseline` checkout's hasher
+    on the same turn or NaN). This checkout and the baseline take each turn in alternating order."""
     with tempfile.TemporaryDirectory() as d:
         hf = build_tokenizer(Path(d), vocab)
         fresh = HfTokenizer.from_dir(d)
-        hasher = TokenPrefixHasher(hf, block_size)
+        base = None
+        if baseline:
+            base_tok, base_hasher = baseline_modules(baseline)
+            base = (base_tok.from_dir(d), base_hasher)
         rng = np.random.default_rng(2)
-        per_turn = max(1, tokens // n_turns)
-        msgs = [{"role": "system", "content": words(rng, per_turn // 2)}, {"role": "user", "content": words(rng, 100)}]
-        out = []
-        for turn in range(1, n_turns + 1):
-            body = {"messages": msgs}
-            t0 = time.process_time()
-            hasher("chat/completions", body, "m", "tenant:a", 256)
-            inc = (time.process_time() - t0) * 1000
-            fresh.clear()
-            t0 = time.process_time()
-            want = fresh.encode_request("chat/completions", body, "tenant:b")
-            full = (time.process_time() - t0) * 1000
-            got = hf.encode_request("chat/completions", body, "tenant:a")
-            out.append((turn, len(want), inc, full, got.tolist() == want.tolist()))
+        # words a turn, from this tokenizer's tokens per word, so the last turn reaches about `tokens`
+        per_word = len(hf.encode_text(words(np.random.default_rng(3), 2000))) / 2000
+        w = max(4, int(tokens / per_word / n_turns))
+        msgs = [{"role": "system", "content": words(rng, w * 4 // 5)}, {"role": "user", "content": words(rng, w // 5)}]
+        bodies = []
+        for _ in range(n_turns):
+            bodies.append({"messages": msgs})
             # the model's answer and the next user message: ~tokens/n_turns more tokens a turn
-            msgs = [*msgs, {"role": "assistant", "content": words(rng, per_turn // 2)},
-                    {"role": "user", "content": words(rng, per_turn // 6)}]
-    return out
+            msgs = [*msgs, {"role": "assistant", "content": words(rng, w * 3 // 4)},
+                    {"role": "user", "content": words(rng, w // 4)}]
+        inc: list[list[float]] = [[] for _ in bodies]
+        full: list[list[float]] = [[] for _ in bodies]
+        old: list[list[float]] = [[] for _ in bodies]
+        same = [True for _ in bodies]
+        sizes = [0 for _ in bodies]
+
+        def timed(fn: Callable[[], Any]) -> float:
+            t0 = time.process_time()
+            fn()
+            return (time.process_time() - t0) * 1000
+
+        for r in range(reps):
+            hf.clear()
+            hasher = TokenPrefixHasher(hf, block_size)
+            base_hasher = None
+            if base is not None:
+                base[0].clear()
+                base_hasher = base[1](base[0], block_size)
+            for k, body in enumerate(bodies):
+                mine = functools.partial(hasher, "chat/completions", body, "m", "tenant:a", 256)
+                if base_hasher is not None and (r + k) % 2:
+                    old[k].append(timed(functools.partial(base_hasher, "chat/completions", body, "m", "tenant:a", 256)))
+                    inc[k].append(timed(mine))
+                else:
+                    inc[k].append(timed(mine))
+                    if base_hasher is not None:
+                        old[k].append(timed(functools.partial(base_hasher, "chat/completions", body, "m", "tenant:a",
+                                                              256)))
+                fresh.clear()
+                t0 = time.process_time()
+                want = fresh.encode_request("chat/completions", body, "tenant:b")
+                full[k].append((time.process_time() - t0) * 1000)
+                got = hf.encode_request("chat/completions", body, "tenant:a")
+                same[k] = same[k] and got.tolist() == want.tolist()
+                sizes[k] = len(want)
+        med = statistics.median
+        return [(k + 1, sizes[k], med(inc[k]), med(full[k]), same[k], med(old[k]) if old[k] else float("nan"))
+                for k in range(len(bodies))]
 
 
 def main() -> None:
@@ -177,18 +230,30 @@ def main() -> None:
     p.add_argument("--vocab", type=int, default=32_000)
     p.add_argument("--reps", type=int, default=30)
     p.add_argument("--block-size", type=int, default=64)
+    p.add_argument("--turn-reps", type=int, default=5, help="--turns: conversations run, the median per turn")
+    p.add_argument("--baseline", default=None, help="--turns: another checkout (`git archive REV | tar -x -C DIR`), "
+                   "whose tokenizer and hasher take every turn too, alternating with this one's")
+    p.add_argument("--baseline-label", default="baseline")
     p.add_argument("--turns", type=int, default=0, help="instead: a conversation of this many turns growing to "
                    "--tokens, per turn the CPU of precise mode's tokenizer and of a whole tokenization, and parity")
     a = p.parse_args()
     if a.turns:
-        rows = turns(a.turns, a.tokens, a.vocab, a.block_size)
-        print(f"{a.turns}-turn conversation to ~{a.tokens} tokens ({a.vocab} vocab), process CPU time per turn")
-        print("| turn | prompt tokens | precise mode (previous turn cached) ms | whole tokenization ms | ids equal |")
-        print("|---|---|---|---|---|")
-        for turn, n, inc, full, same in rows:
-            print(f"| {turn} | {n} | {inc:.2f} | {full:.2f} | {'yes' if same else 'NO'} |")
+        rows = turns(a.turns, a.tokens, a.vocab, a.block_size, a.turn_reps, a.baseline)
+        print(f"{a.turns}-turn conversation to ~{a.tokens} tokens ({a.vocab} vocab), process CPU time per turn, median "
+              f"of {a.turn_reps} conversations")
+        extra = [f"baseline ({a.baseline_label}) ms"] if a.baseline else []
+        print("| " + " | ".join(["turn", "prompt tokens", "precise mode (previous turn cached) ms", *extra,
+                                 "whole tokenization ms", "ids equal"]) + " |")
+        print("|---" * (5 + len(extra)) + "|")
+        for turn, n, inc, full, same, old in rows:
+            cells = [str(turn), str(n), f"{inc:.2f}", *([f"{old:.2f}"] if a.baseline else []), f"{full:.2f}",
+                     "yes" if same else "NO"]
+            print("| " + " | ".join(cells) + " |")
         later = sorted(r[2] for r in rows[1:])
         print(f"turns 2-{a.turns}: median {later[len(later) // 2]:.2f} ms, max {later[-1]:.2f} ms")
+        if a.baseline:
+            was = sorted(r[5] for r in rows[1:])
+            print(f"baseline ({a.baseline_label}), turns 2-{a.turns}: median {was[len(was) // 2]:.2f} ms, max {was[-1]:.2f} ms")
         return
     about, rows = measure(a.tokens, a.vocab, a.reps, a.block_size)
     print(about)

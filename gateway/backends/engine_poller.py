@@ -65,7 +65,7 @@ class EnginePoller:
             {p.name: p for p in config.pools if isinstance(p, SGLangPool | VLLMPool)} if config else {})
         self.misconfigured = Gauge("gateway_replica_misconfigured", "1 while a preflight check fails for an SGLang "
                                    "server (log line and /readyz name it)", ["pool", "replica", "check"],
-                                   registry=metrics_registry) if metrics_registry is not None else None
+                                   registry=metrics_registry, multiprocess_mode="livemostrecent") if metrics_registry is not None else None
         self.reports: dict[str, preflight.Report] = {}  # server -> last full preflight
         self._reachable: dict[str, bool] = {}
         self._refused: set[str] = set()  # servers whose last poll found nothing listening

@@ -8,19 +8,29 @@ The chain is seeded with the engine's namespace as 0.5.23's events name it: the 
 publish neither, so their events are keyed with no namespace; once such an engine is seen (`plain_needed`), a
 namespaced request also gets its plain chain, kept in `plain_of` (namespaced key -> plain key, the last
 `PLAIN_KEEP` keys) for the precise index to look those ranks up with.
+
+A conversation's next turn repeats the previous turn's ids: the chain of its longest common prefix with one of the
+namespace's last MEMO_PER_NAMESPACE requests is reused and only the pages after it are hashed (a key depends only
+on the seed and the ids before it, so the keys are those a whole chain gives). The memo holds at most MEMO_TOKENS
+ids over every namespace, least recently used namespace out first.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import OrderedDict
 from typing import Any
+
+import numpy as np
 
 from gateway.kvevents import keys
 from gateway.prefix.hashing import MAX_CHUNKS
 from gateway.tokenizers import RequestTokenizer
 
 PLAIN_KEEP = 1 << 16  # ~1,600 requests of 40 chunks: far more than are between hashing and matching at once
+MEMO_PER_NAMESPACE = 4  # a tenant's conversations in progress whose chains are kept
+MEMO_TOKENS = 1 << 21  # ids kept over every namespace (8 MiB)
 
 
 def lora_of(body: dict[str, Any]) -> str | None:
@@ -39,6 +49,10 @@ class TokenPrefixHasher:
         self.calls = 0
         self.plain_needed = False  # an engine publishes without namespaces (<= 0.5.13): set by the manager
         self.plain_of: OrderedDict[int, int] = OrderedDict()
+        # namespace -> its last requests' (ids, every page key), most recent first
+        self._memo: OrderedDict[str, list[tuple[np.ndarray, list[int]]]] = OrderedDict()
+        self._memo_tokens = 0
+        self._lock = threading.Lock()  # large bodies are hashed on the offload pool's threads
 
     def __call__(self, endpoint: str, body: dict[str, Any], model: str, namespace: str = "",
                  chunk_tokens: int = 256, max_chunks: int = MAX_CHUNKS) -> list[int]:
@@ -47,9 +61,10 @@ class TokenPrefixHasher:
         ids = self.tokenizer.encode_request(endpoint, body, namespace)
         ids = ids[: max_chunks * chunk_tokens]
         ns = keys.namespace(namespace, lora_of(body))
-        out = keys.sampled(keys.chain(keys.seed(ns), ids, self.block_size), every, max_chunks)
+        ids = np.asarray(ids[: keys.MAX_PAGES * self.block_size], dtype=np.uint32)
+        out = keys.sampled(self._chain(ns, ids), every, max_chunks)
         if self.plain_needed and ns:
-            plain = keys.sampled(keys.chain(keys.seed(None), ids, self.block_size), every, max_chunks)
+            plain = keys.sampled(self._chain("", ids), every, max_chunks)
             table = self.plain_of
             for k, pk in zip(out, plain, strict=True):
                 table[k] = pk
@@ -59,3 +74,29 @@ class TokenPrefixHasher:
         self.cpu_s += time.perf_counter() - t0
         self.calls += 1
         return out
+
+    def _chain(self, ns: str, ids: np.ndarray) -> list[int]:
+        """Every page key of `ids` in namespace `ns`, reusing the longest chain the memo shares a prefix with."""
+        bs = self.block_size
+        with self._lock:
+            past = list(self._memo.get(ns, ()))
+        reused: list[int] = []
+        for past_ids, past_keys in past:
+            n = min(len(past_ids), len(ids))
+            diff = np.flatnonzero(past_ids[:n] != ids[:n])
+            pages = min((int(diff[0]) if len(diff) else n) // bs, len(past_keys))
+            if pages > len(reused):
+                reused = past_keys[:pages]
+        start = keys.to_digest(reused[-1]) if reused else keys.seed(ns)
+        chained = reused + keys.chain(start, ids[len(reused) * bs:], bs)
+        with self._lock:
+            mine = self._memo.pop(ns, [])
+            mine.insert(0, (ids, chained))
+            self._memo_tokens += len(ids)
+            for old_ids, _ in mine[MEMO_PER_NAMESPACE:]:
+                self._memo_tokens -= len(old_ids)
+            self._memo[ns] = mine[:MEMO_PER_NAMESPACE]
+            while self._memo_tokens > MEMO_TOKENS and self._memo:
+                _, dropped = self._memo.popitem(last=False)
+                self._memo_tokens -= sum(len(i) for i, _ in dropped)
+        return chained

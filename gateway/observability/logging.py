@@ -10,7 +10,8 @@ The lines, told apart by `event`:
   replica_ejection_held): an event line with those fields and its message in `msg`;
 - `log`: anything else logged by the gateway's modules or uvicorn (warnings, errors), its message in `msg`.
 
-Every line has `ts` (ISO 8601, UTC, milliseconds), `level` and `event`. Nothing is multi-line: a traceback is folded
+Every line has `ts` (ISO 8601, UTC, milliseconds), `level` and `event`; under `gateway serve --workers N` also
+`worker` (its index) and `pid`, so the lines of N processes sharing one stream are told apart. Nothing is multi-line: a traceback is folded
 into the `exc` field of its line (JSON escapes its newlines). Never a key or prompt text: only ids, names, counts
 and timings (callers pass no more)."""
 
@@ -20,7 +21,7 @@ import logging
 import sys
 import time
 import traceback
-from typing import Any
+from typing import Any, ClassVar
 
 import orjson
 
@@ -45,9 +46,11 @@ class JsonLines(logging.Formatter):
     """A record as one JSON line. A record built by `log_request`/`log_event` carries its fields (`record.fields`);
     any other becomes a `log` line with its message; an exception is folded into `exc`."""
 
+    process: ClassVar[dict[str, Any]] = {}  # on every line: a worker's index and pid (`mark_worker`)
+
     def format(self, record: logging.LogRecord) -> str:
         fields: dict[str, Any] | None = getattr(record, "fields", None)
-        line: dict[str, Any] = {"ts": iso_utc(record.created), "level": record.levelname.lower()}
+        line: dict[str, Any] = {"ts": iso_utc(record.created), "level": record.levelname.lower(), **self.process}
         if fields is not None:
             line.update(fields)
         elif isinstance(getattr(record, "event", None), str):
@@ -61,6 +64,11 @@ class JsonLines(logging.Formatter):
         elif record.exc_text:
             line["exc"] = record.exc_text
         return orjson.dumps(line, default=str).decode()
+
+
+def mark_worker(index: int | str, pid: int) -> None:
+    """Every line this process writes from now on names the worker (`gateway serve --workers`)."""
+    JsonLines.process = {"worker": index, "pid": pid}
 
 
 def setup_logging(level: str = "INFO") -> None:

@@ -1,8 +1,17 @@
-"""The gateway's Prometheus metrics (one registry per app, so several apps can live in one process)."""
+"""The gateway's Prometheus metrics (one registry per app, so several apps can live in one process).
+
+Under `gateway serve --workers N` (PROMETHEUS_MULTIPROC_DIR set by the supervisor before any worker starts) every
+value lives in a per-process file and `render` sums them over the workers: counters and histograms add up, gauges
+of load (in flight, queued) add up over the live workers, gauges of a replica's state (healthy, ejected, breaker
+open) show the value a worker set last. Collectors that compute at scrape time (the KV-event subscriptions) are
+those of the process answering the scrape."""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+import os
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Metric, generate_latest
+from prometheus_client.multiprocess import MultiProcessCollector
 
 # The API the client spoke (a bounded label): the chat path's two, the two bridged onto it, else "other" (a refusal
 # on another path, e.g. /v1/models or an unknown one).
@@ -36,7 +45,7 @@ class GatewayMetrics:
                                        ["pool", "replica", "kind"], registry=r)
         self.retries = Counter("gateway_retries", "Attempts beyond the first, per pool tried", ["pool"], registry=r)
         self.inflight = Gauge("gateway_inflight_requests", "Admitted requests not yet finished, on this instance",
-                              ["tenant"], registry=r)
+                              ["tenant"], registry=r, multiprocess_mode="livesum")
         # type = uncached_prompt | cached_prompt | completion: disjoint, so summing by type is the total
         self.tokens = Counter("gateway_tokens", "Tokens from upstream usage (clamped)", ["model", "pool", "tenant", "type"],
                               registry=r)
@@ -46,7 +55,7 @@ class GatewayMetrics:
                                            ["step"], registry=r)
         self.cost = Counter("gateway_cost_usd", "Cost from real usage", ["model", "pool", "tenant"], registry=r)
         self.decisions = Counter("gateway_routing_decisions", "Routing decisions by branch", ["model", "branch"], registry=r)
-        self.replica_healthy = Gauge("gateway_replica_healthy", "1 if the last health check passed", ["pool", "replica"], registry=r)
+        self.replica_healthy = Gauge("gateway_replica_healthy", "1 if the last health check passed", ["pool", "replica"], registry=r, multiprocess_mode="livemostrecent")
         self.replica_share = Counter("gateway_replica_requests", "Attempts sent to each replica (traffic share)",
                                      ["pool", "replica"], registry=r)
         self.sla = Counter("gateway_sla_requests", "Requests whose TTFT met or missed the tenant's SLA (streams: "
@@ -73,7 +82,7 @@ class GatewayMetrics:
                                               "instance's state instead of Redis, by user and why (away, unavailable, "
                                               "error, timeout, saturated)", ["what", "reason"], registry=r)
         self.settlements_pending = Gauge("gateway_budget_settlements_pending", "Budget settlements queued for Redis "
-                                         "(replayed when it answers)", registry=r)
+                                         "(replayed when it answers)", registry=r, multiprocess_mode="livesum")
         self.poison_quarantined = Counter("gateway_poison_quarantined", "Request bodies quarantined after timing out "
                                           "or breaking the connection on two replicas", registry=r)
         self.quarantine_refusals = Counter("gateway_quarantine_refusals", "Requests refused because their body is "
@@ -92,17 +101,40 @@ class GatewayMetrics:
                                      "per replica", ["pool", "replica"], buckets=ITL_BUCKETS, registry=r)
         self.replica_ttft_predicted = Gauge("gateway_replica_ttft_predicted_seconds", "The router's predicted TTFT for "
                                             "the last request dispatched to the replica", ["pool", "replica"],
-                                            registry=r)
+                                            registry=r, multiprocess_mode="livemostrecent")
         self.replica_correction = Gauge("gateway_replica_ttft_correction", "The replica's own learned TTFT correction "
                                         "(1: as its pool; 6: six times slower than the pool's model)",
-                                        ["pool", "replica"], registry=r)
+                                        ["pool", "replica"], registry=r, multiprocess_mode="livemostrecent")
         self.replica_ejected = Gauge("gateway_replica_ejected", "1 while the replica is ejected as a latency outlier",
-                                     ["pool", "replica"], registry=r)
+                                     ["pool", "replica"], registry=r, multiprocess_mode="livemostrecent")
         self.offload_steps = Counter("gateway_offload_steps", "CPU steps of large bodies (parse, translate, validate, "
                                      "hash, tokenize) run off the event loop, or refused with 503 while the pool was "
                                      "full", ["result"], registry=r)
-        self.offload_queued = Gauge("gateway_offload_queued", "Large-body CPU steps running or waiting", registry=r)
-        self.breaker_open = Gauge("gateway_replica_circuit_open", "1 while the circuit breaker is open", ["pool", "replica"], registry=r)
+        self.offload_queued = Gauge("gateway_offload_queued", "Large-body CPU steps running or waiting", registry=r, multiprocess_mode="livesum")
+        self.breaker_open = Gauge("gateway_replica_circuit_open", "1 while the circuit breaker is open", ["pool", "replica"], registry=r, multiprocess_mode="livemostrecent")
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        shared = os.environ.get(MULTIPROC_ENV)
+        if not shared:
+            return generate_latest(self.registry)
+        every = CollectorRegistry(auto_describe=False)
+        MultiProcessCollector(every, shared)  # type: ignore[no-untyped-call]  # prometheus_client leaves it unannotated
+        names = {m.name for m in every.collect()}
+        # this process's scrape-time collectors: their families are in no worker's files (a metric made with
+        # prometheus_client's classes is, from its creation, so it is never counted twice)
+        own = [m for m in self.registry.collect() if m.name not in names and m.samples]
+        every.register(_Families(own))
+        return generate_latest(every)
+
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+
+class _Families:
+    """A collector that yields fixed families."""
+
+    def __init__(self, families: list[Metric]) -> None:
+        self.families = families
+
+    def collect(self) -> list[Metric]:
+        return self.families

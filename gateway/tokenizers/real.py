@@ -10,14 +10,22 @@ tokenizer splits before anything else, so ids(prefix + rest) == ids(prefix) + id
 encoded. A 20k-token conversation's next turn then costs the new turn's tokens, not 20k (docs/kv-events.md).
 Entries are kept per namespace (the tenant's cache namespace, as the engine's own cache is): a tenant holds at most
 NAMESPACE_ENTRIES of the CACHE_ENTRIES, and never reuses ids another tenant's request left.
+
+What a next turn costs, then (loadtests/tokenize_cost.py --turns, docs/results/2026-11-27-incremental-tokenization.md):
+encoding its new text, which no cache can avoid (done with `encode_batch_fast`: the same ids without the offsets
+`encode` also computes, a fifth of its time), one render of the template, and one pass of the cache key's hash over
+the text: the cached prefixes of the namespace are looked up by their lengths (no render of the previous turn), and the
+key of the prefix this turn leaves is taken on from the same pass.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 import threading
 from collections import OrderedDict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -75,9 +83,13 @@ class HfTokenizer:
         env.globals["raise_exception"] = _raise
         self.template = env.from_string(chat_template) if chat_template else None
         self.special = special
+        # the same ids as `encode` without offsets and alignments (tokenizers >= 0.21); a batch of one runs inline
+        self._encode_ids = getattr(tokenizer, "encode_batch_fast", None) or tokenizer.encode_batch
         self.added = sorted({t.content for t in tokenizer.get_added_tokens_decoder().values()}, key=len, reverse=True)
+        # does an added token start at a position: one match, however many added tokens the model has
+        self._added_re = re.compile("|".join(re.escape(t) for t in self.added if t)) if any(self.added) else None
         self._cache: OrderedDict[bytes, np.ndarray] = OrderedDict()
-        self._owned: dict[str, OrderedDict[bytes, None]] = {}
+        self._owned: dict[str, OrderedDict[bytes, int]] = {}  # namespace -> its keys (and their prefixes' lengths)
         self._suffix: str | None = None  # the generation prompt as the template appends it, once checked
         self._suffix_checks = 0  # namespace -> its keys, least recently used first
         # large bodies are tokenized on the offload pool's threads (gateway/offload.py): the LRU's reads and
@@ -122,7 +134,7 @@ class HfTokenizer:
             raise TemplateRefused(str(e)) from e
 
     def encode_text(self, text: str) -> np.ndarray:
-        return np.asarray(self.tok.encode(text, add_special_tokens=False).ids, dtype=np.uint32)
+        return np.asarray(self._encode_ids([text], add_special_tokens=False)[0].ids, dtype=np.uint32)
 
     def encode_request(self, endpoint: str, body: dict[str, Any], namespace: str = "") -> np.ndarray:
         if endpoint != "chat/completions":
@@ -135,10 +147,10 @@ class HfTokenizer:
         messages = body.get("messages") or []
         tools = engine_tools(body.get("tools"))
         text = self.render(messages, tools)
-        ids = self._from_cache(text, messages, tools, namespace)
+        ids, found = self._from_cache(text, namespace)
         # what the next turn will extend: this conversation without the generation prompt
         if len(messages) >= 1:
-            self._remember(self._without_generation_prompt(text, messages, tools), text, ids, namespace)
+            self._remember(self._without_generation_prompt(text, messages, tools), text, ids, namespace, found)
         return ids
 
     def _without_generation_prompt(self, text: str, messages: list[dict[str, Any]], tools: list[Any] | None) -> str:
@@ -158,39 +170,57 @@ class HfTokenizer:
         return prefix
 
     # -- the per-conversation prefix cache ---------------------------------------------------------------------
-    def _from_cache(self, text: str, messages: list[dict[str, Any]], tools: list[Any] | None,
-                    namespace: str) -> np.ndarray:
-        # the previous turn: the last assistant reply and the new user message (a chat turn, an agent's tool call and
-        # its result: tried first, one render fewer), or the last message alone
-        for cut in (2, 1):
-            if len(messages) <= cut:
+    def _from_cache(self, text: str, namespace: str) -> tuple[np.ndarray, _Found | None]:
+        """The ids of `text` built on the longest prefix of it that this namespace has cached (None: encoded whole).
+        The candidates are the lengths of the namespace's cached prefixes at which `text` has a special-token
+        boundary; their keys come from one pass of the hash over `text`, so no render of the previous turn is needed
+        to look it up (and a conversation that branched from another finds their common part)."""
+        with self._lock:
+            owned = self._owned.get(namespace)
+            lengths = sorted({n for n in owned.values() if n <= len(text)}) if owned else []
+        h = _keyer(namespace, "")
+        at = 0
+        best: tuple[int, bytes, np.ndarray, Any] | None = None
+        for n in lengths:
+            if not self._boundary(text, n):
                 continue
-            prefix = self.render(messages[:-cut], tools, add_generation_prompt=False)
-            key = _key(namespace, prefix)
+            h.update(text[at:n].encode("utf-8", "surrogatepass"))
+            at = n
+            key = h.digest()  # (hashlib's digest leaves the state to go on from)
             with self._lock:
                 cached = self._cache.get(key)
-                if cached is not None:
-                    self._cache.move_to_end(key)
-                    self._owned[namespace].move_to_end(key)
-            if cached is not None and text.startswith(prefix) and self._boundary(text, len(prefix)):
-                self.hits += 1
-                return np.concatenate([cached, self.encode_text(text[len(prefix):])])
-        self.misses += 1
-        return self.encode_text(text)
+            if cached is not None:
+                best = (n, key, cached, h.copy())
+        if best is None:
+            self.misses += 1
+            return self.encode_text(text), None
+        n, key, cached, keyer = best
+        with self._lock:
+            mine = self._owned.get(namespace)
+            if key in self._cache and mine is not None and key in mine:
+                self._cache.move_to_end(key)
+                mine.move_to_end(key)
+        self.hits += 1
+        return np.concatenate([cached, self.encode_text(text[n:])]), _Found(n, keyer)
 
     def _boundary(self, text: str, at: int) -> bool:
-        return at == len(text) or any(text.startswith(t, at) for t in self.added)
+        return at == len(text) or (self._added_re is not None and self._added_re.match(text, at) is not None)
 
-    def _remember(self, prefix: str, text: str, ids: np.ndarray, namespace: str) -> None:
+    def _remember(self, prefix: str, text: str, ids: np.ndarray, namespace: str, found: _Found | None) -> None:
         if not text.startswith(prefix) or not self._boundary(text, len(prefix)):
             return
         n = len(ids) - len(self.encode_text(text[len(prefix):]))  # the rest is the generation prompt: short
-        key = _key(namespace, prefix)
+        if found is not None and found.chars <= len(prefix):  # both prefixes of `text`: hash only the difference
+            h = found.keyer.copy()
+            h.update(prefix[found.chars:].encode("utf-8", "surrogatepass"))
+            key = h.digest()
+        else:
+            key = _key(namespace, prefix)
         with self._lock:
             self._cache[key] = ids[:n]
             self._cache.move_to_end(key)
             owned = self._owned.setdefault(namespace, OrderedDict())
-            owned[key] = None
+            owned[key] = len(prefix)
             owned.move_to_end(key)
             if len(owned) > NAMESPACE_ENTRIES:  # this tenant's own least recently used
                 old, _ = owned.popitem(last=False)
@@ -215,8 +245,22 @@ class HfTokenizer:
 
 
 def _key(namespace: str, text: str) -> bytes:
+    return _keyer(namespace, text).digest()
+
+
+def _keyer(namespace: str, text: str) -> hashlib.blake2b:
+    """The cache key's hash state after `text`: more text can be fed to it (UTF-8 encodes piece by piece, so the key
+    of a longer text is the same whether hashed at once or continued)."""
     return hashlib.blake2b(namespace.encode("utf-8", "surrogatepass") + b"\0" + text.encode("utf-8", "surrogatepass"),
-                           digest_size=16).digest()
+                           digest_size=16)
+
+
+@dataclass(frozen=True)
+class _Found:
+    """The cached prefix a request's ids were built on: its length in characters and its key's hash state."""
+
+    chars: int
+    keyer: hashlib.blake2b
 
 
 def _token_text(v: Any) -> str | None:

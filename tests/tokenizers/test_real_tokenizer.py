@@ -126,6 +126,23 @@ def test_the_prefix_cache_is_kept_per_namespace(tmp_path: Path) -> None:
     assert t.hits == 2
 
 
+def test_a_turn_finds_the_longest_cached_prefix_it_extends(tmp_path: Path) -> None:
+    """The lookup takes the longest prefix of the rendering that this namespace has cached, however many messages
+    were added after it (an agent's turn: a reply, several tool results, a user message) and whichever request left
+    it (a regenerated reply branches from the same history); every one's ids equal a fresh encode."""
+    t = HfTokenizer.from_dir(str(make_tokenizer_dir(tmp_path)))
+    fresh = HfTokenizer.from_dir(str(tmp_path))
+    first = [{"role": "system", "content": "you are a helpful assistant " * 10}, {"role": "user", "content": "hello"}]
+    second = [*first, {"role": "assistant", "content": "hello world"}, {"role": "tool", "content": "one"},
+              {"role": "tool", "content": "two"}, {"role": "user", "content": "count one two three"}]
+    regenerated = [*first, {"role": "assistant", "content": "the quick brown fox"}, {"role": "user", "content": "three"}]
+    t.encode_request("chat/completions", {"messages": first})
+    for msgs in (second, regenerated):
+        got = t.encode_request("chat/completions", {"messages": msgs})
+        assert got.tolist() == fresh.tok.encode(fresh.render(msgs, None), add_special_tokens=False).ids
+    assert (t.hits, t.misses) == (2, 1)
+
+
 def test_completions_and_token_prompts(tmp_path: Path) -> None:
     t = HfTokenizer.from_dir(str(make_tokenizer_dir(tmp_path)))
     assert t.encode_request("completions", {"prompt": "hello world"}).tolist() == t.tok.encode("hello world").ids
