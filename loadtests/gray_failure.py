@@ -215,9 +215,15 @@ async def drive(a: argparse.Namespace, run: Run, phase: str) -> dict[str, Any]:
             (await c.post(slow_url + "/_sim/fault", json={"kind": "clear"})).raise_for_status()
         await asyncio.sleep(a.phase_s)
         out = scenario(run, phase, start, fault_at, clear_at, run.now(), slow, lines)
+        # the raw material, for reading a figure back: every request, and the slow replica's state each second
+        out["fault_at"], out["clear_at"] = fault_at, clear_at
+        out["records"] = run.records
+        out["timeline"] = [{"t": p["t"], "correction": p["replicas"][slow]["ttft_correction"],
+                            "predicted": p["replicas"][slow]["predicted_ttft_s"],
+                            "ejected": bool(p["replicas"][slow]["outlier"]["ejected"])} for p in run.polls]
     run.stop = True
     await asyncio.gather(load, poll)
-    print(json.dumps({k: v for k, v in out.items() if k not in ("peak_state", "metrics_at_peak")}), file=sys.stderr)
+    print(json.dumps({k: v for k, v in out.items() if k not in ("peak_state", "metrics_at_peak", "records", "timeline")}), file=sys.stderr)
     return out
 
 
