@@ -25,7 +25,8 @@ ejected for `base_ejection_s` x the number of ejections in a row (capped at `max
   few slow requests. Each evaluation that finds it well after `base_ejection_s` back takes one off the count.
 - Only the worst outlier of a pool is ejected per evaluation, so the floor counts what is really out.
 
-Each ejection and return is a structured log event (`replica_ejected`, `replica_returned`), a counter
+Each ejection, return and passed probe is a structured log event (`replica_ejected`, `replica_returned`,
+`replica_probe_passed`), a counter
 (`gateway_replica_ejections{reason="latency_ttft|latency_itl"}`) and a gauge (`gateway_replica_ejected`), and shows in
 `/admin/state` with why. State is this module's; the target's `ejected` flag is its one write to the target.
 """
