@@ -230,7 +230,8 @@ async def drive(a: argparse.Namespace, run: Run, phase: str) -> dict[str, Any]:
         out["records"] = run.records
         out["timeline"] = [{"t": p["t"], "correction": p["replicas"][slow]["ttft_correction"],
                             "predicted": p["replicas"][slow]["predicted_ttft_s"],
-                            "ejected": bool(p["replicas"][slow]["outlier"]["ejected"])} for p in run.polls]
+                            "ejected": bool(p["replicas"][slow]["outlier"]["ejected"]),
+                            "probing": bool(p["replicas"][slow]["outlier"].get("probing"))} for p in run.polls]
     run.stop = True
     await asyncio.gather(load, poll)
     print(json.dumps({k: v for k, v in out.items() if k not in ("peak_state", "metrics_at_peak", "records", "timeline")}), file=sys.stderr)
@@ -282,7 +283,8 @@ def report(paths: list[str]) -> str:
     head = ("| slowed | seed | own correction >= 1.5 after (peers' peak) | ejected after (why); ejections in the fault "
             "| its requests in the window (their TTFT p50) | its share: fault / after clear "
             "| fleet TTFT p95: no-fault run / fault (Δ) | fleet TTFT p95 without its requests (Δ) "
-            "| fleet ITL p95 Δ | back in service after clear |\n|---|---|---|---|---|---|---|---|---|---|")
+            "| fleet ITL p95 Δ | in routing after clear | half its fair share after clear |"
+            "\n|---|---|---|---|---|---|---|---|---|---|---|")
     out, deltas, nofault = [head], {}, []
     for path in paths:
         rows = json.loads(Path(path).read_text())
@@ -297,6 +299,9 @@ def report(paths: list[str]) -> str:
             without = p95([x["ttft"] for x in during if x.get("replica") != r["slow"]])
             states = [p["ejected"] for p in r["timeline"] if r["fault_at"] <= p["t"] <= r["clear_at"]]
             ejections = sum(1 for a, b in zip([False, *states], states) if b and not a)
+            # in routing: neither ejected nor probing (one request at a time) at a poll after the clear
+            back = next((p["t"] - r["clear_at"] for p in r["timeline"] if p["t"] >= r["clear_at"]
+                         and not p["ejected"] and not p.get("probing")), None)
             base = none["ttft_p95_fault"]
             d = 100 * (r["ttft_p95_fault"] / base - 1)
             dw = 100 * (without / base - 1) if without else None
@@ -310,7 +315,7 @@ def report(paths: list[str]) -> str:
                 f"| {fmt(r['share_fault'], True)} / {fmt(r['share_after'], True)} "
                 f"| {base:.3f} / {r['ttft_p95_fault']:.3f} s ({d:+.0f}%) "
                 f"| {'—' if without is None else f'{without:.3f}'} s ({'—' if dw is None else f'{dw:+.0f}%'}) | {di:+.0f}% "
-                f"| {fmt(r['back_in_s'])} s |")
+                f"| {fmt(back)} s | {fmt(r['back_in_s'])} s |")
     out.append("")
     out.append(f"No-fault runs, fleet TTFT p95 over the window: {', '.join(f'{x:.3f}' for x in nofault)} s.")
     for label, ds in deltas.items():

@@ -18,11 +18,12 @@ ejected for `base_ejection_s` x the number of ejections in a row (capped at `max
 - Probes back in: when the ejection ends the replica is routable again on a clean slate (its window and its own TTFT
   correction forgotten), but through its probe gate (`gateway/probe_gate.py`): one request at a time, like a
   half-open breaker's trial, until an evaluation finds its first `probe_samples` requests (TTFT and ITL) well; then
-  the gate closes and it gets its full share. Returning at once to its full share let several requests land on a
-  still-slow replica before the first of them had a first token — the fleet's TTFT p95 paid for each of them
-  (docs/results/2026-11-27-gray-failure.md). It is on probation until judged clean on `min_samples`: judged on its
-  last `probe_samples` requests, in one evaluation, so a still-slow replica is ejected again, for longer, after a
-  few slow requests. Each evaluation that finds it well after `base_ejection_s` back takes one off the count.
+  the gate closes and it gets its full share. While the gate is open it is judged from its first request on (the
+  median of what it has), so a still-slow replica is ejected again, for longer, after one slow request: each slow
+  probe is a client's request, and in a window of a few hundred requests each one moves the fleet's TTFT p95
+  (docs/results/2026-11-27-gray-failure.md: three 6x probes moved it by about 5 points, one by under 1). After the
+  gate it is on probation until judged clean on `min_samples`: judged on its last `probe_samples` requests, in one
+  evaluation. Each evaluation that finds it well after `base_ejection_s` back takes one off the count.
 - Only the worst outlier of a pool is ejected per evaluation, so the floor counts what is really out.
 
 Each ejection, return and passed probe is a structured log event (`replica_ejected`, `replica_returned`,
@@ -141,10 +142,13 @@ class LatencyOutliers:
                 continue
             tr = self._track.get(t.name)
             n = self.cfg.probe_samples if tr is not None and tr.probation else self.cfg.min_samples
+            # through its probe gate, each request is a client's paying the slowness: judged from the first one
+            # (passing still takes probe_samples: `_probed`)
+            least = 1 if t.name in self._gates else n
             ttft, itl = self.stats.recent(t.name, n)
-            if len(ttft) >= n:
+            if len(ttft) >= least:
                 out["latency_ttft"][t.name] = statistics.median(ttft)
-            if len(itl) >= n:
+            if len(itl) >= least:
                 out["latency_itl"][t.name] = statistics.median(itl)
         return out
 

@@ -215,9 +215,9 @@ def test_replica_stats_window_and_rates():
     assert (v.attempts, v.ttft_samples, v.error_rate) == (0, 0, None)
 
 
-def test_a_probe_back_in_costs_a_few_requests_not_a_full_sample():
-    """Back from an ejection the replica is on probation: a still-slow one is ejected again on its first
-    probe_samples requests, in one evaluation; one judged clean on min_samples leaves probation."""
+def test_a_probe_back_in_costs_one_request_not_a_full_sample():
+    """Back from an ejection the replica is on probation: a still-slow one is ejected again on its first request
+    through the probe gate, in one evaluation; one judged clean on min_samples leaves probation."""
     f = Fleet()
     while not f.ejected():
         f.second(slow={"r2": 6.0})
@@ -231,7 +231,7 @@ def test_a_probe_back_in_costs_a_few_requests_not_a_full_sample():
         served += 1
         f.clock.now += CFG.interval_s
         f.det.tick()
-    assert served == CFG.probe_samples < CFG.min_samples
+    assert served == 1
     while f.ejected():
         f.second()
     for _ in range(5):
@@ -280,8 +280,8 @@ def test_a_returning_replica_takes_one_request_at_a_time_until_it_has_shown_it_i
 
 
 def test_a_still_slow_replica_is_probed_one_request_at_a_time_and_each_ejection_is_longer():
-    """Still slow when its ejection ends: it serves probe_samples requests, one at a time, and is ejected again for
-    base_ejection_s x its ejections in a row — the third for three times the first."""
+    """Still slow when its ejection ends: it serves one request (each probe is a client's request) and is ejected
+    again for base_ejection_s x its ejections in a row — the third for three times the first."""
     f = Fleet()
     while not f.ejected():
         f.second(slow={"r2": 6.0})
@@ -292,7 +292,7 @@ def test_a_still_slow_replica_is_probed_one_request_at_a_time_and_each_ejection_
         f.served.clear()
         while not f.ejected():
             f.second(slow={"r2": 6.0})
-        assert sum(name == "r2" for name, _ in f.served) == CFG.probe_samples
+        assert sum(name == "r2" for name, _ in f.served) == 1
         e = f.det.ejected("r2")
         lengths.append(e.until - e.since)
         assert not f.targets[2].state.probe.probing  # closed while out; opened again at the next return
@@ -314,3 +314,14 @@ def test_a_probe_slot_never_ended_is_free_again_after_stale_s():
     assert not gate.available()
     gate.close()
     assert gate.available()
+
+
+def test_one_fast_probe_among_slow_ones_does_not_pass_it():
+    """Passing takes probe_samples requests judged well; a slow one among them (after a fast first) ejects it."""
+    f = Fleet()
+    _eject_then_return(f)
+    f.second()  # a fast first probe
+    assert f.targets[2].state.probe.probing and f.ejected() == set()
+    f.second(slow={"r2": 8.0})
+    f.second(slow={"r2": 8.0})
+    assert f.ejected() == {"r2"}
