@@ -319,7 +319,7 @@ def report(paths: list[str]) -> str:
     out.append("")
     out.append(f"No-fault runs, fleet TTFT p95 over the window: {', '.join(f'{x:.3f}' for x in nofault)} s.")
     for label, ds in deltas.items():
-        out.append(f"{label}: fleet TTFT p95 Δ median {_med(ds)} over {len(ds)} seeds.")
+        out.append(f"{label}: fleet TTFT p95 Δ median {_med(ds)} over {len(ds)} runs.")
     return "\n".join(out)
 
 
