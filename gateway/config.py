@@ -82,8 +82,10 @@ class OutlierDetection(_Strict):
     window_s: float = Field(default=20.0, gt=0, le=3600, description="observations older than this are forgotten")
     min_samples: int = Field(default=8, ge=1, le=10_000, description="observations a replica (and each peer) needs "
                              "in the window before it is judged or judged against")
-    probe_samples: int = Field(default=3, ge=1, le=10_000, description="observations a replica back from an "
-                               "ejection is judged on (it is already suspect, like a half-open breaker's trial)")
+    probe_samples: int = Field(default=3, ge=1, le=10_000, description="requests a replica back from an "
+                               "ejection takes one at a time, and is judged well on, before its full share again; "
+                               "one of them slow ejects it again (it is already suspect, like a half-open breaker's "
+                               "trial)")
     min_hosts: int = Field(default=3, ge=2, le=1000, description="replicas with enough samples a pool needs before "
                            "any is ejected (a peer median needs peers)")
     ttft_factor: float = Field(default=2.5, gt=1, description="eject when the replica's median TTFT residual "

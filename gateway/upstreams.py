@@ -32,6 +32,7 @@ from gateway.config import (
 )
 from gateway.observability.logging import log_event
 from gateway.prediction.ttft import LoadView
+from gateway.probe_gate import ProbeGate
 from gateway.secrets import pool_keys
 
 DEFAULT_PRIORITY_VALUES = {"high": 10, "normal": 0, "low": -10}
@@ -78,6 +79,8 @@ class TargetState:
     weight: float = 1.0  # ControlPlane.apply (the pool's; 0 takes no new traffic, else routing cost is divided by it)
     drained: bool = False  # ControlPlane.apply
     ejected: bool = False  # LatencyOutliers (dispatch/outliers.py: far slower than its peers, for a while)
+    # its own state machine: LatencyOutliers opens and closes it, the dispatcher acquires, feedback releases
+    probe: ProbeGate = field(default_factory=ProbeGate)
     healthy: bool = True  # HealthChecker (probes; a refused connection the dispatcher reports via `unreachable`)
     health_failures: int = 0  # HealthChecker
     credentials_rejected: bool = False  # HealthChecker (its probe answered 401/403: up, but not with the pool's key)
@@ -128,9 +131,12 @@ class Target:
     def index_key(self) -> str:
         return f"{self.name}@{self.state.incarnation}"
 
-    def routable(self) -> bool:
+    def routable(self, probe: bool = True) -> bool:
+        """`probe` False: leave the probe gate out (the outlier detector: a probing replica whose one request is in
+        flight is still in routing, one request at a time)."""
         s = self.state
-        return s.healthy and not s.drained and not s.ejected and s.weight > 0 and s.breaker.available()
+        return (s.healthy and not s.drained and not s.ejected and s.weight > 0 and s.breaker.available()
+                and (not probe or s.probe.available()))
 
     # -- the live state, read-only here (writers: TargetState) -------------------------------------------------
     @property
@@ -330,6 +336,7 @@ class UpstreamRegistry:
         start fresh."""
         return dataclasses.replace(server, breaker=CircuitBreaker(self._cb.failure_threshold, self._cb.cooldown_s),
                                    engine_load=None, health_failures=0, last_error="", ejected=False,
+                                   probe=ProbeGate(),
                                    misconfigured=list(server.misconfigured))
 
 

@@ -17,7 +17,17 @@ fault to its end, and in the last 20 s after the clear; fleet TTFT p95 and inter
 window, the no-fault run's against the slowed run's; when, after the clear, it took at least half its fair share over
 10 s again. Also when its own TTFT correction reached 1.5 (and the highest its peers' reached meanwhile): a prediction
 crossing can also be a long prefill queued on it, which the no-fault run shows too. Writes
-loadtests/out/gray_failure.json.
+loadtests/out/gray_failure.json (or `--out`): each scenario's figures, every request and the slow replica's state
+each second.
+
+Several seeds, judged against the no-fault runs' own spread:
+
+    .venv/bin/python -m loadtests.gray_failure --seed 1 --out loadtests/out/gray-1.json
+    .venv/bin/python -m loadtests.gray_failure --report loadtests/out/gray-0.json loadtests/out/gray-1.json
+
+`--report` reads saved runs and prints one row per seed and scenario, with what the slow replica's own requests did
+to the fleet's TTFT p95: how many of the fault window's requests it served (their median TTFT), and the p95 of the
+window without them.
 """
 
 from __future__ import annotations
@@ -215,9 +225,16 @@ async def drive(a: argparse.Namespace, run: Run, phase: str) -> dict[str, Any]:
             (await c.post(slow_url + "/_sim/fault", json={"kind": "clear"})).raise_for_status()
         await asyncio.sleep(a.phase_s)
         out = scenario(run, phase, start, fault_at, clear_at, run.now(), slow, lines)
+        # the raw material, for reading a figure back: every request, and the slow replica's state each second
+        out["fault_at"], out["clear_at"] = fault_at, clear_at
+        out["records"] = run.records
+        out["timeline"] = [{"t": p["t"], "correction": p["replicas"][slow]["ttft_correction"],
+                            "predicted": p["replicas"][slow]["predicted_ttft_s"],
+                            "ejected": bool(p["replicas"][slow]["outlier"]["ejected"]),
+                            "probing": bool(p["replicas"][slow]["outlier"].get("probing"))} for p in run.polls]
     run.stop = True
     await asyncio.gather(load, poll)
-    print(json.dumps({k: v for k, v in out.items() if k not in ("peak_state", "metrics_at_peak")}), file=sys.stderr)
+    print(json.dumps({k: v for k, v in out.items() if k not in ("peak_state", "metrics_at_peak", "records", "timeline")}), file=sys.stderr)
     return out
 
 
@@ -256,6 +273,56 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
+def _med(xs: list[float]) -> str:
+    return f"{statistics.median(xs):+.0f}% [{min(xs):+.0f}%, {max(xs):+.0f}%]" if xs else "—"
+
+
+def report(paths: list[str]) -> str:
+    """Saved runs (one file a seed: the no-fault run and each scenario, with their requests) -> a row per seed and
+    scenario, then the median and range of the TTFT p95 change per scenario over the seeds."""
+    head = ("| slowed | seed | own correction >= 1.5 after (peers' peak) | ejected after (why); ejections in the fault "
+            "| its requests in the window (their TTFT p50) | its share: fault / after clear "
+            "| fleet TTFT p95: no-fault run / fault (Δ) | fleet TTFT p95 without its requests (Δ) "
+            "| fleet ITL p95 Δ | in routing after clear | half its fair share after clear |"
+            "\n|---|---|---|---|---|---|---|---|---|---|---|")
+    out, deltas, nofault = [head], {}, []
+    for path in paths:
+        rows = json.loads(Path(path).read_text())
+        none = next(r for r in rows if r["phase"] == "none")
+        seed = Path(path).stem
+        nofault.append(none["ttft_p95_fault"])
+        for r in rows:
+            if r["phase"] == "none":
+                continue
+            during = [x for x in window(r["records"], r["fault_at"] + SETTLE_S, r["clear_at"]) if x["ok"]]
+            mine = [x["ttft"] for x in during if x.get("replica") == r["slow"]]
+            without = p95([x["ttft"] for x in during if x.get("replica") != r["slow"]])
+            states = [p["ejected"] for p in r["timeline"] if r["fault_at"] <= p["t"] <= r["clear_at"]]
+            ejections = sum(1 for a, b in zip([False, *states], states) if b and not a)
+            # in routing: neither ejected nor probing (one request at a time) at a poll after the clear
+            back = next((p["t"] - r["clear_at"] for p in r["timeline"] if p["t"] >= r["clear_at"]
+                         and not p["ejected"] and not p.get("probing")), None)
+            base = none["ttft_p95_fault"]
+            d = 100 * (r["ttft_p95_fault"] / base - 1)
+            dw = 100 * (without / base - 1) if without else None
+            di = 100 * (r["itl_p95_fault"] / none["itl_p95_fault"] - 1)
+            label = "drained by hand" if r["phase"] == "drained" else f"{r['phase']} x{r['factor']:g}"
+            deltas.setdefault(label, []).append(d)
+            out.append(
+                f"| {label} | {seed} | {fmt(r['correction_1_5_s'])} s ({r['peers_peak_correction']:.2f}) "
+                f"| {fmt(r['ejected_s'])} s ({', '.join(r['reasons']) or '—'}); {ejections} "
+                f"| {len(mine)} ({fmt(statistics.median(mine) if mine else None)} s) "
+                f"| {fmt(r['share_fault'], True)} / {fmt(r['share_after'], True)} "
+                f"| {base:.3f} / {r['ttft_p95_fault']:.3f} s ({d:+.0f}%) "
+                f"| {'—' if without is None else f'{without:.3f}'} s ({'—' if dw is None else f'{dw:+.0f}%'}) | {di:+.0f}% "
+                f"| {fmt(back)} s | {fmt(r['back_in_s'])} s |")
+    out.append("")
+    out.append(f"No-fault runs, fleet TTFT p95 over the window: {', '.join(f'{x:.3f}' for x in nofault)} s.")
+    for label, ds in deltas.items():
+        out.append(f"{label}: fleet TTFT p95 Δ median {_med(ds)} over {len(ds)} runs.")
+    return "\n".join(out)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rate", type=float, default=6.0, help="requests per second, whole fleet")
@@ -265,9 +332,16 @@ def main() -> None:
                     "drained: the replica drained by hand instead (the reference: capacity lost, nothing slow)")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default=str(Path(__file__).parent / "out" / "gray_failure.json"),
+                    help="where the runs are saved (figures, requests, the slow replica's state each second)")
+    ap.add_argument("--report", nargs="+", metavar="JSON", help="print the table of saved runs (one file a seed) "
+                    "and run nothing")
     ap.add_argument("--port", type=int, default=18400, help="gateway; admin on port + 1")
     ap.add_argument("--sim-port", type=int, default=18500)
     a = ap.parse_args()
+    if a.report:
+        print(report(a.report))
+        return
     work = Path(tempfile.mkdtemp(prefix="gray-"))
     cfg = {"models": [{"name": "glm-5.2", "pools": ["mi355x"]}],
            "pools": [{"name": "mi355x", "kind": "sglang", "model": "zai-org/GLM-5.2", "pricing": MI355X_PRICE,
@@ -295,9 +369,9 @@ def main() -> None:
         finally:
             gw.stop()
             sim.stop()
-    out = Path(__file__).parent / "out"
-    out.mkdir(exist_ok=True)
-    (out / "gray_failure.json").write_text(json.dumps(rows, indent=1))
+    out = Path(a.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(rows, indent=1))
     print(f"Gray failure: 1 of {REPLICAS} simulated MI355X replicas slowed, {a.rate:g} req/s, phases of "
           f"{a.phase_s:g} s (logs: {work})")
     print(table(rows))

@@ -114,7 +114,11 @@ class Dispatcher:
             if remaining <= 0:
                 raise self._tag(UpstreamTimeout("The request's total time budget ran out before an upstream answered.",
                                                 should_retry=False), tries)
+            # back from a latency ejection: one request at a time until it has shown it is well (probe_gate.py)
+            if not target.state.probe.acquire(request_id):
+                continue
             if not target.breaker.acquire():
+                target.state.probe.release(request_id)
                 continue
             tries.count += 1
             tries.last = target

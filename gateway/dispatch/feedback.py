@@ -153,6 +153,8 @@ class Feedback:
 
     def finished(self, a: Attempt, failed: bool = False) -> None:
         self._apply(self.engine.finished(a, failed))
+        if self.outliers is not None:
+            self.outliers.attempt_ended(a.name, a.req.request_id)  # a probing replica's slot is free again
 
     # -- replica facts (the engine poller) ------------------------------------------------------------------------
     async def replica_replaced(self, key: str) -> None:

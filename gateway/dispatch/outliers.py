@@ -16,13 +16,18 @@ ejected for `base_ejection_s` x the number of ejections in a row (capped at `max
   `max_ejection_percent` of them, with at least one allowed once the pool has `min_hosts`: a fleet-wide slowdown makes
   no replica an outlier, and a pool is never emptied by this module.
 - Probes back in: when the ejection ends the replica is routable again on a clean slate (its window and its own TTFT
-  correction forgotten), so it gets its share and fresh evidence. Like a half-open breaker's trial it is on
-  probation: judged on its first `probe_samples` requests and in one evaluation, so a still-slow replica costs a few
-  slow requests per probe rather than `min_samples` — it is ejected again, for longer. It leaves probation once judged
-  clean on `min_samples`; each evaluation that finds it well after `base_ejection_s` back takes one off the count.
+  correction forgotten), but through its probe gate (`gateway/probe_gate.py`): one request at a time, like a
+  half-open breaker's trial, until an evaluation finds its first `probe_samples` requests (TTFT and ITL) well; then
+  the gate closes and it gets its full share. While the gate is open it is judged from its first request on (the
+  median of what it has), so a still-slow replica is ejected again, for longer, after one slow request: each slow
+  probe is a client's request, and in a window of a few hundred requests each one moves the fleet's TTFT p95
+  (docs/results/2026-11-27-gray-failure.md: three 6x probes moved it by about 5 points, one by under 1). After the
+  gate it is on probation until judged clean on `min_samples`: judged on its last `probe_samples` requests, in one
+  evaluation. Each evaluation that finds it well after `base_ejection_s` back takes one off the count.
 - Only the worst outlier of a pool is ejected per evaluation, so the floor counts what is really out.
 
-Each ejection and return is a structured log event (`replica_ejected`, `replica_returned`), a counter
+Each ejection, return and passed probe is a structured log event (`replica_ejected`, `replica_returned`,
+`replica_probe_passed`), a counter
 (`gateway_replica_ejections{reason="latency_ttft|latency_itl"}`) and a gauge (`gateway_replica_ejected`), and shows in
 `/admin/state` with why. State is this module's; the target's `ejected` flag is its one write to the target.
 """
@@ -39,6 +44,7 @@ from typing import Any
 
 from gateway.config import OutlierDetection
 from gateway.dispatch.replica_stats import ReplicaStats
+from gateway.probe_gate import ProbeGate
 
 log = logging.getLogger("gateway.outliers")
 
@@ -78,8 +84,8 @@ class LatencyOutliers:
     def __init__(self, cfg: OutlierDetection, stats: ReplicaStats,
                  by_pool: Callable[[], Mapping[str, Sequence[Any]]], *, metrics: Any = None, corrector: Any = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        """`by_pool`: pool -> its targets (each with `name`, `pool`, `state.ejected` and `routable()`); `corrector`:
-        the TTFT corrector whose per-replica factor a returning replica sheds."""
+        """`by_pool`: pool -> its targets (each with `name`, `pool`, `state.ejected`, `state.probe` and `routable(probe=)`);
+        `corrector`: the TTFT corrector whose per-replica factor a returning replica sheds."""
         self.cfg = cfg
         self.stats = stats
         self.by_pool = by_pool
@@ -88,6 +94,7 @@ class LatencyOutliers:
         self.clock = clock
         self.ejections: dict[str, Ejection] = {}  # replica -> its current ejection
         self._track: dict[str, _Track] = {}
+        self._gates: dict[str, ProbeGate] = {}  # replica -> its probe gate, while it is open
         self._last = -math.inf
 
     # -- reading ---------------------------------------------------------------------------------------------------
@@ -101,7 +108,16 @@ class LatencyOutliers:
         out: dict[str, Any] = {"ejected": e.as_dict(now) if e else None}
         if tr is not None and tr.held and e is None:
             out["held_by_floor"] = tr.held
+        gate = self._gates.get(name)
+        if gate is not None:  # back from an ejection, one request at a time
+            out["probing"] = {"probes": gate.probes, "in_flight": gate.holder is not None}
         return out
+
+    def attempt_ended(self, name: str, attempt: str) -> None:
+        """An attempt on `name` ended (dispatch feedback): a probing replica's slot is free for the next request."""
+        gate = self._gates.get(name)
+        if gate is not None:
+            gate.release(attempt)
 
     # -- evaluating ------------------------------------------------------------------------------------------------
     def tick(self) -> None:
@@ -122,14 +138,17 @@ class LatencyOutliers:
         """reason -> replica -> its statistic, for routable replicas with enough recent observations."""
         out: dict[str, dict[str, float]] = {r: {} for r in REASONS}
         for t in targets:
-            if t.name in self.ejections or not t.routable():
+            if t.name in self.ejections or not t.routable(probe=False):
                 continue
             tr = self._track.get(t.name)
             n = self.cfg.probe_samples if tr is not None and tr.probation else self.cfg.min_samples
+            # through its probe gate, each request is a client's paying the slowness: judged from the first one
+            # (passing still takes probe_samples: `_probed`)
+            least = 1 if t.name in self._gates else n
             ttft, itl = self.stats.recent(t.name, n)
-            if len(ttft) >= n:
+            if len(ttft) >= least:
                 out["latency_ttft"][t.name] = statistics.median(ttft)
-            if len(itl) >= n:
+            if len(itl) >= least:
                 out["latency_itl"][t.name] = statistics.median(itl)
         return out
 
@@ -156,6 +175,8 @@ class LatencyOutliers:
                 tr.streak += 1
             elif t.name not in self.ejections:
                 tr.streak, tr.held = 0, ""
+                if t.name in self._gates and self._probed(t.name):
+                    self._passed(t)
                 if tr.probation and min(map(len, self.stats.recent(t.name, cfg.min_samples))) >= cfg.min_samples:
                     tr.probation = False  # judged clean on a full sample: an ordinary replica again
                 if tr.count and now - tr.back_at >= cfg.base_ejection_s:
@@ -169,7 +190,7 @@ class LatencyOutliers:
         allowed = math.floor(len(targets) * cfg.max_ejection_percent / 100)
         if cfg.max_ejection_percent > 0 and len(targets) >= cfg.min_hosts:
             allowed = max(1, allowed)
-        out = sum(1 for x in targets if x.name in self.ejections or not x.routable())
+        out = sum(1 for x in targets if x.name in self.ejections or not x.routable(probe=False))
         if out + 1 > allowed:
             if not tr.held:
                 log.warning("replica %s of pool %s is a latency outlier (%s %.3g, %.1fx its peers' %.3g) but not "
@@ -183,7 +204,25 @@ class LatencyOutliers:
             return
         self._eject(t, reason, value, peers, now, flagged[t.name])
 
+    def _probed(self, name: str) -> bool:
+        """Enough evidence through the gate: `probe_samples` TTFTs and ITLs, or — traffic with no streamed latency to
+        judge (non-streamed requests) — twice as many probes ended without them."""
+        n = self.cfg.probe_samples
+        ttft, itl = self.stats.recent(name, n)
+        gate = self._gates[name]
+        return (len(ttft) >= n and len(itl) >= n) or (gate.probes >= 2 * n and gate.holder is None)
+
+    def _passed(self, t: Any) -> None:
+        gate = self._gates.pop(t.name)
+        gate.close()
+        log.info("replica %s of pool %s passed its probe (%d requests): its full share again", t.name, t.pool,
+                 gate.probes, extra={"event": "replica_probe_passed", "replica": t.name, "pool": t.pool,
+                                     "probes": gate.probes})
+
     def _eject(self, t: Any, reason: str, value: float, peers: float, now: float, signals: dict[str, float]) -> None:
+        gate = self._gates.pop(t.name, None)
+        if gate is not None:
+            gate.close()  # out of routing altogether; opened again when this ejection ends
         tr = self._track[t.name]
         tr.count += 1
         tr.streak, tr.held = 0, ""
@@ -210,8 +249,10 @@ class LatencyOutliers:
             self.corrector.reset_replica(t.name)  # offered its share again: the probe
         tr = self._track.setdefault(t.name, _Track())
         tr.back_at, tr.probation = now, True
+        gate = self._gates[t.name] = t.state.probe
+        gate.open()  # one request at a time until it has shown it is well
         if self.metrics is not None:
             self.metrics.replica_ejected.labels(t.pool, t.name).set(0)
-        log.info("replica %s of pool %s back in routing after %.0f s ejected (%s)", t.name, t.pool, now - e.since,
+        log.info("replica %s of pool %s back in routing after %.0f s ejected (%s), probing", t.name, t.pool, now - e.since,
                  e.reason, extra={"event": "replica_returned", "replica": t.name, "pool": t.pool, "reason": e.reason,
                                   "ejected_s": round(now - e.since, 1)})

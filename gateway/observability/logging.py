@@ -7,7 +7,7 @@ The lines, told apart by `event`:
   `policy_reload`, `policy_error`, `policy_recovered`, `redis_away`, `redis_back`, `draining` (SIGTERM), `listening`
   — each its own line, so an on-call can grep or alert on one kind;
 - a line logged with `extra={"event": ...}` (dispatch/outliers.py: replica_ejected, replica_returned,
-  replica_ejection_held): an event line with those fields and its message in `msg`;
+  replica_probe_passed, replica_ejection_held): an event line with those fields and its message in `msg`;
 - `log`: anything else logged by the gateway's modules or uvicorn (warnings, errors), its message in `msg`.
 
 Every line has `ts` (ISO 8601, UTC, milliseconds), `level` and `event`; under `gateway serve --workers N` also

@@ -1,6 +1,7 @@
 """Latency outlier ejection on a virtual clock: a replica far slower than its peers (TTFT residual or inter-token
 latency) is ejected after consecutive evaluations, never below the floor of healthy capacity, returns after its
-ejection on a clean slate, and is ejected again, for longer, if it is still slow."""
+ejection on a clean slate through its probe gate (one request at a time until it has shown it is well), and is
+ejected again, for longer, if it is still slow."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from gateway.dispatch.outliers import LatencyOutliers
 from gateway.dispatch.replica_stats import ReplicaStats
 from gateway.observability.metrics import GatewayMetrics
 from gateway.prediction.ttft import FREE, TtftCorrector
+from gateway.probe_gate import ProbeGate
 
 
 class Clock:
@@ -28,18 +30,20 @@ class Clock:
 class State:
     ejected: bool = False
     drained: bool = False
+    probe: ProbeGate = field(default_factory=ProbeGate)
 
 
 @dataclass(eq=False)
 class FakeTarget:
-    """What the detector reads of a target: name, pool, the routable() answer and the ejected flag it writes."""
+    """What the detector reads of a target: name, pool, the routable() answer, the ejected flag it writes and the
+    probe gate it opens and closes."""
 
     name: str
     pool: str = "p"
     state: State = field(default_factory=State)
 
-    def routable(self) -> bool:
-        return not self.state.ejected and not self.state.drained
+    def routable(self, probe: bool = True) -> bool:
+        return not self.state.ejected and not self.state.drained and (not probe or self.state.probe.available())
 
 
 CFG = OutlierDetection(interval_s=1.0, window_s=20.0, min_samples=8, min_hosts=3, ttft_factor=2.5, itl_factor=2.5,
@@ -50,23 +54,33 @@ class Fleet:
     def __init__(self, n: int = 4, cfg: OutlierDetection = CFG) -> None:
         self.clock = Clock()
         self.stats = ReplicaStats(cfg.window_s, clock=self.clock)
-        self.targets = [FakeTarget(f"r{i}") for i in range(n)]
+        self.targets = [FakeTarget(f"r{i}", state=State(probe=ProbeGate(clock=self.clock))) for i in range(n)]
         self.metrics = GatewayMetrics()
         self.corrector = TtftCorrector(clock=self.clock)
         self.det = LatencyOutliers(cfg, self.stats, lambda: {"p": self.targets}, metrics=self.metrics,
                                    corrector=self.corrector, clock=self.clock)
+        self.served: list[tuple[str, str]] = []  # (replica, attempt), every request served
 
     def second(self, slow: dict[str, float] | None = None, itl_slow: dict[str, float] | None = None) -> None:
-        """One virtual second: each routable replica serves 4 requests (TTFT residual 1, ITL 20 ms, times the
-        given factors), then the detector ticks."""
+        """One virtual second: each routable replica is offered 4 requests (TTFT residual 1, ITL 20 ms, times the
+        given factors), each through its probe gate and ending at the second's end, then the detector ticks. A
+        probing replica so takes one a second."""
+        served: list[tuple[str, str]] = []
         for t in self.targets:
             if not t.routable():
                 continue
-            for _ in range(4):
+            for i in range(4):
+                attempt = f"{t.name}@{self.clock.now}#{i}"
+                if not t.state.probe.acquire(attempt):
+                    break
+                served.append((t.name, attempt))
                 self.stats.ttft(t.name, 1.0 * (slow or {}).get(t.name, 1.0), 1.0)
                 self.stats.itl(t.name, 0.02 * (itl_slow or {}).get(t.name, 1.0))
                 self.stats.outcome(t.name, "ok")
+        self.served += served
         self.clock.now += 1.0
+        for name, attempt in served:
+            self.det.attempt_ended(name, attempt)
         self.det.tick()
 
     def ejected(self) -> set[str]:
@@ -201,9 +215,9 @@ def test_replica_stats_window_and_rates():
     assert (v.attempts, v.ttft_samples, v.error_rate) == (0, 0, None)
 
 
-def test_a_probe_back_in_costs_a_few_requests_not_a_full_sample():
-    """Back from an ejection the replica is on probation: a still-slow one is ejected again on its first
-    probe_samples requests, in one evaluation; one judged clean on min_samples leaves probation."""
+def test_a_probe_back_in_costs_one_request_not_a_full_sample():
+    """Back from an ejection the replica is on probation: a still-slow one is ejected again on its first request
+    through the probe gate, in one evaluation; one judged clean on min_samples leaves probation."""
     f = Fleet()
     while not f.ejected():
         f.second(slow={"r2": 6.0})
@@ -217,9 +231,97 @@ def test_a_probe_back_in_costs_a_few_requests_not_a_full_sample():
         served += 1
         f.clock.now += CFG.interval_s
         f.det.tick()
-    assert served == CFG.probe_samples < CFG.min_samples
+    assert served == 1
     while f.ejected():
         f.second()
     for _ in range(5):
         f.second()  # recovered: 4 requests a second, judged clean on min_samples
     assert not f.det._track["r2"].probation
+
+
+def _eject_then_return(f: Fleet, name: str = "r2") -> None:
+    while not f.ejected():
+        f.second(slow={name: 6.0})
+    while f.ejected():
+        f.second()
+
+
+def test_a_returning_replica_takes_one_request_at_a_time_until_it_has_shown_it_is_well(caplog):
+    """Back from an ejection the replica gets one request at a time (its probe slot held from dispatch to the
+    attempt's end; routing skips it meanwhile), not its full share at once: a still-slow replica would otherwise
+    take several slow requests before the first of them tells. Judged well on probe_samples, it gets its share."""
+    f = Fleet()
+    _eject_then_return(f)
+    r2 = f.targets[2]
+    gate = r2.state.probe
+    assert gate.probing and f.det.status("r2")["probing"] == {"probes": 0, "in_flight": False}
+    assert r2.routable() and gate.acquire("a")
+    assert not r2.routable() and r2.routable(probe=False)  # skipped by routing, still in routing for the detector
+    assert not gate.acquire("b")
+    f.det.attempt_ended("r2", "other")  # another attempt's end frees nothing
+    assert not gate.acquire("b")
+    f.det.attempt_ended("r2", "a")
+    assert r2.routable()
+    f.served.clear()
+    with caplog.at_level(logging.INFO, logger="gateway.outliers"):
+        seconds = 0
+        while gate.probing:
+            f.second()
+            seconds += 1
+            assert seconds < 10
+    probes = sum(name == "r2" for name, _ in f.served)
+    assert probes == seconds == CFG.probe_samples  # one a second, just enough to be judged
+    assert "probing" not in f.det.status("r2") and f.ejected() == set()
+    passed = [r.probes for r in caplog.records if getattr(r, "event", None) == "replica_probe_passed"]
+    assert passed == [probes + 1]  # and the one by hand above
+    f.served.clear()
+    f.second()
+    assert sum(name == "r2" for name, _ in f.served) == 4  # its full share again
+
+
+def test_a_still_slow_replica_is_probed_one_request_at_a_time_and_each_ejection_is_longer():
+    """Still slow when its ejection ends: it serves one request (each probe is a client's request) and is ejected
+    again for base_ejection_s x its ejections in a row — the third for three times the first."""
+    f = Fleet()
+    while not f.ejected():
+        f.second(slow={"r2": 6.0})
+    lengths = []
+    for _ in range(2):
+        while f.ejected():
+            f.second()
+        f.served.clear()
+        while not f.ejected():
+            f.second(slow={"r2": 6.0})
+        assert sum(name == "r2" for name, _ in f.served) == 1
+        e = f.det.ejected("r2")
+        lengths.append(e.until - e.since)
+        assert not f.targets[2].state.probe.probing  # closed while out; opened again at the next return
+    assert lengths == [2 * CFG.base_ejection_s, 3 * CFG.base_ejection_s]
+
+
+def test_a_probe_slot_never_ended_is_free_again_after_stale_s():
+    """An attempt whose end is never reported cannot shut a replica out: the gate slows, never blocks."""
+    clock = Clock()
+    gate = ProbeGate(stale_s=60.0, clock=clock)
+    assert gate.acquire("x") and gate.acquire("y")  # closed: every request goes
+    gate.open()
+    assert gate.acquire("a") and not gate.available()
+    clock.now += 59.0
+    assert not gate.acquire("b")
+    clock.now += 1.0
+    assert gate.acquire("b") and gate.holder == "b"
+    gate.release("a")  # the abandoned attempt's late end frees nothing
+    assert not gate.available()
+    gate.close()
+    assert gate.available()
+
+
+def test_one_fast_probe_among_slow_ones_does_not_pass_it():
+    """Passing takes probe_samples requests judged well; a slow one among them (after a fast first) ejects it."""
+    f = Fleet()
+    _eject_then_return(f)
+    f.second()  # a fast first probe
+    assert f.targets[2].state.probe.probing and f.ejected() == set()
+    f.second(slow={"r2": 8.0})
+    f.second(slow={"r2": 8.0})
+    assert f.ejected() == {"r2"}
