@@ -48,9 +48,9 @@ def test_bad_input_through_the_gateway_gets_the_same_answers(twins: tuple[Endpoi
         for url in (real.url, sim.url):
             pool = {**sglang_pool("p", [url], model="tiny"), "vocab_size": 2048}
             gws.append(start_gateway(config([pool], timeouts={"first_byte": 120.0, "idle": 60.0, "total": 300.0})))
-        for gw in gws:  # the context length the preflight reads from /server_info bounds max_tokens at the edge
-            reg = gw.app.state.gateway.registry  # type: ignore[attr-defined]
-            wait_until(lambda: all(t.context_tokens == 4096 for t in reg.targets), 60, "the servers' context length")
+        # the context length the preflight reads from /server_info bounds max_tokens at the edge
+        targets = [t for gw in gws for t in gw.app.state.gateway.registry.targets]  # type: ignore[attr-defined]
+        wait_until(lambda: all(t.context_tokens == 4096 for t in targets), 60, "the servers' context length")
         rows = compare_gateways(gws[0].urls[0], gws[1].urls[0], {"Authorization": f"Bearer {KEY_A}"}, "glm-5.2")
         differ = [f"{r.item}: real {r.real} | sim {r.sim}" for r in rows if not r.same]
         assert not differ, "\n".join(differ)
