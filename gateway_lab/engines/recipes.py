@@ -90,7 +90,7 @@ class ServerFlags:
     """One server's settings; the defaults are the deploy recipes' (deploy/sglang) scaled to a tiny CPU model."""
 
     port: int
-    kv_port: int  # PUB; the replay ROUTER is kv_port + 1
+    kv_port: int  # rank r's PUB on kv_port + r; rank r's replay ROUTER on kv_port + dp_size + r
     model: str
     served_name: str = "tiny"
     page_size: int = 64
@@ -99,12 +99,17 @@ class ServerFlags:
     cache_report: bool = True
     priority: bool = True
     kv_events: bool = True
+    dp_size: int = 1  # SGLang data-parallel ranks in this server (one core each)
     extra: tuple[str, ...] = ()
+
+    @property
+    def replay_port(self) -> int:
+        return self.kv_port + self.dp_size
 
 
 def kv_events_json(flags: ServerFlags, vllm: bool = False) -> str:
     cfg: dict[str, object] = {"publisher": "zmq", "endpoint": f"tcp://*:{flags.kv_port}",
-                              "replay_endpoint": f"tcp://*:{flags.kv_port + 1}"}
+                              "replay_endpoint": f"tcp://*:{flags.replay_port}"}
     if vllm:
         cfg |= {"enable_kv_cache_events": True, "topic": ""}
     return json.dumps(cfg, separators=(",", ":"))
@@ -126,6 +131,8 @@ def sglang_argv(flags: ServerFlags) -> list[str]:
             "--attention-backend", "torch_native", "--context-length", str(flags.context_length),
             "--max-total-tokens", str(flags.max_total_tokens), "--page-size", str(flags.page_size),
             "--enable-metrics", "--tool-call-parser", "qwen25"]
+    if flags.dp_size > 1:
+        argv += ["--dp-size", str(flags.dp_size)]
     return argv + sglang_switches(flags) + list(flags.extra)
 
 
@@ -144,10 +151,12 @@ def vllm_argv(flags: ServerFlags) -> list[str]:
     return argv + list(flags.extra)
 
 
-def server_env(engine: str, core: int, stub_dir: str | None) -> dict[str, str]:
+def server_env(engine: str, core: int, stub_dir: str | None, cores: list[int] | None = None) -> dict[str, str]:
+    """`cores`: one core per SGLang DP rank, bound as SGLang's `a|b` list (else `core` alone)."""
     env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     if engine == "sglang":
-        env |= {"SGLANG_USE_CPU_ENGINE": "1", "SGLANG_CPU_OMP_THREADS_BIND": str(core)}
+        bind = "|".join(str(c) for c in cores) if cores else str(core)
+        env |= {"SGLANG_USE_CPU_ENGINE": "1", "SGLANG_CPU_OMP_THREADS_BIND": bind}
     else:
         env |= {"VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": str(core),
                 "VLLM_NO_USAGE_STATS": "1", "VLLM_DO_NOT_TRACK": "1"}
