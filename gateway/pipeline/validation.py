@@ -51,40 +51,45 @@ class RequestLimits:
     max_n: int = MAX_N
     context_tokens: int | None = None
     max_sequences: int = MAX_SEQUENCES
+    vocab_size: int | None = None  # token ids in a prompt must lie below it (unset: only MAX_TOKEN_ID bounds them)
 
 
 def limits_for(config: GatewayConfig, pools: Iterable[str], registry: Any = None) -> RequestLimits:
     """The narrowest limits of the pools a request may be dispatched to (any of them may end up serving it). The
     context is the pool's configured `context_tokens`, else (given the `UpstreamRegistry`) the smallest
-    `context_length` its SGLang servers reported in /server_info."""
-    cap, seq, contexts = MAX_N, MAX_SEQUENCES, []
+    `context_length` its SGLang servers reported in /server_info. The vocabulary is the pools' configured
+    `vocab_size` (no engine reports it: neither SGLang's /server_info or /model_info nor vLLM's /v1/models)."""
+    cap, seq, contexts, vocabs = MAX_N, MAX_SEQUENCES, [], []
     for name in pools:
-        n, s, ctx = _pool_bounds(config, name)
+        n, s, ctx, vocab = _pool_bounds(config, name)
         cap, seq = min(cap, n), min(seq, s)
+        if vocab is not None:
+            vocabs.append(vocab)
         if ctx is not None:
             contexts.append(ctx)
         elif registry is not None:
             contexts += [t.context_tokens for t in registry.by_pool.get(name, []) if t.context_tokens]
-    return RequestLimits(max_n=cap, context_tokens=min(contexts) if contexts else None, max_sequences=seq)
+    return RequestLimits(max_n=cap, context_tokens=min(contexts) if contexts else None, max_sequences=seq,
+                         vocab_size=min(vocabs) if vocabs else None)
 
 
-# (id(config), pool) -> (config, max_n, max_sequences, configured context): a config is immutable once loaded, so
-# its pools' bounds are worked out once per config object, not on every request
-_BOUNDS: dict[tuple[int, str], tuple[GatewayConfig, int, int, int | None]] = {}
+# (id(config), pool) -> (config, max_n, max_sequences, configured context, vocab size): a config is immutable once
+# loaded, so its pools' bounds are worked out once per config object, not on every request
+_BOUNDS: dict[tuple[int, str], tuple[GatewayConfig, int, int, int | None, int | None]] = {}
 
 
-def _pool_bounds(config: GatewayConfig, name: str) -> tuple[int, int, int | None]:
+def _pool_bounds(config: GatewayConfig, name: str) -> tuple[int, int, int | None, int | None]:
     hit = _BOUNDS.get((id(config), name))
     if hit is not None and hit[0] is config:
-        return hit[1], hit[2], hit[3]
+        return hit[1], hit[2], hit[3], hit[4]
     p = config.pool(name)
     own = CAPABILITIES[p.kind].self_hosted
     n = p.max_n if p.max_n is not None else DEFAULT_MAX_N_SELF_HOSTED if own else MAX_N
     s = p.max_sequences if p.max_sequences is not None else DEFAULT_MAX_SEQUENCES_SELF_HOSTED if own else MAX_SEQUENCES
     if len(_BOUNDS) > 4096:  # configs reloaded many times over (tests): start again
         _BOUNDS.clear()
-    _BOUNDS[(id(config), name)] = (config, n, s, p.context_tokens)
-    return n, s, p.context_tokens
+    _BOUNDS[(id(config), name)] = (config, n, s, p.context_tokens, p.vocab_size)
+    return n, s, p.context_tokens, p.vocab_size
 
 
 @dataclass(frozen=True)
@@ -168,11 +173,27 @@ def _check_size(body: dict[str, Any], endpoint: str, limits: RequestLimits) -> i
         if seqs > limits.max_sequences:
             raise InvalidRequest(f"This request asks for {seqs} sequences (prompts x n); at most "
                                  f"{limits.max_sequences} are allowed for this model.", param="prompt")
+    if limits.vocab_size is not None and isinstance(prompt, list) and prompt:
+        _check_vocab(prompt, limits.vocab_size)
     out_cap = limits.context_tokens or MAX_OUTPUT_TOKENS
     why = " (the model's context length)" if limits.context_tokens else ""
     legacy = _int(body, "max_tokens", 1, out_cap, why)  # checked even when the newer field is also set
     newer = _int(body, "max_completion_tokens", 1, out_cap, why) if endpoint == "chat/completions" else None
     return newer if newer is not None else legacy
+
+
+def _check_vocab(prompt: list[Any], vocab: int) -> None:
+    """Token ids past the model's vocabulary are refused here: real SGLang 0.5.23 does not check them, and one such
+    id killed its scheduler, the whole server with it (docs/results/2026-11-27-differential.md)."""
+    seqs = prompt if isinstance(prompt[0], list) else [prompt]
+    for i, seq in enumerate(seqs):
+        if not isinstance(seq, list) or not seq or not all(type(t) is int for t in seq):
+            continue  # strings, or ids the type check refuses with its own message
+        top = max(seq)
+        if top >= vocab:
+            where = "prompt" if seqs is not prompt else f"prompt[{i}]"
+            raise InvalidRequest(f"{where} holds token id {top}, past this model's vocabulary of {vocab} tokens "
+                                 f"(ids 0 to {vocab - 1}).", param="prompt", code="token_id_out_of_vocabulary")
 
 
 def _check_sampling(body: dict[str, Any], endpoint: str) -> None:

@@ -68,6 +68,10 @@ class _PoolBase(_Strict):
     context_tokens: int | None = Field(default=None, ge=1, description="the model's context length here: larger "
                                        "max_tokens are refused at the edge "
                                        "(unset: the servers' /server_info context, when reported)")
+    vocab_size: int | None = Field(default=None, ge=1, description="the model's vocabulary size here: a completions "
+                                   "prompt of token ids holding an id at or past it is refused at the edge (400) "
+                                   "(unset: not checked; no engine reports it, and real SGLang's scheduler dies on "
+                                   "such an id)")
     responses: Literal["bridge", "native"] = Field(default="bridge", description="how /v1/responses is served: "
                                                    "bridge = translated onto this pool's chat/completions; native = "
                                                    "forwarded to its own /v1/responses (docs/agent-apis.md)")

@@ -1,8 +1,11 @@
 """`gateway engines affinity`: the routing figure against real engines, measured by the engines' own counters.
 
 The same multi-turn workload (distinct prefix per session, turns in order) through: this gateway (approximate),
-this gateway in precise mode (SGLang's KV events, the model's tokenizer), two gateway instances each keeping its
-own index (turns alternate between them), and round-robin straight to the servers. Sessions run one after another
+this gateway in precise mode (the engines' KV events, the model's tokenizer), two gateway instances each keeping its
+own index (turns alternate between them), and round-robin straight to the servers; against SGLang (pool kind
+`sglang`) or vLLM (`vllm`). In precise mode this instance's own (speculative) entry stands `SPECULATIVE_S` after
+dispatch and each session then idles `IDLE_S` before its next turn, longer than that: a later turn is a
+`prefix_hit` only through the engine's own events (the table counts them). Sessions run one after another
 (every turn of the first, then the second...), as a user's conversation does, so round-robin moves a session at
 every turn whatever the number of servers. Each run uses fresh sessions (new prefixes), so no run profits from
 another's cache.
@@ -24,12 +27,15 @@ from gateway_lab.engines.servers import running
 from gateway_lab.engines.workload import Result, Session, direct_round_robin, run_sessions
 
 KEY = "sk-engines-affinity"
+SPECULATIVE_S = 1.0  # precise mode: routing.speculative_ttl_s and kv_events.speculative_s
+IDLE_S = 2.0  # precise mode: a session's pause before each later turn, longer than SPECULATIVE_S
 
 
 def gateway_config(urls: list[str], model_dir: Path, mode: str, kind: str = "sglang") -> dict[str, Any]:
     routing: dict[str, Any] = {"mode": mode, "chunk_tokens": 256}
     if mode != "approximate":
-        routing["kv_events"] = {"discovery_interval_s": 0.5, "block_size": 64,
+        routing["speculative_ttl_s"] = SPECULATIVE_S
+        routing["kv_events"] = {"discovery_interval_s": 0.5, "block_size": 64, "speculative_s": SPECULATIVE_S,
                                 "tokenizer": {"kind": "hf", "path": str(model_dir)}}
     return {"models": [{"name": "tiny", "pools": ["p"]}],
             "pools": [{"name": "p", "kind": kind, "model": "tiny",
@@ -70,34 +76,44 @@ def _alternating(urls: list[str], sessions: list[Session], turns: int) -> Result
     return Result("two instances, own index each", sessions)
 
 
-def measure(urls: list[str], model_dir: Path, sessions: int, turns: int) -> list[Result]:
+def measure(urls: list[str], model_dir: Path, sessions: int, turns: int, kind: str = "sglang") -> list[Result]:
     h = {"Authorization": f"Bearer {KEY}"}
     out = []
-    with InProcessGateway(gateway_config(urls, model_dir, "approximate")) as gw:
+    with InProcessGateway(gateway_config(urls, model_dir, "approximate", kind)) as gw:
         out.append(run_sessions(gw.url, [Session(f"approx-{i}") for i in range(sessions)], turns, h,
                                 label="gateway, approximate", by_session=True))
-    with InProcessGateway(gateway_config(urls, model_dir, "precise")) as gw:
+    with InProcessGateway(gateway_config(urls, model_dir, "precise", kind)) as gw:
         time.sleep(2)  # discovery (0.5 s) and the subscriptions' first connect: precise from the first request
         out.append(run_sessions(gw.url, [Session(f"precise-{i}") for i in range(sessions)], turns, h,
-                                label="gateway, precise (KV events)", by_session=True))
-    with InProcessGateway(gateway_config(urls, model_dir, "approximate")) as a, \
-            InProcessGateway(gateway_config(urls, model_dir, "approximate")) as b:
+                                label=f"gateway, precise (KV events; idle {IDLE_S:g} s > speculative {SPECULATIVE_S:g} s)",
+                                by_session=True, between=lambda: time.sleep(IDLE_S)))
+    with InProcessGateway(gateway_config(urls, model_dir, "approximate", kind)) as a, \
+            InProcessGateway(gateway_config(urls, model_dir, "approximate", kind)) as b:
         out.append(_alternating([a.url, b.url], [Session(f"two-{i}") for i in range(sessions)], turns))
     out.append(direct_round_robin(urls, [Session(f"rr-{i}") for i in range(sessions)], turns, by_session=True))
     return out
 
 
+def _prefix_hits(r: Result) -> str:
+    """Later turns the gateway routed as `prefix_hit`, of all later turns ("-" where no gateway routed)."""
+    later = [route for s in r.sessions for route in s.routes[1:]]
+    if not any(later):
+        return "-"
+    return f"{sum(x == 'prefix_hit' for x in later)} of {len(later)}"
+
+
 def table(results: list[Result]) -> str:
-    lines = ["| router | prompt tokens cached (all turns) | turns 2+ | sessions moved |", "|---|---|---|---|"]
+    lines = ["| router | prompt tokens cached (all turns) | turns 2+ | sessions moved | turns 2+ routed prefix_hit |",
+             "|---|---|---|---|---|"]
     for r in results:
-        lines.append(f"| {r.label} | {r.hit_rate:.1%} | {r.later_hit_rate:.1%} | {r.moves} |")
+        lines.append(f"| {r.label} | {r.hit_rate:.1%} | {r.later_hit_rate:.1%} | {r.moves} | {_prefix_hits(r)} |")
     return "\n".join(lines) + "\n"
 
 
 def run_affinity(env: EngineEnv, model_dir: Path, logs: Path, n: int, sessions: int, turns: int) -> str:
     t0 = time.monotonic()
     with running(env, str(model_dir), n, logs) as fleet:
-        results = measure(fleet.urls, model_dir, sessions, turns)
+        results = measure(fleet.urls, model_dir, sessions, turns, kind=env.recipe.engine)
     return (f"{n} real {env.recipe.engine} {env.recipe.version} servers (engine kit, CPU), {sessions} sessions x "
             f"{turns} turns each, cached tokens as the engines reported them ({time.monotonic() - t0:.0f} s):\n\n"
             + table(results))

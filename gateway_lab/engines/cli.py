@@ -42,6 +42,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     st.add_argument("--state", type=Path, default=None, help="write the servers' URLs and ports as JSON here")
     st.add_argument("--no-cache-report", action="store_true")
     st.add_argument("--no-priority", action="store_true")
+    st.add_argument("--dp-size", type=int, default=1, help="SGLang data-parallel ranks per server (one core each)")
     ck = s.add_parser("check", help="the kit's self-check against one real server (no gateway involved)")
     ck.add_argument("--engine", default="sglang")
     s.add_parser("status", help="installed environments and the model")
@@ -135,6 +136,8 @@ def run(args: argparse.Namespace) -> int:
         flags["cache_report"] = False
     if args.no_priority:
         flags["priority"] = False
+    if args.dp_size > 1:
+        flags["dp_size"] = args.dp_size
     try:
         with running(env, str(mdir), args.n, logs, flags=flags) as fleet:
             for s in fleet.servers:

@@ -87,6 +87,40 @@ def bad_inputs(model: str) -> list[tuple[str, str, Any, dict[str, str]]]:
     ]
 
 
+def gateway_bad_inputs(model: str) -> list[tuple[str, str, Any, dict[str, str]]]:
+    """`bad_inputs` addressed to a gateway (its public model name), plus what only a gateway can refuse safely: a
+    token id past the vocabulary (sent bare, it kills real SGLang's scheduler; the gateway's pool `vocab_size`
+    stops it) and a priority out of the engines' int64 range."""
+    comp = "/v1/completions"
+    return [*bad_inputs(model),
+            ("token id past the vocabulary", comp, {"model": model, "prompt": [5, 10_000_000], "max_tokens": 1}, {}),
+            ("priority past int64", comp, {"model": model, "prompt": "hi", "max_tokens": 1, "priority": 2**63}, {})]
+
+
+def gateway_shape(r: httpx.Response) -> str:
+    """A gateway's answer as status, error type, code and param (the gateway answers in OpenAI's error shape)."""
+    try:
+        body = r.json()
+    except ValueError:
+        return f"{r.status_code} (not JSON)"
+    if isinstance(body, dict) and isinstance(body.get("error"), dict):
+        e = body["error"]
+        return f"{r.status_code} error{{type={e.get('type')}, code={e.get('code')}, param={e.get('param')}}}"
+    return _shape(r)
+
+
+def compare_gateways(real_gw: str, sim_gw: str, headers: dict[str, str], model: str) -> list[Row]:
+    """The same bad input sent to a gateway in front of real SGLang and to one in front of the simulator: one row per
+    probe, status and error shape (what a client of the gateway sees)."""
+    rows = []
+    with httpx.Client(timeout=120) as c:
+        for name, path, body, h in gateway_bad_inputs(model):
+            a = gateway_shape(_send(c, real_gw, path, body, {**headers, **h}))
+            b = gateway_shape(_send(c, sim_gw, path, body, {**headers, **h}))
+            rows.append(Row("bad input through the gateway", name, a, b, a == b))
+    return rows
+
+
 def _shape(r: httpx.Response) -> str:
     try:
         body = r.json()

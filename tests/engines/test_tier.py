@@ -15,6 +15,8 @@ import pytest
 from gateway.config import parse_config
 from gateway.preflight import check_config
 from gateway.tokenizers.real import HfTokenizer
+from gateway.upstreams import release
+from gateway_lab.engines.envs import EngineEnv
 from gateway_lab.engines.servers import Fleet
 from gateway_lab.engines.workload import Session, direct_round_robin, run_sessions
 from tests.gateway_fixtures import KEY_A, config, sglang_pool, start_gateway
@@ -22,6 +24,7 @@ from tests.support import ServerThread, wait_until
 
 H = {"Authorization": f"Bearer {KEY_A}"}
 PAGE = 64
+VOCAB = 2048  # the kit's tiny model (gateway_lab/engines/model.py)
 
 
 def gateway_config(urls: list[str], model_dir: Path, mode: str = "approximate") -> dict[str, Any]:
@@ -31,7 +34,8 @@ def gateway_config(urls: list[str], model_dir: Path, mode: str = "approximate") 
         routing |= {"speculative_ttl_s": 0.01, "kv_events": {
             "discovery_interval_s": 0.3, "block_size": PAGE, "speculative_s": 0.01,
             "tokenizer": {"kind": "hf", "path": str(model_dir)}}}
-    return config([sglang_pool("p", urls, model="tiny")], routing=routing,
+    pool = {**sglang_pool("p", urls, model="tiny"), "vocab_size": VOCAB}
+    return config([pool], routing=routing,
                   timeouts={"connect": 2.0, "first_byte": 120.0, "idle": 60.0, "total": 300.0})
 
 
@@ -106,6 +110,23 @@ def test_streaming_cancellation_frees_the_engine(gateway: ServerThread, two_sgla
     wait_until(idle, timeout=120, what="the engines to drop the cancelled request")
 
 
+def test_token_ids_past_the_vocabulary_are_refused_before_the_engine(gateway: ServerThread, two_sglang: Fleet
+                                                                     ) -> None:
+    """Real SGLang 0.5.23 does not bound prompt token ids, and one past the vocabulary kills its scheduler; with the
+    pool's `vocab_size` the gateway answers 400 in OpenAI's shape and both servers keep serving."""
+    for prompt in ([5, VOCAB], [10_000_000], [[1, 2], [3, 99_999]]):
+        r = httpx.post(f"{gateway.urls[0]}/v1/completions", headers=H, timeout=60,
+                       json={"model": "glm-5.2", "prompt": prompt, "max_tokens": 1})
+        assert r.status_code == 400, r.text
+        err = r.json()["error"]
+        assert err["param"] == "prompt" and err["code"] == "token_id_out_of_vocabulary", err
+    ok = httpx.post(f"{gateway.urls[0]}/v1/completions", headers=H, timeout=120,
+                    json={"model": "glm-5.2", "prompt": [5, VOCAB - 1], "max_tokens": 1})
+    assert ok.status_code == 200, ok.text
+    for url in two_sglang.urls:
+        assert httpx.get(f"{url}/health", timeout=30).status_code == 200
+
+
 def test_prefix_affinity_by_the_engines_own_counters(gateway: ServerThread, two_sglang: Fleet) -> None:
     """Multi-turn sessions through the gateway keep each session on one server, so every later turn is reported
     cached by the engine; round-robin straight to the servers moves turns and loses those hits."""
@@ -118,7 +139,8 @@ def test_prefix_affinity_by_the_engines_own_counters(gateway: ServerThread, two_
     assert gw.later_hit_rate > rr.later_hit_rate, (gw.summary(), rr.summary())
 
 
-def test_precise_mode_routes_from_real_kv_events(precise_gateway: ServerThread, model_dir: Path) -> None:
+def test_precise_mode_routes_from_real_kv_events(precise_gateway: ServerThread, model_dir: Path,
+                                                 sglang_env: EngineEnv) -> None:
     """Speculative entries expire at once, so a later turn's prefix hit can only come from SGLang's own events,
     keyed by the real tokenizer (checked against /v1/tokenize at discovery)."""
     manager = precise_gateway.app.app.app.state.gateway.kv_events  # type: ignore[attr-defined]
@@ -142,16 +164,18 @@ def test_precise_mode_routes_from_real_kv_events(precise_gateway: ServerThread, 
     assert manager.index.answers.get("events", 0) > 0
     health = manager.health()["subscriptions"]
     assert all(h["apply_errors"] == 0 for h in health.values()), health
-    assert all(h["encoding"] == "maps" for h in health.values() if h["batches"]), health  # 0.5.23's tagged maps
+    # 0.5.23 publishes tagged maps; 0.5.13 tagged arrays (docs/engines.md, "Releases")
+    encoding = "maps" if release(sglang_env.recipe.version) >= (0, 5, 23) else "arrays"
+    assert all(h["encoding"] == encoding for h in health.values() if h["batches"]), health
 
 
-def test_gateway_check_reads_real_servers(two_sglang: Fleet, model_dir: Path) -> None:
+def test_gateway_check_reads_real_servers(two_sglang: Fleet, model_dir: Path, sglang_env: EngineEnv) -> None:
     cfg = parse_config(gateway_config(two_sglang.urls, model_dir))
     reports = asyncio.run(check_config(cfg))
     assert [r.ok for r in reports] == [True, True], [(r.server, [(f.check, f.message) for f in r.findings])
                                                      for r in reports]
     f = reports[0].facts
-    assert f is not None and f.version == "0.5.23" and f.page_size == PAGE and f.cache_report is True
+    assert f is not None and f.version == sglang_env.recipe.version and f.page_size == PAGE and f.cache_report is True
     assert f.priority_scheduling is True and f.default_priority_value == 0
 
 

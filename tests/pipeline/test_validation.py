@@ -208,3 +208,26 @@ def test_a_prompt_list_counts_as_prompts_times_n_against_the_pool_cap():
         validate({"model": "m", "prompt": [[1, 2]] * 65}, "completions", lim)
     validate({"model": "m", "prompt": ["a"] * 8, "n": 8}, "completions", lim)
     validate({"model": "m", "prompt": list(range(1, 500))}, "completions", lim)
+
+
+def test_token_ids_past_the_pools_vocabulary_are_refused():
+    """A completions prompt of token ids with an id at or past the pool's `vocab_size` is a 400 naming `prompt`
+    (real SGLang does not check, and one such id killed its scheduler); ids below it, strings, and pools without a
+    configured vocabulary pass; a route across pools takes the smallest vocabulary."""
+    lim = RequestLimits(vocab_size=2048)
+    for prompt, where in (([1, 2, 2048], "prompt"), ([[5, 6], [7, 10_000_000]], "prompt[1]")):
+        with pytest.raises(InvalidRequest) as e:
+            check_limits(validate({"model": "m", "prompt": prompt}, "completions"), "completions", lim)
+        err = e.value
+        assert err.param == "prompt" and err.code == "token_id_out_of_vocabulary" and err.message.startswith(where)
+        assert "2047" in err.message
+    for ok in ([0, 2047], [[1], [2047, 3]], "text", ["a", "b"]):
+        check_limits(validate({"model": "m", "prompt": ok}, "completions"), "completions", lim)
+    check_limits(validate({"model": "m", "prompt": [10_000_000]}, "completions"), "completions", RequestLimits())
+    cfg = parse_config(config([{**sglang_pool("s", ["http://127.0.0.1:1"]), "vocab_size": 2048},
+                               {**sglang_pool("t", ["http://127.0.0.1:2"]), "vocab_size": 151_936},
+                               sglang_pool("u", ["http://127.0.0.1:3"])],
+                              models=[{"name": "glm-5.2", "pools": ["s", "t", "u"]}]))
+    assert limits_for(cfg, ["s", "t", "u"]).vocab_size == 2048
+    assert limits_for(cfg, ["t", "u"]).vocab_size == 151_936
+    assert limits_for(cfg, ["u"]).vocab_size is None

@@ -317,6 +317,26 @@ def test_pool_caps_apply_through_the_gateway():
         sims.stop()
 
 
+def test_token_ids_past_the_vocabulary_never_reach_the_engine():
+    """With the pool's `vocab_size` set, a prompt of token ids holding one at or past it is a 400 in OpenAI's shape
+    naming `prompt` with the gateway's own code, so the replica never saw it ([5, 2048] lies inside the simulator's
+    vocabulary: forwarded, it would have been served); real SGLang 0.5.23's scheduler dies on such an id, and the
+    engine tier checks the same in front of a real server. Ids inside the vocabulary are served."""
+    sims, _ = start_sims(1)
+    g = start_gateway(config([{**sglang_pool("p", sims.urls), "vocab_size": 2048}]))
+    try:
+        url, h = f"{g.urls[0]}/v1/completions", {"authorization": f"Bearer {KEY_A}"}
+        for prompt in ([5, 2048], [10_000_000], [[1, 2], [3, 99_999]]):
+            r = httpx.post(url, headers=h, json={"model": "glm-5.2", "prompt": prompt, "max_tokens": 1})
+            err = _openai_error(r, 400)
+            assert err["param"] == "prompt" and err["code"] == "token_id_out_of_vocabulary", err
+        r = httpx.post(url, headers=h, json={"model": "glm-5.2", "prompt": [5, 2047], "max_tokens": 1})
+        assert r.status_code == 200, r.text
+    finally:
+        g.stop()
+        sims.stop()
+
+
 def test_a_slow_but_live_body_still_arrives(gw):
     """The body-read timeout bounds the gap between reads (like nginx's client_body_timeout), not the whole upload:
     a body trickling in every 0.2 s for ~2 s (4x the 0.5 s timeout) is served."""

@@ -65,3 +65,38 @@ def test_cuda_stub_answers_no_device(tmp_path: Path) -> None:
     assert lib.cuInit(0) == 100
     v = ctypes.c_int(-1)
     assert lib.cuDriverGetVersion(ctypes.byref(v)) == 100 and v.value == 0
+
+
+def test_dp_ranks_get_a_core_each_and_ports_apart() -> None:
+    """With --dp-size 2 SGLang binds rank r's PUB on port + r and its replay ROUTER on replay port + r: the kit puts
+    the replay port past every PUB, and binds one core per rank as SGLang's `a|b` list."""
+    f = recipes.ServerFlags(port=30000, kv_port=5557, model="/m", dp_size=2)
+    argv = recipes.sglang_argv(f)
+    assert argv[argv.index("--dp-size") + 1] == "2"
+    kv = json.loads(argv[argv.index("--kv-events-config") + 1])
+    assert kv["endpoint"] == "tcp://*:5557" and kv["replay_endpoint"] == "tcp://*:5559"
+    assert recipes.server_env("sglang", 0, None, [0, 1])["SGLANG_CPU_OMP_THREADS_BIND"] == "0|1"
+    assert "--dp-size" not in recipes.sglang_argv(recipes.ServerFlags(port=1, kv_port=2, model="/m"))
+
+
+def test_older_release_recipe_and_its_simulator_twin() -> None:
+    """0.5.13.post1 keeps the CPU torch and the slim layout with its own pins; its simulator twin is
+    `--sglang-version 0.5.13` (the simulator names releases without the post suffix)."""
+    r = recipes.recipe("sglang==0.5.13.post1")
+    assert recipes.TORCH_CPU in r.requirements and "transformers==5.8.1" in r.requirements
+    assert r.kernel == "sglang-kernel==0.4.3" and r.no_deps == ["sglang==0.5.13.post1"]
+    sim = recipes.sim_argv(recipes.ServerFlags(port=1, kv_port=2, model="/m"), r.version)
+    assert sim[sim.index("--sglang-version") + 1] == "0.5.13"
+
+
+def test_affinity_table_counts_prefix_hits_of_later_turns() -> None:
+    from gateway_lab.engines.affinity import table
+    from gateway_lab.engines.workload import Result, Session
+
+    s = Session("a")
+    s.prompt, s.cached, s.replicas, s.routes = [500, 700, 900], [0, 448, 640], ["x", "x", "y"], \
+        ["cold", "prefix_hit", "least_load"]
+    rr = Session("b")
+    rr.prompt, rr.cached, rr.replicas, rr.routes = [500, 700], [0, 0], ["x", "y"], ["", ""]
+    out = table([Result("gateway", [s]), Result("round-robin", [rr])])
+    assert "| gateway | 51.8% | 68.0% | 1 | 1 of 2 |" in out and "| round-robin | 0.0% | 0.0% | 1 | - |" in out
