@@ -212,6 +212,11 @@ def test_prefill_dying_after_bootstrap_is_retried_before_the_commit_point(deploy
                 return i
         return None
 
+    # Both prefill servers slowed 20x, so the restart lands while the prefill is under way however busy the machine
+    # is (at the fixture's time scale a prefill of this prompt otherwise ends in a fraction of a second, and a
+    # restart after its KV was sent leaves nothing to retry); a restart clears the fault on the server it hits.
+    for url in st.urls[0:2]:
+        httpx.post(url + "/_sim/fault", json={"kind": "slow", "phase": "prefill", "factor": 20}).raise_for_status()
     with concurrent.futures.ThreadPoolExecutor(1) as ex:
         fut = ex.submit(lambda: list(client(gw).chat.completions.create(
             model="glm-5.2", messages=long, max_tokens=5, stream=True, extra_body={"ignore_eos": True})))
