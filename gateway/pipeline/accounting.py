@@ -2,10 +2,10 @@
 
 `finish` runs exactly once per request (the orchestrator's `finally` for JSON responses, the stream's `on_close`
 for SSE) and reads two values: the exchange (what was asked, what the stages returned) and the outcome (what the
-relay learned as the answer arrived, pipeline/outcome.py). It writes neither, but for the outcome's once-only mark:
-how the request ended as accounting settles it (a client that left named as such, a stream cut short billed for
-what it relayed) is its own reading, shared by its steps. First, in a `finally` of their own, the releases that shared state depends on: the replica's load in the
-shared load view (or every instance would see phantom requests in flight and route around an idle replica) and the
+relay learned as the answer arrived, pipeline/outcome.py). It writes neither, but for the outcome's once-only
+mark: how the request ended as accounting settles it (a client that left named as such, a stream cut short billed
+for what it relayed) is its own reading, shared by its steps. First, in a `finally` of their own, the releases that
+shared state depends on: the replica's load in the shared load view (or every instance would see phantom requests in flight and route around an idle replica) and the
 tenant's concurrency slot; then closing the upstream (cancels it if the client left). Then usage, metrics, SLA,
 budget settlement, rate-limit adjustment, the recent-decisions ring, the span and the log line. A failure inside a
 step is logged and counted (`gateway_accounting_failures_total{step}`) and the next step runs: none can change the
@@ -25,6 +25,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from gateway.dispatch.dispatcher import Dispatched
 from gateway.dispatch.feedback import Feedback
 from gateway.observability.logging import log_request
 from gateway.observability.metrics import GatewayMetrics
@@ -131,14 +132,15 @@ class Accounting:
         if out.accounted:
             return
         out.accounted = True
-        c = _Ctx(ex, out, time.monotonic())
-        if disconnected and out.reason == "ok":
-            c.reason = "client_disconnect"
+        now = time.monotonic()
+        status, reason = out.status, out.reason
+        if disconnected and reason == "ok":
+            reason = "client_disconnect"
             if not (ex.parsed.stream and out.first_token_at is not None):  # no status line reached the client
-                c.status = "499"
+                status = "499"
         d = out.dispatched
         try:
-            self._step("release_load", self._release_load, c)
+            self._step("release_load", self._release_load, ex, d, reason)
             self._step("release_slot", self._release_slot, ex)
             if d is not None:
                 try:
@@ -146,18 +148,18 @@ class Accounting:
                 except Exception:  # closing a broken upstream connection can fail; nothing more to do
                     log.debug("closing the upstream of %s failed", ex.request_id, exc_info=True)
         finally:
+            c = _Ctx(ex, out, status, reason, now)
             for name, step in (("usage", self._usage), ("metrics", self._metrics), ("sla", self._sla),
                                ("budget", self._settle), ("rate_limits", self._adjust_rate),
                                ("idempotency", self._idempotency), ("recent", self._recent),
                                ("record", self._record), ("span", self._span), ("log", self._log)):
                 self._step(name, step, c)
 
-    def _release_load(self, c: _Ctx) -> None:
-        ex, d = c.ex, c.out.dispatched
+    def _release_load(self, ex: Exchange, d: Dispatched | None, reason: str) -> None:
         if ex.rreq is not None and self.books.feedback.reservations is not None:
             self.books.feedback.reservations.release(ex.rreq.request_id)  # decided, then refused or failed early
         if d is not None:
-            self.books.feedback.finished(d.attempt, failed=c.reason not in CLEAN_ENDS)
+            self.books.feedback.finished(d.attempt, failed=reason not in CLEAN_ENDS)
 
     def _release_slot(self, ex: Exchange) -> None:
         if ex.slot is not None:
@@ -284,10 +286,10 @@ class _Ctx:
     (`status`, `reason`: the outcome's, a client that left named as such; `usage`: the upstream's, or for a stream
     cut short what it relayed). Each value has a safe default should the step computing it fail."""
 
-    def __init__(self, ex: Exchange, out: Outcome, now: float) -> None:
+    def __init__(self, ex: Exchange, out: Outcome, status: str, reason: str, now: float) -> None:
         self.ex, self.out = ex, out
         self.now = now
-        self.status, self.reason = out.status, out.reason
+        self.status, self.reason = status, reason
         self.usage = out.usage
         t = out.served_by
         self.pool = t.pool if t is not None else "none"

@@ -1,7 +1,8 @@
 """The outcome of one request: what is learned as the answer arrives, a value of its own beside the exchange.
 
 The exchange (exchange.py) holds what was asked and what the stages before dispatch returned; it is complete once
-`Pipeline.admit` returns and nobody writes it after that. Everything learned later is here: which target answered
+`Pipeline.admit` returns and none of its fields is written after that (the held Idempotency-Key it names keeps its
+own record of what the answer sent, for a repeat). Everything learned later is here: which target answered
 (or was last tried), when the first token came, the upstream's usage and what had to be corrected in it, the response
 headers, the HTTP status, why the request ended, and how many upstream payloads were relayed.
 

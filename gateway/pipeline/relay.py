@@ -7,7 +7,8 @@ chunk is kept for metering (clamped, pipeline/usage.py) and shown only if the cl
 the request's cost in `usage.cost_usd`. After the commit point a failure is one SSE error event and no [DONE].
 
 The relay reads the exchange (what was asked, what the stages returned) and writes only the request's `Outcome`
-(pipeline/outcome.py), handed to it before it asks the upstream: for a stream, event by event.
+(pipeline/outcome.py), handed to it before it asks the upstream: for a stream, event by event. (What the answer sent
+is also recorded in the held Idempotency-Key, the idempotency stage's own record: a repeat is sent it again.)
 """
 
 from __future__ import annotations
