@@ -5,10 +5,10 @@ for SSE) and reads two values: the exchange (what was asked, what the stages ret
 relay learned as the answer arrived, pipeline/outcome.py). It writes neither, but for the outcome's once-only
 mark: how the request ended as accounting settles it (a client that left named as such, a stream cut short billed
 for what it relayed) is its own reading, shared by its steps. First, in a `finally` of their own, the releases that
-shared state depends on: the replica's load in the shared load view (or every instance would see phantom requests in flight and route around an idle replica) and the
-tenant's concurrency slot; then closing the upstream (cancels it if the client left). Then usage, metrics, SLA,
-budget settlement, rate-limit adjustment, the recent-decisions ring, the span and the log line. A failure inside a
-step is logged and counted (`gateway_accounting_failures_total{step}`) and the next step runs: none can change the
+shared state depends on: the replica's load in the shared load view (or every instance would see phantom requests
+in flight and route around an idle replica) and the tenant's concurrency slot; then closing the upstream (cancels it
+if the client left). Then usage, metrics, SLA, budget settlement, rate-limit adjustment, the recent-decisions ring,
+the span and the log line. A failure inside a step is logged and counted (`gateway_accounting_failures_total{step}`) and the next step runs: none can change the
 response already decided, nor turn a served 200 into a 500.
 
 `refused` counts and logs a refusal, the one way every refusal is (pipeline/refusal.py): `rejected` for a request
