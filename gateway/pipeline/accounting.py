@@ -1,11 +1,14 @@
 """Accounting: the end of a request, as independent steps that each run whatever the others did.
 
-`finish` runs exactly once per exchange (the orchestrator's `finally` for JSON responses, the stream's `on_close`
-for SSE). First, in a `finally` of their own, the releases that shared state depends on: the replica's load in the
-shared load view (or every instance would see phantom requests in flight and route around an idle replica) and the
-tenant's concurrency slot; then closing the upstream (cancels it if the client left). Then usage, metrics, SLA,
-budget settlement, rate-limit adjustment, the recent-decisions ring, the span and the log line. A failure inside a
-step is logged and counted (`gateway_accounting_failures_total{step}`) and the next step runs: none can change the
+`finish` runs exactly once per request (the orchestrator's `finally` for JSON responses, the stream's `on_close`
+for SSE) and reads two values: the exchange (what was asked, what the stages returned) and the outcome (what the
+relay learned as the answer arrived, pipeline/outcome.py). It writes neither, but for the outcome's once-only
+mark: how the request ended as accounting settles it (a client that left named as such, a stream cut short billed
+for what it relayed) is its own reading, shared by its steps. First, in a `finally` of their own, the releases that
+shared state depends on: the replica's load in the shared load view (or every instance would see phantom requests
+in flight and route around an idle replica) and the tenant's concurrency slot; then closing the upstream (cancels it
+if the client left). Then usage, metrics, SLA, budget settlement, rate-limit adjustment, the recent-decisions ring,
+the span and the log line. A failure inside a step is logged and counted (`gateway_accounting_failures_total{step}`) and the next step runs: none can change the
 response already decided, nor turn a served 200 into a 500.
 
 `refused` counts and logs a refusal, the one way every refusal is (pipeline/refusal.py): `rejected` for a request
@@ -22,11 +25,13 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from gateway.dispatch.dispatcher import Dispatched
 from gateway.dispatch.feedback import Feedback
 from gateway.observability.logging import log_request
 from gateway.observability.metrics import GatewayMetrics
 from gateway.pipeline import idempotency
 from gateway.pipeline.exchange import Exchange, RecentDecision
+from gateway.pipeline.outcome import Outcome
 from gateway.pipeline.refusal import Edge, Refused
 from gateway.pipeline.relay import cost
 from gateway.pipeline.telemetry import end_span
@@ -46,12 +51,13 @@ CLEAN_ENDS = ("ok", "client_disconnect", "client_stall", "shutdown", "idempotent
 # Streams ended before the engine's usage arrived, billed for what was relayed (`abandoned_usage`).
 CUT_ENDS = ("client_disconnect", "client_stall", "shutdown")
 
-def abandoned_usage(ex: Exchange, predicted_cached: int) -> dict[str, Any]:
+
+def abandoned_usage(ex: Exchange, out: Outcome, predicted_cached: int) -> dict[str, Any]:
     """A client that leaves mid-stream (or a stream cut by shutdown) never gets the engine's usage chunk, yet the
     engine prefilled its prompt and generated until the cancel. Charge what the gateway knows: its own prompt count, the cache hit it predicted,
     and one token per content chunk relayed (a lower bound: an engine chunk carries >= 1 token)."""
     prompt = ex.parsed.prompt_tokens
-    return {"prompt_tokens": prompt, "completion_tokens": max(ex.chunks - 1, 0),  # minus the role chunk
+    return {"prompt_tokens": prompt, "completion_tokens": max(out.chunks - 1, 0),  # minus the role chunk
             "prompt_tokens_details": {"cached_tokens": min(max(predicted_cached, 0), prompt)}}
 
 
@@ -122,18 +128,19 @@ class Accounting:
         log_request(line)
 
     # -- the end of an admitted request -------------------------------------------------------------------------
-    async def finish(self, ex: Exchange, disconnected: bool) -> None:
-        if ex.finished:
+    async def finish(self, ex: Exchange, out: Outcome, disconnected: bool) -> None:
+        if out.accounted:
             return
-        ex.finished = True
+        out.accounted = True
         now = time.monotonic()
-        if disconnected and ex.reason == "ok":
-            ex.reason = "client_disconnect"
-            if not (ex.parsed.stream and ex.first_token_at is not None):  # no status line reached the client
-                ex.status = "499"
-        d = ex.dispatched
+        status, reason = out.status, out.reason
+        if disconnected and reason == "ok":
+            reason = "client_disconnect"
+            if not (ex.parsed.stream and out.first_token_at is not None):  # no status line reached the client
+                status = "499"
+        d = out.dispatched
         try:
-            self._step("release_load", self._release_load, ex)
+            self._step("release_load", self._release_load, ex, d, reason)
             self._step("release_slot", self._release_slot, ex)
             if d is not None:
                 try:
@@ -141,18 +148,18 @@ class Accounting:
                 except Exception:  # closing a broken upstream connection can fail; nothing more to do
                     log.debug("closing the upstream of %s failed", ex.request_id, exc_info=True)
         finally:
-            ctx = _Ctx(ex, now)
+            c = _Ctx(ex, out, status, reason, now)
             for name, step in (("usage", self._usage), ("metrics", self._metrics), ("sla", self._sla),
                                ("budget", self._settle), ("rate_limits", self._adjust_rate),
                                ("idempotency", self._idempotency), ("recent", self._recent),
                                ("record", self._record), ("span", self._span), ("log", self._log)):
-                self._step(name, step, ctx)
+                self._step(name, step, c)
 
-    def _release_load(self, ex: Exchange) -> None:
+    def _release_load(self, ex: Exchange, d: Dispatched | None, reason: str) -> None:
         if ex.rreq is not None and self.books.feedback.reservations is not None:
             self.books.feedback.reservations.release(ex.rreq.request_id)  # decided, then refused or failed early
-        if ex.dispatched is not None:
-            self.books.feedback.finished(ex.dispatched.attempt, failed=ex.reason not in CLEAN_ENDS)
+        if d is not None:
+            self.books.feedback.finished(d.attempt, failed=reason not in CLEAN_ENDS)
 
     def _release_slot(self, ex: Exchange) -> None:
         if ex.slot is not None:
@@ -160,32 +167,32 @@ class Accounting:
         self.books.metrics.inflight.labels(ex.tenant.name).dec()
 
     def _usage(self, c: _Ctx) -> None:
-        ex, d = c.ex, c.ex.dispatched
+        ex, out, d = c.ex, c.out, c.out.dispatched
         if d is None:
             return
         pool = d.target.pool
-        for kind in ex.usage_anomalies:
+        for kind in out.usage_anomalies:
             self.books.metrics.usage_anomalies.labels(pool, kind).inc()
-        if ex.usage_anomalies:
+        if out.usage_anomalies:
             log.warning("upstream usage anomaly from %s/%s (request %s): %s; clamped", pool, d.target.name,
-                        ex.request_id, ",".join(ex.usage_anomalies))
-        if ex.usage is not None:
-            self.books.feedback.usage(d.attempt, usage_counts(ex.usage)[1])
-        elif ex.reason in CUT_ENDS and ex.first_token_at is not None:
-            ex.usage = abandoned_usage(ex, d.attempt.predicted_cached)
-        c.prompt, reported, c.completion = usage_counts(ex.usage)
+                        ex.request_id, ",".join(out.usage_anomalies))
+        if out.usage is not None:
+            self.books.feedback.usage(d.attempt, usage_counts(out.usage)[1])
+        elif c.reason in CUT_ENDS and out.first_token_at is not None:
+            c.usage = abandoned_usage(ex, out, d.attempt.predicted_cached)
+        c.prompt, reported, c.completion = usage_counts(c.usage)
         c.cached = reported or 0
-        c.cost = cost(ex)
+        c.cost = cost(d, c.usage)
 
     def _metrics(self, c: _Ctx) -> None:
-        ex, m = c.ex, self.books.metrics
+        ex, out, m = c.ex, c.out, self.books.metrics
         model, tenant, pool = ex.route.name, ex.tenant.name, c.pool  # the served model: an alias's glob is no label
-        m.requests.labels(model, pool, tenant, ex.status, ex.reason, c.api).inc()
+        m.requests.labels(model, pool, tenant, c.status, c.reason, c.api).inc()
         m.latency.labels(model, pool, tenant, c.api).observe(c.now - ex.started)
-        if ex.first_token_at is not None:
-            m.ttft.labels(model, pool, tenant, c.api).observe(ex.first_token_at - ex.started)
+        if out.first_token_at is not None:
+            m.ttft.labels(model, pool, tenant, c.api).observe(out.first_token_at - ex.started)
         self._itl(c)
-        if ex.usage:
+        if c.usage:
             m.tokens.labels(model, pool, tenant, "uncached_prompt").inc(c.prompt - c.cached)
             m.tokens.labels(model, pool, tenant, "cached_prompt").inc(c.cached)
             m.tokens.labels(model, pool, tenant, "completion").inc(c.completion)
@@ -194,38 +201,36 @@ class Accounting:
     def _itl(self, c: _Ctx) -> None:
         """A served stream's mean inter-token latency, for its replica: the time from the first token to the end over
         the tokens after the first (per choice: n choices decode side by side)."""
-        ex, d = c.ex, c.ex.dispatched
-        if not ex.parsed.stream or ex.reason != "ok" or d is None or ex.first_token_at is None:
+        ex, d, first = c.ex, c.out.dispatched, c.out.first_token_at
+        if not ex.parsed.stream or c.reason != "ok" or d is None or first is None:
             return
         n = ex.parsed.body.get("n")
         per_choice = c.completion / (n if isinstance(n, int) and n > 1 else 1)
         if per_choice >= 2:
-            self.books.feedback.itl(d.attempt, (c.now - ex.first_token_at) / (per_choice - 1))
+            self.books.feedback.itl(d.attempt, (c.now - first) / (per_choice - 1))
 
     def _sla(self, c: _Ctx) -> None:
         """Streams are judged on their observed TTFT (dispatch feedback). A non-streamed response has no first
         token the client sees; it is judged on its TTFT estimated as response time minus the decode time of the
         tokens it generated at the pool's full-batch decode rate (an upper bound on decode time, so the estimate
         leans towards "met" on a lightly loaded replica). Only served requests with usage are judged."""
-        ex = c.ex
-        d = ex.dispatched
-        if ex.parsed.stream or ex.reason != "ok" or d is None or ex.rreq is None or ex.first_token_at is None \
-                or ex.usage is None:
+        ex, d, first = c.ex, c.out.dispatched, c.out.first_token_at
+        if ex.parsed.stream or c.reason != "ok" or d is None or ex.rreq is None or first is None or c.usage is None:
             return
         t = d.target.timing
         n = ex.parsed.body.get("n")
         choices = n if isinstance(n, int) and n > 1 else 1  # choices decode side by side in one batch
         decode_s = c.completion / choices / t.tokens_per_step * t.decode_step_s
-        ttft_est = (ex.first_token_at - ex.started) - decode_s
+        ttft_est = (first - ex.started) - decode_s
         self.books.metrics.sla.labels(ex.tenant.name, "met" if ttft_est <= ex.rreq.ttft_sla_s else "missed").inc()
 
     def _settle(self, c: _Ctx) -> None:
         if c.ex.reservation is not None:
-            used = Usage(c.cost, c.prompt, c.cached, c.completion) if c.ex.usage else None
+            used = Usage(c.cost, c.prompt, c.cached, c.completion) if c.usage else None
             self._background(self.books.budget.settle(c.ex.reservation, used))
 
     def _adjust_rate(self, c: _Ctx) -> None:
-        used = c.prompt + c.completion if c.ex.usage else 0
+        used = c.prompt + c.completion if c.usage else 0
         for b in c.ex.buckets:
             if b.key.endswith(":tok") and b.cost != used:
                 self._background(self.books.limiter.adjust(b, b.cost - used))
@@ -233,54 +238,60 @@ class Accounting:
     def _idempotency(self, c: _Ctx) -> None:
         ex, store = c.ex, self.books.idempotency
         if ex.idem is not None and store is not None:
-            ok = ex.status == "200" and ex.reason == "ok"
+            ok = c.status == "200" and c.reason == "ok"
             self._background(idempotency.end(store, ex.idem, ex.tenant.name, ex.request_id, ok, ex.parsed.stream,
-                                             ex.headers))
+                                             c.out.headers))
 
     def _recent(self, c: _Ctx) -> None:
-        ex, t = c.ex, c.ex.served_by
-        ttft = ex.first_token_at - ex.started if ex.parsed.stream and ex.first_token_at is not None else None
-        self.recent.append(RecentDecision(time.time(), ex.request_id, ex.tenant.name, ex.parsed.model, ex.status,
-                                          t.name if t is not None else None, ex.attempts, ex.decision, ex.rreq,
-                                          ttft, c.prompt if ex.usage is not None else None,
-                                          c.cached if ex.usage is not None else None))
+        ex, out, t = c.ex, c.out, c.out.served_by
+        first = out.first_token_at
+        ttft = first - ex.started if ex.parsed.stream and first is not None else None
+        self.recent.append(RecentDecision(time.time(), ex.request_id, ex.tenant.name, ex.parsed.model, c.status,
+                                          t.name if t is not None else None, out.attempts, ex.decision, ex.rreq,
+                                          ttft, c.prompt if c.usage is not None else None,
+                                          c.cached if c.usage is not None else None))
 
     def _record(self, c: _Ctx) -> None:
         """One anonymized trace line when `recording.path` is set (gateway/recording/recorder.py)."""
         if self.books.recorder is not None:
-            self.books.recorder.record(c.ex.rreq, c.ex.usage, c.ex.started)
+            self.books.recorder.record(c.ex.rreq, c.usage, c.ex.started)
 
     def _span(self, c: _Ctx) -> None:
-        end_span(c.ex, c.prompt, c.cached, c.completion)
+        end_span(c.ex.span, c.ex.decision, c.out, c.status, c.reason, c.prompt, c.cached, c.completion)
 
     def _log(self, c: _Ctx) -> None:
         if not self.books.log_requests:
             return
-        ex, t = c.ex, c.ex.served_by
+        ex, out, t = c.ex, c.out, c.out.served_by
+        first = out.first_token_at
         log_request({
             # request_id: the correlation id the client sent or got; gateway_id: the gateway's own (keys its spend)
             "request_id": ex.request_id, "gateway_id": ex.id, "tenant": ex.tenant.name, "model": ex.route.name,
             "endpoint": ex.endpoint,
             "requested_model": ex.parsed.model[:64] if ex.parsed.model != ex.route.name else None,
-            "api": c.api, "stream": ex.parsed.stream, "status": ex.status, "reason": ex.reason, "pool": c.pool,
+            "api": c.api, "stream": ex.parsed.stream, "status": c.status, "reason": c.reason, "pool": c.pool,
             "replica": t.name if t is not None else None, "route": ex.decision.branch if ex.decision else None,
-            "attempts": ex.attempts,
-            "ttft_ms": round((ex.first_token_at - ex.started) * 1000, 1) if ex.first_token_at else None,
+            "attempts": out.attempts,
+            "ttft_ms": round((first - ex.started) * 1000, 1) if first else None,
             "duration_ms": round((c.now - ex.started) * 1000, 1), "prompt_tokens": c.prompt,
             "cached_tokens": c.cached, "completion_tokens": c.completion, "cost_usd": round(c.cost, 8),
-            "error": ex.error[:200] if ex.error else None,
+            "error": out.error[:200] if out.error else None,
             # what the upstream's usage claimed that had to be corrected (usage.py KINDS): billed as corrected
-            "usage_anomalies": ex.usage_anomalies or None,
+            "usage_anomalies": out.usage_anomalies or None,
         }, span=ex.span)
 
 
 class _Ctx:
-    """What the steps after the releases share; each value has a safe default should the step computing it fail."""
+    """What the steps share: the exchange, the relay's outcome, and accounting's reading of how the request ended
+    (`status`, `reason`: the outcome's, a client that left named as such; `usage`: the upstream's, or for a stream
+    cut short what it relayed). Each value has a safe default should the step computing it fail."""
 
-    def __init__(self, ex: Exchange, now: float) -> None:
-        self.ex = ex
+    def __init__(self, ex: Exchange, out: Outcome, status: str, reason: str, now: float) -> None:
+        self.ex, self.out = ex, out
         self.now = now
-        t = ex.served_by
+        self.status, self.reason = status, reason
+        self.usage = out.usage
+        t = out.served_by
         self.pool = t.pool if t is not None else "none"
         self.api = ex.call.api_for(ex.endpoint)
         self.prompt = self.cached = self.completion = 0

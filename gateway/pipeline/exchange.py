@@ -1,4 +1,4 @@
-"""One client request's record from arrival to the last byte: what it asked, what the stages returned, its outcome."""
+"""One client request's record: what it asked and what the stages before dispatch returned (its outcome: outcome.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.config import ModelRoute
-from gateway.dispatch.dispatcher import Dispatched
 from gateway.pipeline.call import PLAIN, Call
 from gateway.pipeline.idempotency import Held
 from gateway.pipeline.validation import ParsedRequest
@@ -22,14 +21,13 @@ from gateway.upstreams import Target
 
 @dataclass
 class Exchange:
-    """One request's record, in three parts by who writes them. What was asked: set once by `Pipeline.begin`. What
+    """One request's record, in two parts by who writes them. What was asked: set once by `Pipeline.begin`. What
     the stages before dispatch returned (admission's slot and buckets, the span, the routing request and decision,
-    the reservation, the held Idempotency-Key): assigned by the orchestrator (pipeline.py), never by a stage. The
-    outcome: written by the relay as the answer arrives (and by the orchestrator for a refusal); accounting reads
-    the whole record once, at the end.
-    `request_id` is the correlation id (the client's x-request-id when sane, else minted), `id` the gateway's own.
-    `status` is the HTTP status the client got ("200" for a stream that began, whatever followed); `reason` says
-    why it ended (bounded set, a metric label: ok, client_disconnect, stream_error, client_stall, upstream_*...)."""
+    the reservation, the held Idempotency-Key, the response headers they owe the client): assigned by the
+    orchestrator (pipeline.py), never by a stage. Complete when `Pipeline.admit` returns: nothing writes it after
+    that. What is learned as the answer arrives is the request's `Outcome` (outcome.py), a value of its own;
+    accounting reads the two together, once, at the end.
+    `request_id` is the correlation id (the client's x-request-id when sane, else minted), `id` the gateway's own."""
 
     # -- what was asked (Pipeline.begin) --
     request_id: str
@@ -55,27 +53,6 @@ class Exchange:
     reservation: Reservation | None = None  # budget held until the usage is known
     idem: Held | None = None  # the client's Idempotency-Key this request holds (pipeline/idempotency.py), if any
     headers: dict[str, str] = field(default_factory=dict)  # the response headers the stages owe the client
-    # -- the outcome (the relay as the answer arrives; accounting reads it) --
-    dispatched: Dispatched | None = None
-    first_token_at: float | None = None
-    usage: dict[str, Any] | None = None  # upstream usage, already clamped (pipeline/usage.py)
-    usage_anomalies: list[str] = field(default_factory=list)
-    status: str = "200"
-    reason: str = "ok"
-    error: str | None = None
-    error_target: Any = None  # the last target tried when dispatch failed (set by the dispatcher on its error)
-    error_attempts: int = 0
-    chunks: int = 0
-    finished: bool = False  # accounting ran (it runs exactly once)
-
-    @property
-    def served_by(self) -> Any:
-        """The target that answered, or the last one tried when every attempt failed (None: never dispatched)."""
-        return self.dispatched.target if self.dispatched is not None else self.error_target
-
-    @property
-    def attempts(self) -> int:
-        return self.dispatched.attempts if self.dispatched is not None else self.error_attempts
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,9 @@ Every request, refused or served, is counted in `gateway_requests_total{status,r
 
 Each stage takes the parts of the app it uses and typed inputs, and returns a value (a slot, what admission took,
 how flow control let the request pass, a decision, a reservation); only this orchestrator writes them into the
-request's record (`Exchange`), which accounting reads at the end.
+request's record (`Exchange`), which is complete once `admit` returns. The relay writes the request's `Outcome`
+(outcome.py: who answered, when, the usage, status and reason) as the answer arrives; accounting reads the exchange
+and the outcome together, at the end.
 """
 
 from __future__ import annotations
@@ -42,8 +44,9 @@ from gateway.pipeline.body import read_body
 from gateway.pipeline.call import PLAIN, Call
 from gateway.pipeline.entitlements import Entitlements
 from gateway.pipeline.exchange import Exchange, RecentDecision
+from gateway.pipeline.outcome import Outcome
 from gateway.pipeline.refusal import Edge, reason_for
-from gateway.pipeline.relay import Relay, cut_by_shutdown
+from gateway.pipeline.relay import Relay, cut_by_shutdown, stalled
 from gateway.pipeline.telemetry import start_span
 from gateway.pipeline.validation import check_limits, limits_for, parse_json, refuse_images, validate
 from gateway.policy_schema import Tenant
@@ -51,7 +54,7 @@ from gateway.routing.request import RoutingRequest
 from gateway.state import AppState
 from gateway.tenancy.concurrency import Slot
 
-__all__ = ["Exchange", "Pipeline", "RecentDecision"]
+__all__ = ["Exchange", "Outcome", "Pipeline", "RecentDecision"]
 
 log = logging.getLogger("gateway.proxy")
 
@@ -154,8 +157,9 @@ class Pipeline:
 
     async def admit(self, ex: Exchange, decided: Callable[[Exchange], None] | None = None) -> None:
         """The stages before dispatch — fleet slot, rate limits, span, routing decision (then `decided`, the native
-        Responses path's hook), budget. A refusal gives the rate allowance back (nothing was used), is accounted,
-        and is raised to the caller."""
+        Responses path's hook), budget; the exchange is complete when it returns. A refusal gives the rate allowance
+        back (nothing was used), is accounted with its outcome (it never reached the relay), and is raised to the
+        caller."""
         st = self.state
         stage = "concurrency"
         try:
@@ -192,10 +196,9 @@ class Pipeline:
             for b in ex.buckets:
                 self._background(st.limiter.adjust(b, b.cost))
             ex.buckets = []
-            ex.status, ex.reason = reason_for(stage, e)
-            if isinstance(e, GatewayError):
-                ex.error = e.message
-            await self.accounting.finish(ex, disconnected=False)
+            status, reason = reason_for(stage, e)
+            refused = Outcome(status=status, reason=reason, error=e.message if isinstance(e, GatewayError) else None)
+            await self.accounting.finish(ex, refused, disconnected=False)
             raise
 
     async def _routing(self, ex: Exchange) -> RoutingRequest:
@@ -211,26 +214,29 @@ class Pipeline:
                                              request.headers.get(idempotency.HEADER), ex.tenant.name, ex.endpoint,
                                              ex.parsed.body)
         except GatewayError as e:
-            ex.status, ex.reason, ex.error = str(e.status), "idempotency", e.message
-            await self.accounting.finish(ex, disconnected=False)
+            await self.accounting.finish(ex, Outcome(status=str(e.status), reason="idempotency", error=e.message),
+                                         disconnected=False)
             raise
         if isinstance(replay, idempotency.Held):
             ex.idem = replay
         elif replay is not None:
-            ex.reason = "idempotent_replay"
-            await self.accounting.finish(ex, disconnected=False)
+            await self.accounting.finish(ex, Outcome(reason="idempotent_replay"), disconnected=False)
             return replay
         await self.admit(ex)
+        out = Outcome.answering(ex.headers)  # the relay's record of the answer, from here on
         if ex.parsed.stream:
-            return EventStreamResponse(lambda: self.relay.stream_first(ex), lambda: self.relay.stream_rest(ex),
-                                       ex.headers, on_close=lambda disconnected: self.accounting.finish(ex, disconnected),
+            return EventStreamResponse(lambda: self.relay.stream_first(ex, out), lambda: self.relay.stream_rest(ex, out),
+                                       out.headers,
+                                       on_close=lambda disconnected: self.accounting.finish(ex, out, disconnected),
                                        stall_timeout=st.config.timeouts.client_stall,
-                                       on_stall=lambda: _stalled(ex), live=self.live,
-                                       on_cut=lambda committed: cut_by_shutdown(ex, committed))
-        return await self.respond(request, ex, self.relay.non_stream(ex))
+                                       on_stall=lambda: stalled(out), live=self.live,
+                                       on_cut=lambda committed: cut_by_shutdown(ex, out, committed))
+        return await self.respond(request, ex, out, self.relay.non_stream(ex, out))
 
-    async def respond(self, request: Request, ex: Exchange, work: Coroutine[Any, Any, Response]) -> Response:
-        """A non-streamed answer: `work` runs until done or the client leaves (499), and is accounted once."""
+    async def respond(self, request: Request, ex: Exchange, out: Outcome,
+                      work: Coroutine[Any, Any, Response]) -> Response:
+        """A non-streamed answer: `work` (which fills `out`) runs until done or the client leaves (499), and is
+        accounted once."""
         disconnected = True
         try:
             disconnected, resp = await run_until_disconnect(request.receive, work)
@@ -239,10 +245,10 @@ class Pipeline:
             raise
         except Exception:
             disconnected = False
-            ex.status, ex.reason = "500", "internal"
+            out.status, out.reason = "500", "internal"
             raise
         finally:
-            await self.accounting.finish(ex, disconnected)
+            await self.accounting.finish(ex, out, disconnected)
         return resp if not disconnected else Response(status_code=499)
 
     # -- background work (settlements) -----------------------------------------------------------------------
@@ -260,7 +266,3 @@ class Pipeline:
     async def drain(self) -> None:
         while self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
-
-
-def _stalled(ex: Exchange) -> None:
-    ex.reason, ex.error = "client_stall", "the client stopped reading; stream aborted"

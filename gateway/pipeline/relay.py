@@ -5,6 +5,10 @@ Streamed: an `EventStreamResponse` whose first chunk is the dispatch (before the
 is still a real HTTP error), then each upstream event re-labelled with the client's model name. The engine's usage
 chunk is kept for metering (clamped, pipeline/usage.py) and shown only if the client asked for it, then with
 the request's cost in `usage.cost_usd`. After the commit point a failure is one SSE error event and no [DONE].
+
+The relay reads the exchange (what was asked, what the stages returned) and writes only the request's `Outcome`
+(pipeline/outcome.py), handed to it before it asks the upstream: for a stream, event by event. (What the answer sent
+is also recorded in the held Idempotency-Key, the idempotency stage's own record: a repeat is sent it again.)
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from gateway.errors import GatewayError, NoCapacity
 from gateway.pipeline import idempotency
 from gateway.pipeline.budget import usage_bound
 from gateway.pipeline.exchange import Exchange
+from gateway.pipeline.outcome import Outcome
 from gateway.pipeline.refusal import upstream_reason
 from gateway.pipeline.usage import UsageBound, clean_usage, usage_counts
 from gateway.prediction.pricing import request_cost
@@ -44,32 +49,38 @@ def stream_error(ex: Exchange, error: dict[str, Any]) -> bytes:
     return enc.error(error) if enc is not None else b"data: " + orjson.dumps({"error": error}) + b"\n\n"
 
 
-def cut_by_shutdown(ex: Exchange, committed: bool) -> bytes | Response:
+def cut_by_shutdown(ex: Exchange, out: Outcome, committed: bool) -> bytes | Response:
     """How a stream still running when the shutdown's drain timeout ends is cut: an error event after what was
     relayed (billed for that, as a client that left is: accounting), or a 503 to retry when nothing was sent yet."""
-    ex.reason, ex.error = "shutdown", "cut: the gateway shut down before the stream ended (drain timeout)"
+    out.end("shutdown", "cut: the gateway shut down before the stream ended (drain timeout)")
     if committed:
         return stream_error(ex, error_of("The gateway is shutting down and could not finish this stream within its "
                                          "drain timeout; the answer above is incomplete.", "service_unavailable_error",
                                          "server_shutting_down"))
-    ex.status = "503"
+    out.status = "503"
     return to_response(NoCapacity("The gateway is shutting down; retry the request.", retry_after=1,
                                   should_retry=True))
 
 
-def dispatch_failed(ex: Exchange, e: GatewayError) -> None:
+def stalled(out: Outcome) -> None:
+    """A client that stopped reading: its stream is aborted (EventStreamResponse's `on_stall`)."""
+    out.end("client_stall", "the client stopped reading; stream aborted")
+
+
+def dispatch_failed(out: Outcome, e: GatewayError) -> None:
     """Record who was tried (the dispatcher sets `target`/`attempts` on its errors) and the outcome."""
-    ex.status, ex.error = str(e.status), e.message
-    ex.error_target = getattr(e, "target", None)
-    ex.error_attempts = int(getattr(e, "attempts", 0) or 0)
-    ex.reason = upstream_reason(e.status, e.code)
+    out.status, out.error = str(e.status), e.message
+    out.error_target = getattr(e, "target", None)
+    out.error_attempts = int(getattr(e, "attempts", 0) or 0)
+    out.reason = upstream_reason(e.status, e.code)
 
 
-def cost(ex: Exchange) -> float:
-    if ex.dispatched is None:
+def cost(dispatched: Dispatched | None, usage: dict[str, Any] | None) -> float:
+    """What `usage` costs at the prices of the target that served it (nothing when none did)."""
+    if dispatched is None:
         return 0.0
-    prompt, cached, completion = usage_counts(ex.usage)
-    return request_cost(ex.dispatched.target.pricing, prompt, cached or 0, completion)
+    prompt, cached, completion = usage_counts(usage)
+    return request_cost(dispatched.target.pricing, prompt, cached or 0, completion)
 
 
 class Relay:
@@ -80,7 +91,7 @@ class Relay:
         self.config, self.registry = config, registry
         self._model_swap: dict[tuple[str, str], tuple[bytes, bytes, bytes, bytes]] = {}
 
-    async def _open(self, ex: Exchange) -> Dispatched:
+    async def _open(self, ex: Exchange, out: Outcome) -> Dispatched:
         assert ex.decision is not None and ex.rreq is not None
         # the attempt spans hang under the request span, passed explicitly: making it current would attach and
         # detach an OTel context on every request, tracing on or off
@@ -89,57 +100,57 @@ class Relay:
                                                  parent=ex.span)
         except GatewayError as e:
             raise self.control.name_override(ex.tenant.name, e) from None
-        ex.dispatched = d
-        ex.first_token_at = time.monotonic()
-        ex.headers["x-gateway-pool"] = d.target.pool
-        ex.headers["x-gateway-replica"] = d.target.name
-        ex.headers["x-gateway-attempts"] = str(d.attempts)
+        out.dispatched = d
+        out.first_token_at = time.monotonic()
+        out.headers["x-gateway-pool"] = d.target.pool
+        out.headers["x-gateway-replica"] = d.target.name
+        out.headers["x-gateway-attempts"] = str(d.attempts)
         if d.opened.choice is not None:  # a PD pool: the pair decision's branch and prefill rank
-            ex.headers["x-gateway-pd"] = d.opened.choice
+            out.headers["x-gateway-pd"] = d.opened.choice
         return d
 
-    def bound(self, ex: Exchange) -> UsageBound:
+    def bound(self, ex: Exchange, out: Outcome) -> UsageBound:
         """The most the request can have used on the pool that served it (before dispatch: on any of its route's)."""
-        pools = [ex.dispatched.target.pool] if ex.dispatched is not None else ex.route.pools
+        pools = [out.dispatched.target.pool] if out.dispatched is not None else ex.route.pools
         return usage_bound(self.config, self.registry, ex.parsed, pools)
 
     # -- non-streaming ---------------------------------------------------------------------------------------
-    async def non_stream(self, ex: Exchange) -> Response:
+    async def non_stream(self, ex: Exchange, out: Outcome) -> Response:
         try:
-            d = await self._open(ex)
+            d = await self._open(ex, out)
         except GatewayError as e:
-            dispatch_failed(ex, e)
+            dispatch_failed(out, e)
             raise
         self.feedback.first_token(d.attempt, None)  # the whole response: not a TTFT observation
         body = d.opened.body if isinstance(d.opened.body, dict) else {}
-        ex.usage, ex.usage_anomalies = clean_usage(body.get("usage"), self.bound(ex))
-        if ex.usage is not None:
-            body["usage"] = ex.usage
+        out.usage, out.usage_anomalies = clean_usage(body.get("usage"), self.bound(ex, out))
+        if out.usage is not None:
+            body["usage"] = out.usage
         body["model"] = ex.parsed.model
-        ex.headers["x-gateway-cost-usd"] = f"{cost(ex):.8f}"
+        out.headers["x-gateway-cost-usd"] = f"{cost(d, out.usage):.8f}"
         data = orjson.dumps(body)
-        idempotency.answered(ex.idem, ex.headers, data)
-        return Response(data, media_type="application/json", headers=ex.headers)
+        idempotency.answered(ex.idem, out.headers, data)
+        return Response(data, media_type="application/json", headers=out.headers)
 
     # -- streaming -------------------------------------------------------------------------------------------
-    async def stream_first(self, ex: Exchange) -> Response | bytes:
+    async def stream_first(self, ex: Exchange, out: Outcome) -> Response | bytes:
         try:
-            d = await self._open(ex)
+            d = await self._open(ex, out)
         except GatewayError as e:  # before the commit point: a real HTTP error the SDK can act on
-            dispatch_failed(ex, e)
+            dispatch_failed(out, e)
             return to_response(e)  # x-request-id is added by RequestIdMiddleware like on every response
-        assert ex.first_token_at is not None
-        self.feedback.first_token(d.attempt, ex.first_token_at - ex.started)
+        assert out.first_token_at is not None
+        self.feedback.first_token(d.attempt, out.first_token_at - ex.started)
         enc = ex.call.encoder
         if enc is not None:  # another API's stream: its opening events, then the first chunk in its shape
-            out = enc.start() + (self._relay(ex, d.opened.first or b"") or b"")
+            first = enc.start() + (self._relay(ex, out, d.opened.first or b"") or b"")
         else:
-            out = self._relay(ex, d.opened.first or b"") or b": stream open\n\n"
-        idempotency.streamed(ex.idem, out)
-        return out
+            first = self._relay(ex, out, d.opened.first or b"") or b": stream open\n\n"
+        idempotency.streamed(ex.idem, first)
+        return first
 
-    async def stream_rest(self, ex: Exchange) -> AsyncIterator[bytes]:
-        d = ex.dispatched
+    async def stream_rest(self, ex: Exchange, out: Outcome) -> AsyncIterator[bytes]:
+        d = out.dispatched
         assert d is not None and d.opened.rest is not None
         saw_done = False
         enc = ex.call.encoder
@@ -152,27 +163,27 @@ class Relay:
                     yield end
                     break
                 if payload.startswith(b'{"error"'):
-                    ex.reason, ex.error = "stream_error", "upstream error event"
+                    out.end("stream_error", "upstream error event")
                     yield stream_error(ex, self._rewrap_error(payload))
                     return
-                out = self._relay(ex, payload)
-                if out:
-                    idempotency.streamed(ex.idem, out)
-                    yield out
+                chunk = self._relay(ex, out, payload)
+                if chunk:
+                    idempotency.streamed(ex.idem, chunk)
+                    yield chunk
         except StreamBroken as e:
-            ex.reason, ex.error = "stream_error", str(e)
+            out.end("stream_error", str(e))
             yield stream_error(ex, error_of(f"The upstream replica failed mid-stream: {e}"))
             return
         if not saw_done:
-            ex.reason, ex.error = "stream_error", "upstream closed the stream before [DONE]"
+            out.end("stream_error", "upstream closed the stream before [DONE]")
             yield stream_error(ex, error_of("The upstream replica closed the stream before it was complete."))
 
-    def _relay(self, ex: Exchange, payload: bytes) -> bytes | None:
+    def _relay(self, ex: Exchange, out: Outcome, payload: bytes) -> bytes | None:
         """One upstream payload as the client should see it: the client's model name; the usage chunk kept for
         metering and shown (clamped, with the cost) only if the client asked for it."""
-        ex.chunks += 1
+        out.chunks += 1
         if b'"choices":[]' in payload and b'"usage"' in payload:
-            return self._usage_chunk(ex, payload)
+            return self._usage_chunk(ex, out, payload)
         enc = ex.call.encoder
         if enc is not None:  # parsed once, written in the client's API: no chat SSE framed only to be re-parsed
             try:
@@ -180,32 +191,32 @@ class Relay:
             except orjson.JSONDecodeError:
                 return None
             return enc.chunk(chunk) if isinstance(chunk, dict) else None
-        old, new, old2, new2 = self._swap(ex)
+        old, new, old2, new2 = self._swap(ex, out)
         if old != new:
             payload = payload.replace(old, new, 1).replace(old2, new2, 1)
         return b"data: " + payload + b"\n\n"
 
-    def _usage_chunk(self, ex: Exchange, payload: bytes) -> bytes | None:
+    def _usage_chunk(self, ex: Exchange, out: Outcome, payload: bytes) -> bytes | None:
         try:
             chunk = orjson.loads(payload)
         except orjson.JSONDecodeError:
             chunk = None
         if not isinstance(chunk, dict):
-            ex.usage_anomalies = ["malformed"]
+            out.usage_anomalies = ["malformed"]
             return None
-        ex.usage, ex.usage_anomalies = clean_usage(chunk.get("usage"), self.bound(ex))
+        out.usage, out.usage_anomalies = clean_usage(chunk.get("usage"), self.bound(ex, out))
         enc = ex.call.encoder
         if enc is not None:  # the other API reports usage in its own closing events: always handed over (clamped)
-            return enc.chunk({**chunk, "usage": ex.usage}) if ex.usage is not None else None
-        if not ex.parsed.include_usage or ex.usage is None:
+            return enc.chunk({**chunk, "usage": out.usage}) if out.usage is not None else None
+        if not ex.parsed.include_usage or out.usage is None:
             return None
         chunk["model"] = ex.parsed.model
-        chunk["usage"] = {**ex.usage, "cost_usd": round(cost(ex), 10)}
+        chunk["usage"] = {**out.usage, "cost_usd": round(cost(out.dispatched, out.usage), 10)}
         return b"data: " + orjson.dumps(chunk) + b"\n\n"
 
-    def _swap(self, ex: Exchange) -> tuple[bytes, bytes, bytes, bytes]:
-        assert ex.dispatched is not None
-        key = (ex.dispatched.target.upstream_model, ex.parsed.model)
+    def _swap(self, ex: Exchange, out: Outcome) -> tuple[bytes, bytes, bytes, bytes]:
+        assert out.dispatched is not None
+        key = (out.dispatched.target.upstream_model, ex.parsed.model)
         s = self._model_swap.get(key)
         if s is None:
             up, client = orjson.dumps(key[0]), orjson.dumps(key[1])

@@ -14,8 +14,9 @@ from typing import Any
 
 from opentelemetry.trace import NoOpTracer, SpanKind, Status, StatusCode
 
-from gateway.pipeline.exchange import Exchange
+from gateway.pipeline.outcome import Outcome
 from gateway.pipeline.validation import ParsedRequest
+from gateway.routing.decision import Decision
 
 
 def operation(endpoint: str) -> str:
@@ -33,25 +34,26 @@ def start_span(tracer: Any, endpoint: str, parsed: ParsedRequest, tenant: str, r
     return tracer.start_span(f"{attrs['gen_ai.operation.name']} {parsed.model}", kind=SpanKind.SERVER, attributes=attrs)
 
 
-def end_span(ex: Exchange, prompt: int, cached: int, completion: int) -> None:
-    span = ex.span
+def end_span(span: Any, decision: Decision[Any] | None, out: Outcome, status: str, reason: str, prompt: int,
+             cached: int, completion: int) -> None:
+    """`status`, `reason`: how the request ended as accounting reads it (a client that left named as such)."""
     if span is None:
         return
-    target = ex.served_by
+    target = out.served_by
     attrs: dict[str, Any] = {
         "gen_ai.usage.input_tokens": prompt,
         "gen_ai.usage.output_tokens": completion,
         "gen_ai.usage.cache_read.input_tokens": cached,
-        "gateway.route": ex.decision.branch if ex.decision else "",
-        "gateway.status": ex.status,
-        "gateway.reason": ex.reason,
-        "gateway.attempts": ex.attempts,
+        "gateway.route": decision.branch if decision else "",
+        "gateway.status": status,
+        "gateway.reason": reason,
+        "gateway.attempts": out.attempts,
     }
     if target is not None:
         attrs.update({"gen_ai.provider.name": target.kind, "gen_ai.response.model": target.upstream_model,
                       "gateway.pool": target.pool, "gateway.replica": target.name})
     span.set_attributes(attrs)
-    if ex.reason not in ("ok", "client_disconnect"):
-        span.set_attribute("error.type", ex.status if ex.status != "200" else ex.reason)
-        span.set_status(Status(StatusCode.ERROR, ex.reason))
+    if reason not in ("ok", "client_disconnect"):
+        span.set_attribute("error.type", status if status != "200" else reason)
+        span.set_status(Status(StatusCode.ERROR, reason))
     span.end()

@@ -8,7 +8,8 @@ exactly once per request. Routing and admission see the request's chat form (the
 stand-in when the bridge cannot translate it, e.g. a hosted tool), so a chain hashes the same prefix in both modes.
 Only the relay is this module's own: the upstream's Responses JSON or events go to the client as they came (the
 client's model name put back), and the Responses usage is mapped to chat usage for accounting
-(`input_tokens_details.cached_tokens` -> `prompt_tokens_details.cached_tokens`).
+(`input_tokens_details.cached_tokens` -> `prompt_tokens_details.cached_tokens`). Like the chat relay, it writes only
+the request's `Outcome` (pipeline/outcome.py), never the exchange after `admit`.
 
 State stays in the gateway: the upstream is sent `store: false`, and a `previous_response_id` is resolved from the
 gateway's own store (this tenant's only) and sent as the history expanded into `input` (stored ids stripped, past
@@ -40,8 +41,9 @@ from gateway.dispatch.dispatcher import Dispatched
 from gateway.errors import GatewayError, InvalidRequest, ModelNotFound
 from gateway.pipeline.call import Call
 from gateway.pipeline.exchange import Exchange
+from gateway.pipeline.outcome import Outcome
 from gateway.pipeline.pipeline import Pipeline
-from gateway.pipeline.relay import cost, cut_by_shutdown, dispatch_failed
+from gateway.pipeline.relay import cost, cut_by_shutdown, dispatch_failed, stalled
 from gateway.pipeline.usage import clean_usage
 from gateway.state import AppState
 
@@ -141,23 +143,24 @@ class NativeResponses:
     async def _serve(self, ex: Exchange) -> Response:
         st = self.st
         await self.proxy.admit(ex, decided=_native_endpoint)  # the chat path's stages before dispatch, its refusals
+        out = Outcome.answering(ex.headers)  # this relay's record of the answer, from here on
         if ex.parsed.stream:
-            return EventStreamResponse(lambda: self._first(ex), lambda: self._rest(ex), ex.headers,
-                                       on_close=lambda disconnected: self._finish(ex, disconnected),
-                                       stall_timeout=st.config.timeouts.client_stall, on_stall=lambda: _stalled(ex),
-                                       live=self.proxy.live, on_cut=lambda committed: self._cut(ex, committed))
-        return await self.proxy.respond(self.request, ex, self._non_stream(ex))
+            return EventStreamResponse(lambda: self._first(ex, out), lambda: self._rest(ex, out), out.headers,
+                                       on_close=lambda disconnected: self._finish(ex, out, disconnected),
+                                       stall_timeout=st.config.timeouts.client_stall, on_stall=lambda: stalled(out),
+                                       live=self.proxy.live, on_cut=lambda committed: self._cut(ex, out, committed))
+        return await self.proxy.respond(self.request, ex, out, self._non_stream(ex, out))
 
-    async def _finish(self, ex: Exchange, disconnected: bool) -> None:
-        await self.proxy.accounting.finish(ex, disconnected)
+    async def _finish(self, ex: Exchange, out: Outcome, disconnected: bool) -> None:
+        await self.proxy.accounting.finish(ex, out, disconnected)
 
-    async def _open(self, ex: Exchange) -> Dispatched:
+    async def _open(self, ex: Exchange, out: Outcome) -> Dispatched:
         assert ex.decision is not None and ex.rreq is not None
         with trace.use_span(ex.span, end_on_exit=False):  # attempt spans become children of the request span
             d = await self.st.dispatcher.open(ex.decision, ex.rreq, self.body, ex.deadline, ex.tenant)
-        ex.dispatched = d
-        ex.first_token_at = time.monotonic()
-        ex.headers.update({"x-gateway-pool": d.target.pool, "x-gateway-replica": d.target.name,
+        out.dispatched = d
+        out.first_token_at = time.monotonic()
+        out.headers.update({"x-gateway-pool": d.target.pool, "x-gateway-replica": d.target.name,
                            "x-gateway-attempts": str(d.attempts)})
         up, client = orjson.dumps(d.target.upstream_model), orjson.dumps(ex.parsed.model)
         if up != client:
@@ -174,59 +177,60 @@ class NativeResponses:
             payload = payload.replace(old, new)
         return payload
 
-    async def _keep(self, ex: Exchange, response: dict[str, Any]) -> None:
+    async def _keep(self, out: Outcome, response: dict[str, Any]) -> None:
         rid = response.get("id")
         if self.keep and isinstance(rid, str) and _ID.match(rid):
             await self.store.put(self.tenant_name, rid, orjson.dumps({
                 "response": response, "input_items": self.stored_items, "parent": self.parent,
-                "served_by": served_by(ex.headers.get("x-gateway-replica"), response)}))
+                "served_by": served_by(out.headers.get("x-gateway-replica"), response)}))
 
     # -- non-streamed ----------------------------------------------------------------------------------------
-    async def _non_stream(self, ex: Exchange) -> Response:
+    async def _non_stream(self, ex: Exchange, out: Outcome) -> Response:
         try:
-            d = await self._open(ex)
+            d = await self._open(ex, out)
         except GatewayError as e:
-            dispatch_failed(ex, e)
+            dispatch_failed(out, e)
             raise
         self.st.feedback.first_token(d.attempt, None)
         raw = d.opened.body if isinstance(d.opened.body, dict) else {}
         self._own_id(raw.get("id"))
         response: dict[str, Any] = orjson.loads(self._swap(orjson.dumps(raw)))
-        ex.usage, ex.usage_anomalies = clean_usage(chat_usage(response.get("usage")), self.proxy.relay.bound(ex))
-        ex.headers["x-gateway-cost-usd"] = f"{cost(ex):.8f}"
-        await self._keep(ex, response)
-        return Response(orjson.dumps(response), media_type="application/json", headers=ex.headers)
+        out.usage, out.usage_anomalies = clean_usage(chat_usage(response.get("usage")),
+                                                     self.proxy.relay.bound(ex, out))
+        out.headers["x-gateway-cost-usd"] = f"{cost(d, out.usage):.8f}"
+        await self._keep(out, response)
+        return Response(orjson.dumps(response), media_type="application/json", headers=out.headers)
 
     # -- streamed --------------------------------------------------------------------------------------------
-    async def _first(self, ex: Exchange) -> Response | bytes:
+    async def _first(self, ex: Exchange, out: Outcome) -> Response | bytes:
         try:
-            d = await self._open(ex)
+            d = await self._open(ex, out)
         except GatewayError as e:  # before the commit point: a real HTTP error
-            dispatch_failed(ex, e)
+            dispatch_failed(out, e)
             return to_response(e)
-        assert ex.first_token_at is not None
-        self.st.feedback.first_token(d.attempt, ex.first_token_at - ex.started)
-        out, _ = await self._event(ex, d.opened.first or b"")
-        return out or b": stream open\n\n"
+        assert out.first_token_at is not None
+        self.st.feedback.first_token(d.attempt, out.first_token_at - ex.started)
+        first, _ = await self._event(ex, out, d.opened.first or b"")
+        return first or b": stream open\n\n"
 
-    async def _rest(self, ex: Exchange) -> AsyncIterator[bytes]:
-        d = ex.dispatched
+    async def _rest(self, ex: Exchange, out: Outcome) -> AsyncIterator[bytes]:
+        d = out.dispatched
         assert d is not None and d.opened.rest is not None
         try:
             async for payload in d.opened.rest:
-                out, done = await self._event(ex, payload)
-                if out:
-                    yield out
+                chunk, done = await self._event(ex, out, payload)
+                if chunk:
+                    yield chunk
                 if done:
                     return
         except StreamBroken as e:
-            yield self._failed(ex, f"The upstream failed mid-stream: {e}")
+            yield self._failed(out, f"The upstream failed mid-stream: {e}")
             return
-        yield self._failed(ex, "The upstream closed the stream before the response was complete.")
+        yield self._failed(out, "The upstream closed the stream before the response was complete.")
 
-    async def _event(self, ex: Exchange, payload: bytes) -> tuple[bytes, bool]:
+    async def _event(self, ex: Exchange, out: Outcome, payload: bytes) -> tuple[bytes, bool]:
         """(bytes for the client, whether the stream is over) for one upstream payload."""
-        ex.chunks += 1
+        out.chunks += 1
         if payload == b"[DONE]":
             return b"", False
         if payload.startswith(b'{"error"'):  # a chat-style in-band error (e.g. SGLang): the Responses error events
@@ -235,7 +239,7 @@ class NativeResponses:
             except (orjson.JSONDecodeError, AttributeError):
                 err = {}
             msg = err.get("message") if isinstance(err, dict) else None
-            return self._failed(ex, sanitize_upstream_text(str(msg or "upstream error"))), True
+            return self._failed(out, sanitize_upstream_text(str(msg or "upstream error"))), True
         try:
             obj = orjson.loads(payload)
         except orjson.JSONDecodeError:
@@ -248,35 +252,36 @@ class NativeResponses:
             self._seq = seq
         if kind == "response.created" and isinstance(obj.get("response"), dict):
             self._own_id(obj["response"].get("id"))
-        out = self._swap(payload)
+        data = self._swap(payload)
         name = kind.encode() if isinstance(kind, str) else b"message"
         if name not in TERMINAL:
             if name in (b"response.created", b"response.in_progress"):
-                self._last_response = orjson.loads(out).get("response") or {}
-            return b"event: " + name + b"\ndata: " + out + b"\n\n", False
+                self._last_response = orjson.loads(data).get("response") or {}
+            return b"event: " + name + b"\ndata: " + data + b"\n\n", False
         if name == b"error":
-            ex.reason, ex.error = "stream_error", "upstream error event"
+            out.end("stream_error", "upstream error event")
         else:
-            final = orjson.loads(out).get("response") or {}
-            ex.usage, ex.usage_anomalies = clean_usage(chat_usage(final.get("usage")), self.proxy.relay.bound(ex))
+            final = orjson.loads(data).get("response") or {}
+            out.usage, out.usage_anomalies = clean_usage(chat_usage(final.get("usage")),
+                                                         self.proxy.relay.bound(ex, out))
             if name == b"response.failed":
-                ex.reason, ex.error = "stream_error", "upstream response.failed"
-            await self._keep(ex, final)
-        return b"event: " + name + b"\ndata: " + out + b"\n\n", True
+                out.end("stream_error", "upstream response.failed")
+            await self._keep(out, final)
+        return b"event: " + name + b"\ndata: " + data + b"\n\n", True
 
-    def _cut(self, ex: Exchange, committed: bool) -> bytes | Response:
+    def _cut(self, ex: Exchange, out: Outcome, committed: bool) -> bytes | Response:
         """A stream cut by the shutdown: the Responses error events (or the chat path's 503 before any byte)."""
-        out = cut_by_shutdown(ex, committed)
+        cut = cut_by_shutdown(ex, out, committed)
         if not committed:
-            return out
-        events = self._failed(ex, "The gateway is shutting down and could not finish this response within its drain "
-                                  "timeout; it is incomplete.")
-        ex.reason = "shutdown"
+            return cut
+        events = self._failed(out, "The gateway is shutting down and could not finish this response within its "
+                                   "drain timeout; it is incomplete.")
+        out.reason = "shutdown"
         return events
 
-    def _failed(self, ex: Exchange, message: str) -> bytes:
+    def _failed(self, out: Outcome, message: str) -> bytes:
         """A failure after the stream began: `error` then `response.failed`, never a silent close."""
-        ex.reason, ex.error = "stream_error", message
+        out.end("stream_error", message)
         err = {"type": "error", "code": "server_error", "message": message, "param": None,
                "sequence_number": self._seq + 1}
         failed = {**self._last_response, "status": "failed",
@@ -285,10 +290,6 @@ class NativeResponses:
         self._seq += 2
         return (b"event: error\ndata: " + orjson.dumps(err) + b"\n\n" +
                 b"event: response.failed\ndata: " + orjson.dumps(done) + b"\n\n")
-
-
-def _stalled(ex: Exchange) -> None:
-    ex.reason, ex.error = "client_stall", "the client stopped reading; stream aborted"
 
 
 def _native_endpoint(ex: Exchange) -> None:
