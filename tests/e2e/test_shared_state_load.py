@@ -76,7 +76,9 @@ def test_concurrent_burst_holds_budget_and_rate_limit_and_the_ledger_is_exact(fl
                           # being away — that is what this test rules out, not what it provokes
                           "redis_timeout_s": 1.0, "redis_pool_timeout_s": 4.0, "limits_redis_timeout_s": 5.0,
                           "redis_hung_after_s": 30.0},
-                 timeouts={"connect": 10.0})
+                 # the same stalls can hold a body's next read past the default 5 s gap: a 408 here is the
+                 # machine, not the shared state under test
+                 timeouts={"connect": 10.0, "body_read": 60.0})
     a, b = start_gateway(cfg), start_gateway(cfg)
     caplog.set_level(logging.WARNING)
     try:
