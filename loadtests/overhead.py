@@ -134,6 +134,10 @@ def gateway_proc(a: argparse.Namespace, work: Path, cfg: dict[str, Any], name: s
                 f"http://127.0.0.1:{port}/healthz", log=work / f"{name}.log")
 
 
+def _has_admin_port(checkout: Path) -> bool:
+    return any("--admin-port" in f.read_text() for f in (checkout / "gateway").rglob("*.py"))
+
+
 def start_targets(a: argparse.Namespace, sim_urls: list[str], work: Path) -> list[Target]:
     targets = [Target("direct (stub upstream)", sim_urls, None, {})]
     gw_cfg = {"models": [{"name": "glm-5.2", "pools": ["sim"]}],
@@ -153,8 +157,10 @@ def start_targets(a: argparse.Namespace, sim_urls: list[str], work: Path) -> lis
         gw = gateway_proc(a, work, gw_cfg, "gateway", a.port, a.port + 5)  # port + 1 is LiteLLM's
         targets.append(Target("this gateway", [f"http://127.0.0.1:{a.port}"], gw, auth))
     if a.baseline:  # the gateway of another checkout (e.g. `git worktree add /tmp/base <rev>`), same config, same run
+        # a revision from before the admin listener has no --admin-port (its admin API is on the client port)
+        admin = ["--admin-port", str(a.port + 6)] if _has_admin_port(Path(a.baseline)) else []
         base = Proc("gateway-baseline", [sys.executable, "-m", "gateway.cli", "serve", "--config", str(work / "gw.yaml"),
-                                         "--port", str(a.port + 4), "--admin-port", str(a.port + 6)],
+                                         "--port", str(a.port + 4), *admin],
                     f"http://127.0.0.1:{a.port + 4}/healthz", log=work / "gateway-baseline.log", cwd=a.baseline)
         targets.append(Target(f"gateway @ {a.baseline_label}", [f"http://127.0.0.1:{a.port + 4}"], base,
                               {"authorization": f"Bearer {KEY}"}))
