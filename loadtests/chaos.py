@@ -603,7 +603,9 @@ async def sc_budget_burst(stack: Stack, lb: LoadBalancer, client: httpx.AsyncCli
         t.fail("admitted spend above the cap plus one worst case per instance")
     if abs(ledger - served) > 1e-9 + 1e-6 * served:
         t.fail("ledger differs from the spend served")
-    refusals = [d for code, _, d in res_b if code != 200]
+    # the gateway's refusals; a request whose body did not arrive in time (408) or that never connected was not
+    # refused by any limit (a machine too busy to send it), and is counted in its own column
+    refusals = [d for code, _, d in res_b if code in (429, 503)]
     if admitted >= 400 or not all(b'"insufficient_quota"' in d for d in refusals):
         # how many get in depends on how fast the burst arrives against how fast its requests end (each holds its
         # worst case while it runs); what must hold is that the budget, and only the budget, cut it
@@ -883,7 +885,8 @@ async def run(a: argparse.Namespace, stack: Stack) -> dict[str, Tally]:
     results: dict[str, Tally] = {}
     limits = httpx.Limits(max_connections=1000, max_keepalive_connections=200)
     # no client-side read timeout below the per-request one in `send` (httpx's default 5 s would call a slow answer lost)
-    async with httpx.AsyncClient(limits=limits, trust_env=False, timeout=httpx.Timeout(60.0, connect=5.0)) as client:
+    async with httpx.AsyncClient(limits=limits, trust_env=False,
+                                 timeout=httpx.Timeout(60.0, connect=a.connect_timeout)) as client:
         lb = LoadBalancer(stack.gw_urls, client)
         lb.start()
         try:
@@ -903,6 +906,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--confusions", type=int, default=None, help="type-confusion bodies sent by the fuzz (default all "
                    "~3,000: each field of a valid body per endpoint replaced by each kind of JSON value; quick 300)")
     p.add_argument("--rate", type=float, default=8.0, help="steady requests/s")
+    p.add_argument("--connect-timeout", type=float, default=5.0,
+                   help="the clients' connect timeout (s); the suite raises it, where other work may hold the cores")
     p.add_argument("--json", type=Path, default=None)
     a = p.parse_args(argv)
     a.only = [s for s in a.only.split(",") if s]

@@ -24,7 +24,8 @@ def stack():
 @pytest.mark.parametrize("scenario", ["poison", "content_failures", "edges", "burst_concurrency", "budget_burst",
                                       "reused_id", "header_flood", "fuzz"])
 def test_chaos_scenario(stack, scenario):
-    a = chaos.parse_args(["--quick", "--only", scenario, "--fuzz", "400"])
+    # a connect timeout for a machine whose cores are busy with other work: the scenarios judge the gateway's answers
+    a = chaos.parse_args(["--quick", "--only", scenario, "--fuzz", "400", "--connect-timeout", "30"])
     results = asyncio.run(chaos.run(a, stack))
     t = results[scenario]
     assert t.check, chaos.table(results)

@@ -27,7 +27,11 @@ def cap_config(hosted_url: str, scope: str = "instance", redis_url: str | None =
                  tenants=[{"name": "capped", "api_key_hashes": [hash_key(KEY)], "models": ["glm-5.2"],
                            "max_concurrent": 5, "max_concurrent_scope": scope}])
     if redis_url:
-        cfg["routing"] = {"redis_url": redis_url, "redis_prefix": f"cc{time.monotonic_ns()}:"}
+        # generous Redis timeouts: on a machine whose cores are busy a call can take seconds, which must not read
+        # as Redis being away (each instance would then cap on its own) -- that path has its own tests
+        cfg["routing"] = {"redis_url": redis_url, "redis_prefix": f"cc{time.monotonic_ns()}:",
+                          "redis_timeout_s": 2.0, "redis_pool_timeout_s": 4.0, "limits_redis_timeout_s": 10.0,
+                          "redis_hung_after_s": 60.0}
     return cfg
 
 
