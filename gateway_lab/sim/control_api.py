@@ -11,9 +11,7 @@ from starlette.responses import Response
 
 from gateway_lab.sim.engine import Event, EventKind
 from gateway_lab.sim.pd import FABRIC
-from gateway_lab.sim.protocol import (
-    SimHTTPError,
-)
+from gateway_lab.sim.protocol import SimHTTPError
 from gateway_lab.sim.replica import Fault, Replica
 from gateway_lab.sim.wire import (
     error_response,

@@ -16,28 +16,21 @@ from starlette.responses import Response
 
 from gateway.asgi import EventStreamResponse
 from gateway.tokenizer import VOCAB_SIZE, count_tokens, render_chat, token_array
+from gateway_lab.sim.choice_plan import ChoicePlan, plan_chat, plan_json
 from gateway_lab.sim.pd import Bootstrap, bootstrap_fields, pd_room_hook, rank_for_room
 from gateway_lab.sim.profiles import ReplicaConfig
-from gateway_lab.sim.protocol import (
-    ChatCompletionRequest,
-    ChoicePlan,
-    CompletionRequest,
-    SimHTTPError,
-    StopAt,
-    chat_tools_offered,
-    check_prompt_len,
-    new_id,
-    parse_chat,
-    parse_completion,
-    plan_chat,
-    plan_json,
-    stop_at,
-    stop_strings,
-    text_base,
-)
+from gateway_lab.sim.protocol import SimHTTPError, StopAt, new_id, stop_at, stop_strings, text_base
 from gateway_lab.sim.replica import Replica
 from gateway_lab.sim.reply import Reply
 from gateway_lab.sim.structured import MAX_VALUES, Budget, SchemaError
+from gateway_lab.sim.validation import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    chat_tools_offered,
+    check_prompt_len,
+    parse_chat,
+    parse_completion,
+)
 from gateway_lab.sim.wire import (
     OFFLOAD_BYTES,
     authorized,

@@ -14,9 +14,7 @@ from gateway.tokenizer import render_chat, token_array
 from gateway_lab.sim.generate import request_priority
 from gateway_lab.sim.kv_events import KvEventsConfig
 from gateway_lab.sim.kv_events import descriptor as kv_descriptor
-from gateway_lab.sim.protocol import (
-    new_id,
-)
+from gateway_lab.sim.protocol import new_id
 from gateway_lab.sim.replica import Replica
 from gateway_lab.sim.wire import (
     authorized,

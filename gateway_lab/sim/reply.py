@@ -13,15 +13,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from gateway.asgi import AbortConnection, run_until_disconnect
+from gateway_lab.sim.choice_plan import ChoicePlan
 from gateway_lab.sim.engine import Event, EventKind
-from gateway_lab.sim.protocol import (
-    ChoicePlan,
-    ChunkWriter,
-    StopAt,
-    output_text,
-    tool_call,
-    usage,
-)
+from gateway_lab.sim.protocol import ChunkWriter, StopAt, output_text, tool_call, usage
 from gateway_lab.sim.replica import Fault, Replica
 from gateway_lab.sim.wire import (
     Reset,

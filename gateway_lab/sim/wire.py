@@ -10,13 +10,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from gateway.asgi import AbortConnection
-from gateway_lab.sim.protocol import (
-    MAX_BODY_BYTES,
-    ChunkWriter,
-    SimHTTPError,
-    error_body,
-)
+from gateway_lab.sim.protocol import ChunkWriter, SimHTTPError, error_body
 from gateway_lab.sim.replica import Replica
+from gateway_lab.sim.validation import MAX_BODY_BYTES
 
 
 def error_response(status: int, message: str, type_: str | None = None) -> Response:
