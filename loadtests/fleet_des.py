@@ -16,7 +16,7 @@ import time
 
 from tqdm import tqdm
 
-from gateway_lab.sim.fleet import FleetResult, run_fleet
+from gateway_lab.sim.fleet_wafer import FleetResult, run_fleet
 from loadtests.report import OUT, save_json, table
 
 

@@ -1,7 +1,7 @@
 """The routing core on the virtual clock (same policy, features, index and feedback code as the gateway, no I/O):
 a 4-node MI355X fleet with a B200 overflow pool, Wafer workload, fixed seed — deterministic."""
 
-from gateway_lab.sim.fleet import run_fleet
+from gateway_lab.sim.fleet_wafer import run_fleet
 
 
 def test_default_policy_keeps_the_sla_and_the_cache_below_capacity():

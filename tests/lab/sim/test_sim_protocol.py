@@ -7,13 +7,8 @@ from gateway.tokenizer import VOCAB_SIZE
 from gateway_lab.sim.des import EventLoop, VirtualRank
 from gateway_lab.sim.engine import Rank, SimRequest
 from gateway_lab.sim.profiles import profile
-from gateway_lab.sim.protocol import (
-    MAX_CHOICES,
-    SimHTTPError,
-    parse_chat,
-    parse_completion,
-    usage,
-)
+from gateway_lab.sim.protocol import SimHTTPError, usage
+from gateway_lab.sim.validation import MAX_CHOICES, parse_chat, parse_completion
 
 CTX = 1_048_576
 

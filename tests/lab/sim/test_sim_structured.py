@@ -10,8 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel, Field
 
-from gateway_lab.sim.protocol import ChatCompletionRequest, plan_chat
+from gateway_lab.sim.choice_plan import plan_chat
 from gateway_lab.sim.structured import SchemaError, check_schema, generate
+from gateway_lab.sim.validation import ChatCompletionRequest
 
 
 class Address(BaseModel):
