@@ -99,14 +99,7 @@ def gateway_bad_inputs(model: str) -> list[tuple[str, str, Any, dict[str, str]]]
 
 def gateway_shape(r: httpx.Response) -> str:
     """A gateway's answer as status, error type, code and param (the gateway answers in OpenAI's error shape)."""
-    try:
-        body = r.json()
-    except ValueError:
-        return f"{r.status_code} (not JSON)"
-    if isinstance(body, dict) and isinstance(body.get("error"), dict):
-        e = body["error"]
-        return f"{r.status_code} error{{type={e.get('type')}, code={e.get('code')}, param={e.get('param')}}}"
-    return _shape(r)
+    return _shape(r, param=True)
 
 
 def compare_gateways(real_gw: str, sim_gw: str, headers: dict[str, str], model: str) -> list[Row]:
@@ -121,14 +114,15 @@ def compare_gateways(real_gw: str, sim_gw: str, headers: dict[str, str], model: 
     return rows
 
 
-def _shape(r: httpx.Response) -> str:
+def _shape(r: httpx.Response, param: bool = False) -> str:
     try:
         body = r.json()
     except ValueError:
         return f"{r.status_code} (not JSON)"
     if isinstance(body, dict) and isinstance(body.get("error"), dict):
         e = body["error"]
-        return f"{r.status_code} error{{type={e.get('type')}, code={e.get('code')}}}"
+        named = f", param={e.get('param')}" if param else ""
+        return f"{r.status_code} error{{type={e.get('type')}, code={e.get('code')}{named}}}"
     if isinstance(body, dict) and body.get("object") == "error":
         return f"{r.status_code} object=error{{type={body.get('type')}, code={body.get('code')}}}"
     if isinstance(body, dict) and "detail" in body:

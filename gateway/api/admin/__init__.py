@@ -3,8 +3,8 @@ holds all of it, so wherever the admin API is served the console is served besid
 
 from fastapi import APIRouter
 
-from gateway.api.admin import changes, console, fleet, routes
+from gateway.api.admin import changes, console, fleet, recording, routes
 
 router = APIRouter()
-for _part in (routes.router, changes.router, fleet.router, console.router):
+for _part in (routes.router, changes.router, recording.router, fleet.router, console.router):
     router.include_router(_part)

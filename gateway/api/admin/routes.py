@@ -16,9 +16,9 @@ POST /admin/policies/reload                re-read the policy directory on every
 GET  /admin/policies                       policy status (fingerprint, last error)
 GET  /admin/audit?limit=N                  the audit log, newest first
 GET  /admin/usage[?tenant=T]               requests, tokens and cost per tenant, today and this month
-GET  /admin/recording                      this instance's traffic recording (gateway replay's format): status
-POST /admin/recording/start|stop           start a new recording at `recording.path` (truncated) / stop it; this
-                                           instance only (each writes its own file), audited
+
+The traffic recording's routes are in `recording.py`, the live policy changes in `changes.py`, the console's views
+in `fleet.py`.
 """
 
 from __future__ import annotations
@@ -40,7 +40,6 @@ from gateway.control.store import StoreUnavailable
 from gateway.dispatch.pd import PdBackend
 from gateway.errors import (
     AuthenticationFailed,
-    Conflict,
     InvalidRequest,
     NoCapacity,
     NotFound,
@@ -373,37 +372,3 @@ async def usage(request: Request, tenant: str | None = None) -> Response:
             raise NotFound(f"Unknown tenant {name!r}.", param="tenant")
         out[name] = {**await st.budget.usage(name), "budget": t.budget.model_dump(), "rate_limits": t.rate_limits.model_dump()}
     return JSONResponse({"tenants": out})
-
-
-# -- traffic recording (this instance) ----------------------------------------------------------------------------
-@router.get("/recording")
-async def recording(request: Request) -> Response:
-    rec = _state(request).recorder
-    return JSONResponse(rec.status() if rec is not None else {"path": None, "recording": False})
-
-
-@router.post("/recording/{action}")
-async def recording_action(request: Request, action: Literal["start", "stop"], who: Admin) -> Response:
-    """Per instance, not through the control plane: the file is this instance's. Audited like every change (the
-    audit log is shared, so on-call sees which instance recorded what)."""
-    st = _state(request)
-    rec = st.recorder
-    if rec is None or rec.path is None:
-        raise Conflict("Recording needs recording.path in this instance's config; the admin API never picks a file.",
-                       param="recording.path")
-    was = rec.enabled
-    if action == "start":
-        if rec.enabled:
-            raise Conflict(f"Already recording to {rec.path} ({rec.requests} requests); stop it first (a start "
-                           "truncates the file).", param="action")
-        rec.start()
-    else:
-        rec.stop()
-    try:
-        await st.control.store.audit({"at": time.time(), "who": who, "what": f"recording_{action}",
-                                      "path": str(rec.path), "requests": rec.requests,
-                                      "before": {"recording": was}, "after": {"recording": rec.enabled}})
-    except StoreUnavailable:
-        pass  # the recording itself is local and already switched; the audit entry is best effort while Redis is away
-    return JSONResponse(rec.status())
-
