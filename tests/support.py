@@ -119,7 +119,7 @@ def start_pd_sims(prefill: int = 1, decode: int = 1, prof: str = "mi355x-glm52-t
     """A PD deployment in one event loop (the simulator's KV fabric is per process): `prefill` prefill servers
     with their bootstrap servers, then `decode` decode servers. Returns the thread (urls: prefill servers, decode
     servers, then the bootstrap servers), both replica lists and the bootstrap ports."""
-    from gateway_lab.sim.pd import create_bootstrap_app
+    from gateway_lab.sim.pd_bootstrap import create_bootstrap_app
 
     overrides.setdefault("time_scale", 20.0)
     overrides.setdefault("enable_cache_report", True)

@@ -34,10 +34,10 @@ from gateway.recording.trace import TraceRecord
 from gateway.routing.pd import DecodeView, PdRequest, PrefillView, choose_decode, decide
 from gateway_lab.replay.run import to_job
 from gateway_lab.sim.des import EventLoop, VirtualRank
-from gateway_lab.sim.engine import Event, EventKind, SimRequest
 from gateway_lab.sim.fleet import Fleet, Job, mi355x_targets
 from gateway_lab.sim.pd import DecodeRank, KvFabric, PrefillRank, Side
 from gateway_lab.sim.profiles import ReplicaConfig, profile
+from gateway_lab.sim.sim_request import Event, EventKind, SimRequest
 from gateway_lab.sim.stats import nearest_rank
 
 

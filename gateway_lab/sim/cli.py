@@ -159,7 +159,7 @@ def roles(a: argparse.Namespace) -> list[str]:
 
 
 def run(a: argparse.Namespace) -> int:
-    from gateway_lab.sim.pd import create_bootstrap_app
+    from gateway_lab.sim.pd_bootstrap import create_bootstrap_app
 
     cfg = config_from_args(a)
     modes = roles(a)

@@ -9,10 +9,10 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from gateway_lab.sim.engine import Event, EventKind
 from gateway_lab.sim.pd import FABRIC
 from gateway_lab.sim.protocol import SimHTTPError
 from gateway_lab.sim.replica import Fault, Replica
+from gateway_lab.sim.sim_request import Event, EventKind
 from gateway_lab.sim.wire import (
     error_response,
     json_response,

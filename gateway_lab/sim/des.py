@@ -10,7 +10,8 @@ import heapq
 import itertools
 from collections.abc import Callable
 
-from gateway_lab.sim.engine import Rank, Step
+from gateway_lab.sim.engine import Rank
+from gateway_lab.sim.sim_request import Step
 
 
 class EventLoop:

@@ -31,8 +31,9 @@ from gateway.routing.load import MemoryLoadTracker
 from gateway.routing.registry import build_engine
 from gateway.routing.request import RoutingRequest
 from gateway_lab.sim.des import EventLoop, VirtualRank
-from gateway_lab.sim.engine import Event, EventKind, Rank, SimRequest
+from gateway_lab.sim.engine import Rank
 from gateway_lab.sim.profiles import ReplicaConfig, profile
+from gateway_lab.sim.sim_request import Event, EventKind, SimRequest
 
 CHUNK = 256
 MI355X_PRICE = GpuHourPricing(gpus_per_replica=4, usd_per_gpu_hour=2.10, prefill_tokens_per_s=16_700, decode_tokens_per_s=3_600)

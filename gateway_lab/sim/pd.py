@@ -27,8 +27,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway_lab.sim.engine import Event, EventKind, Rank, SimRequest, Step
+from gateway_lab.sim.engine import Rank
 from gateway_lab.sim.profiles import ReplicaConfig
+from gateway_lab.sim.sim_request import Event, EventKind, SimRequest, Step
 
 Later = Callable[[float, Callable[[], None]], Any]
 
@@ -396,26 +397,3 @@ def pd_room_hook(replica: Any, rank: Any, pd: Bootstrap) -> Callable[[SimRequest
             FABRIC.add_decode(str(pd.port), pd.room, side)
 
     return hook
-
-
-def create_bootstrap_app(replica: Any) -> Any:
-    """The prefill server's bootstrap server (SGLang's CommonKVBootstrapServer, on --disaggregation-bootstrap-port):
-    `/health` answers OK; `/route?engine_rank=-1` gives the prefill side's parallel layout, which a decode server
-    (and `gateway check`) compares with its own. The simulator's transfer itself goes through the fabric."""
-    from starlette.applications import Starlette
-    from starlette.requests import Request
-    from starlette.responses import JSONResponse, PlainTextResponse, Response
-    from starlette.routing import Route
-
-    async def health(request: Request) -> Response:
-        return PlainTextResponse("OK")
-
-    async def route(request: Request) -> Response:
-        cfg = replica.cfg
-        return JSONResponse({"prefill_attn_tp_size": cfg.tp_size, "prefill_dp_size": cfg.dp_size,
-                             "prefill_pp_size": 1, "prefill_page_size": cfg.page_size,
-                             "prefill_kv_cache_dtype": cfg.kv_cache_dtype,
-                             "transfer_backend": cfg.disaggregation_transfer_backend,
-                             "follow_bootstrap_room": True})
-
-    return Starlette(routes=[Route("/health", health, methods=["GET"]), Route("/route", route, methods=["GET"])])

@@ -14,12 +14,12 @@ from typing import Any
 
 import numpy as np
 
-from gateway_lab.sim.engine import Event, EventKind, SimRequest
 from gateway_lab.sim.kv_events import KvEventPublisher, KvEventsConfig
 from gateway_lab.sim.metrics import ReplicaMetrics
 from gateway_lab.sim.pd import FABRIC, make_rank, pd_queues
 from gateway_lab.sim.profiles import ReplicaConfig
 from gateway_lab.sim.realtime import RealtimeRank, SimClock
+from gateway_lab.sim.sim_request import Event, EventKind, SimRequest
 
 
 @dataclass

@@ -14,9 +14,9 @@ from starlette.responses import Response
 
 from gateway.asgi import AbortConnection, run_until_disconnect
 from gateway_lab.sim.choice_plan import ChoicePlan
-from gateway_lab.sim.engine import Event, EventKind
 from gateway_lab.sim.protocol import ChunkWriter, StopAt, output_text, tool_call, usage
 from gateway_lab.sim.replica import Fault, Replica
+from gateway_lab.sim.sim_request import Event, EventKind
 from gateway_lab.sim.wire import (
     Reset,
     error_response,

@@ -12,8 +12,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from gateway_lab.sim.des import EventLoop, VirtualRank
-from gateway_lab.sim.engine import Event, EventKind, Rank, SimRequest
+from gateway_lab.sim.engine import Rank
 from gateway_lab.sim.profiles import ReplicaConfig, profile
+from gateway_lab.sim.sim_request import Event, EventKind, SimRequest
 from gateway_lab.sim.stats import nearest_rank, window_throughput
 
 WAFER_TABLE = {  # rps: (output tok/s, TTFT p50, TTFT p95) — Wafer, one MI355X node, TP4xDP2

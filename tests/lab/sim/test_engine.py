@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 
 from gateway_lab.sim.des import EventLoop, VirtualRank
-from gateway_lab.sim.engine import EventKind, Rank, SimRequest
+from gateway_lab.sim.engine import Rank
 from gateway_lab.sim.profiles import profile
+from gateway_lab.sim.sim_request import EventKind, SimRequest
 from gateway_lab.sim.wafer import run_node
 
 

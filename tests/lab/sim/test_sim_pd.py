@@ -13,9 +13,9 @@ import orjson
 import pytest
 
 from gateway_lab.sim.des import EventLoop, VirtualRank
-from gateway_lab.sim.engine import Event, EventKind, SimRequest
 from gateway_lab.sim.pd import DecodeRank, KvFabric, PrefillRank, Side, rank_for_room
 from gateway_lab.sim.profiles import profile
+from gateway_lab.sim.sim_request import Event, EventKind, SimRequest
 from tests.support import start_pd_sims, wait_until
 
 

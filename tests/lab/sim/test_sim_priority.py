@@ -3,8 +3,9 @@ arrival; higher first unless low-values-first) and preemption only past the thre
 
 import numpy as np
 
-from gateway_lab.sim.engine import Rank, SimRequest
+from gateway_lab.sim.engine import Rank
 from gateway_lab.sim.profiles import profile
+from gateway_lab.sim.sim_request import SimRequest
 
 
 def rank(**over):

@@ -5,9 +5,10 @@ import pytest
 
 from gateway.tokenizer import VOCAB_SIZE
 from gateway_lab.sim.des import EventLoop, VirtualRank
-from gateway_lab.sim.engine import Rank, SimRequest
+from gateway_lab.sim.engine import Rank
 from gateway_lab.sim.profiles import profile
 from gateway_lab.sim.protocol import SimHTTPError, usage
+from gateway_lab.sim.sim_request import SimRequest
 from gateway_lab.sim.validation import MAX_CHOICES, parse_chat, parse_completion
 
 CTX = 1_048_576

@@ -15,8 +15,9 @@ import pytest
 from gateway.cli import main
 from gateway.recording.trace import TraceRecord, write_trace
 from gateway_lab.sim.cli import add_arguments, config_from_args
-from gateway_lab.sim.engine import EventKind, Rank, SimRequest
+from gateway_lab.sim.engine import Rank
 from gateway_lab.sim.profiles import for_version, profile
+from gateway_lab.sim.sim_request import EventKind, SimRequest
 
 SPF = "shortest-prefill-first"
 
