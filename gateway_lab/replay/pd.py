@@ -19,13 +19,10 @@ and the decision's branch counts.
 from __future__ import annotations
 
 import functools
-import random
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
-
-import numpy as np
 
 from gateway.config import PoolTiming, Routing
 from gateway.pd_config import Disaggregation
@@ -37,8 +34,10 @@ from gateway_lab.sim.des import EventLoop, VirtualRank
 from gateway_lab.sim.fleet import Fleet, Job, mi355x_targets
 from gateway_lab.sim.pd import DecodeRank, KvFabric, PrefillRank, Side
 from gateway_lab.sim.profiles import ReplicaConfig, profile
+from gateway_lab.sim.radix_cache import PrefixCache
 from gateway_lab.sim.sim_request import Event, EventKind, SimRequest
 from gateway_lab.sim.stats import nearest_rank
+from gateway_lab.sim.wafer_groups import WaferGroups
 
 
 @dataclass
@@ -122,41 +121,14 @@ Arrivals = Callable[[], Iterator[tuple[float, Callable[[], Job]]]]  # a fresh it
 
 def wafer_arrivals(ranks: int, rps: float, duration: float, routing: Routing, seed: int = 0,
                    groups_per_rank: int = 8) -> Arrivals:
-    """The Wafer workload (`sim/fleet.py` run_fleet): Poisson arrivals, 20k-token prompts = one of the groups' 12k
-    shared prefix + 8k new tokens, 1k output tokens. Cold: no group is cached at the start."""
-    from gateway.prefix.hashing import chain, group_key
-    from gateway.routing.request import RoutingRequest
-    from gateway_lab.sim.radix_cache import PrefixCache
-
-    chunk = routing.chunk_tokens
+    """The Wafer workload (`sim/wafer_groups.py`, as `sim/fleet_wafer.py` runs it), cold: no group is cached at the
+    start."""
     pages = PrefixCache(profile("mi355x-glm52-tp4").page_size)
     sla = routing.ttft_sla_ms / 1000
 
-    def arrivals() -> Iterator[tuple[float, Callable[[], Job]]]:
-        rng = random.Random(seed)
-        nrng = np.random.default_rng(seed)
-        n_groups = groups_per_rank * ranks
-        prefixes = [nrng.integers(0, 150_000, 12_000, dtype=np.uint32) for _ in range(n_groups)]
-        seed_bytes = b"glm-5.2\x00tenant"
-        ghash = [chain(seed_bytes, [p[k * chunk:(k + 1) * chunk].tobytes() for k in range(12_000 // chunk)])
-                 for p in prefixes]
-        t, i = 0.0, 0
-        while True:
-            t += rng.expovariate(rps)
-            if t > duration:
-                return
-            g = rng.randrange(n_groups)
-
-            def make(g: int = g, i: int = i) -> Job:
-                tokens = np.concatenate([prefixes[g], nrng.integers(0, 150_000, 8_000, dtype=np.uint32)])
-                tail = (int(x) for x in nrng.integers(-2**63, 2**63 - 1, 20_000 // chunk - len(ghash[g]), dtype=np.int64))
-                hashes = (*ghash[g], *tail)
-                req = RoutingRequest(f"w{i}", "tenant", "glm-5.2", "chat/completions", True, 20_000, 1000, hashes,
-                                     sla, "cost", "spill", group_key(hashes, i))
-                return Job(req, pages.page_keys(tokens, "tenant"), 20_000, 1000)
-
-            yield t, make
-            i += 1
+    def arrivals() -> Iterator[tuple[float, Callable[[], Job]]]:  # a fresh draw from `seed` on every run
+        workload = WaferGroups(groups_per_rank * ranks, routing.chunk_tokens, seed)
+        return workload.arrivals(rps, duration, pages.page_keys, sla, "w")
 
     return arrivals
 

@@ -4,19 +4,14 @@ spill share, $/Mtok)."""
 
 from __future__ import annotations
 
-import random
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from gateway.config import Routing
 from gateway.prediction.ttft import TtftCorrector
-from gateway.prefix.hashing import chain, group_key
-from gateway.routing.request import RoutingRequest
-from gateway_lab.sim.fleet import CHUNK, DEFAULT_Z, Fleet, Job, cost_usd, mi355x_targets
+from gateway_lab.sim.fleet import CHUNK, DEFAULT_Z, Fleet, cost_usd, mi355x_targets
 from gateway_lab.sim.stats import nearest_rank, window_throughput
+from gateway_lab.sim.wafer_groups import OUTPUT_TOKENS, PROMPT_TOKENS, WaferGroups
 
 
 @dataclass
@@ -56,51 +51,25 @@ def run_fleet(policy: str, nodes: int, rate_per_node: float, duration: float = 1
                   corrector=lambda: TtftCorrector(z=quantile_z, split_regimes=split_regimes,
                                                   per_replica=replica_correction))
     infos = {i.name: i for i in fleet.infos}
-    rng = random.Random(seed)
-    nrng = np.random.default_rng(seed)
-    n_groups = groups_per_node * nodes
-    prefixes = [nrng.integers(0, 150_000, 12_000, dtype=np.uint32) for _ in range(n_groups)]
-    seed_bytes = b"glm-5.2\x00tenant"
-    group_hashes = [chain(seed_bytes, [p[k * CHUNK:(k + 1) * CHUNK].tobytes() for k in range(12_000 // CHUNK)]) for p in prefixes]
+    workload = WaferGroups(groups_per_node * nodes, CHUNK, seed)
     page_keys = fleet.ranks[targets[0][0].name].rank.cache.page_keys  # rank-independent chain keys
     if warm:  # every group's prefix already cached somewhere, as in a fleet that has been running
-        for g, p in enumerate(prefixes):
-            fleet.warm(targets[g % (nodes * 2)][0].name, page_keys(p, "tenant"), group_hashes[g])
-
-    def arrivals() -> Iterator[tuple[float, Callable[[], Job]]]:
-        total_rate = rate_per_node * nodes
-        t, i = 0.0, 0
-        while True:
-            t += rng.expovariate(total_rate)
-            if t > duration:
-                return
-            g = rng.randrange(n_groups)
-
-            def make(g: int = g, i: int = i) -> Job:
-                tokens = np.concatenate([prefixes[g], nrng.integers(0, 150_000, 8_000, dtype=np.uint32)])
-                hashes = tuple(group_hashes[g]) + tuple(
-                    int(x) for x in nrng.integers(-2**63, 2**63 - 1, 78 - len(group_hashes[g]), dtype=np.int64))
-                req = RoutingRequest(f"r{i}", "tenant", "glm-5.2", "chat/completions", True, 20_000, 1000, hashes,
-                                     sla_s, "cost", "spill", group_key(hashes, i))
-                return Job(req, page_keys(tokens, "tenant"), 20_000, 1000)
-
-            yield t, make
-            i += 1
-
-    fleet.feed(arrivals())
+        for g, p in enumerate(workload.prefixes):
+            fleet.warm(targets[g % (nodes * 2)][0].name, page_keys(p, "tenant"), workload.hashes[g])
+    fleet.feed(workload.arrivals(rate_per_node * nodes, duration, page_keys, sla_s, "r"))
     recs = fleet.run()
     done = [r for r in recs if r.ttft is not None]
     ttft = sorted(r.ttft for r in done if r.ttft is not None)
     branches: dict[str, int] = {}
     for r in recs:
         branches[r.branch] = branches.get(r.branch, 0) + 1
-    tok_s = window_throughput((r.arrival for r in recs), ((r.end, 1000) for r in done if r.end is not None))
+    tok_s = window_throughput((r.arrival for r in recs), ((r.end, OUTPUT_TOKENS) for r in done if r.end is not None))
     cost = sum(cost_usd(infos[r.name], r) for r in done)
     return FleetResult(
         policy if gateways == 1 else f"{policy} x{gateways} {'shared' if shared else 'unshared'}", nodes, rate_per_node,
-        len(recs), sum(r.cached for r in done) / (20_000 * len(done)), nearest_rank(ttft, 0.5),
+        len(recs), sum(r.cached for r in done) / (PROMPT_TOKENS * len(done)), nearest_rank(ttft, 0.5),
         nearest_rank(ttft, 0.95), sum(x <= sla_s for x in ttft) / len(ttft),
-        sum(not r.self_hosted for r in recs) / len(recs), cost / (1000 * len(done)) * 1e6, tok_s, branches)
+        sum(not r.self_hosted for r in recs) / len(recs), cost / (OUTPUT_TOKENS * len(done)) * 1e6, tok_s, branches)
 
 
 __all__ = ["FleetResult", "run_fleet"]
