@@ -98,8 +98,10 @@ def test_a_slowed_replica_is_learned_ejected_shown_and_taken_back(phase: str, re
             if phase == "prefill":  # observed TTFT far above the model's, and its own correction above its peers'
                 assert truth["observed"]["recent_ttft_residual_p50"] > 1.5 * peers_max("recent_ttft_residual_p50")
                 assert truth["ttft_correction"] > max(p["ttft_correction"] for p in peers)
-            else:  # the decode-slowed replica's observed ITL gave it away
-                assert truth["observed"]["recent_itl_p50_s"] > 1.5 * peers_max("recent_itl_p50_s")
+            else:  # the decode-slowed replica's ITL gave it away: the ejection names that signal alone. (Its window's
+                # ITL p50 is no judge here: ejected after two slow intervals, the window still holds pre-fault samples,
+                # and on a busy machine the peers' ITL rises with the machine's load.)
+                assert ejection["signals"]["latency_itl"] > 2.5  # its ITL, times its peers', when it was ejected
             metrics = gw.call(lambda: st.metrics.render().decode())
             assert f'gateway_replica_ejected{{pool="p",replica="{slow}"}} 1.0' in metrics
             assert f'gateway_replica_ejections_total{{pool="p",reason="{reason}",replica="{slow}"}} 1.0' in metrics
