@@ -292,7 +292,9 @@ class Fleet:
         for v in p.victims:
             vr, sim_req, a, owner, rec = self._sent.pop(v)
             vr.rank.abort(sim_req, self.loop.now)
-            apply_sync(owner.engine.finished(a), owner.index, owner.loads)
+            # as a request that failed before its first token: its speculative index entries are withdrawn (what it
+            # prefilled is in the rank's cache all the same; the usage report would have told the index)
+            apply_sync(owner.engine.finished(a, failed=True), owner.index, owner.loads)
             self.records.remove(rec)
             ctl.requeue(v, self.loop.now)
         return True
