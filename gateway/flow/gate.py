@@ -112,3 +112,26 @@ def late(decision: Decision[Any], req: RoutingRequest, waited: float) -> bool:
     chosen = decision.chosen
     cand: Candidate[Any] | None = decision.features.get(chosen.name) if chosen is not None else None
     return cand is not None and cand.ttft_raw > 0 and cand.ttft > req.ttft_sla_s - waited
+
+
+class Pass:
+    """One pass over the queue (`lookahead`): the requests the fleet had no room for, passed over so that those
+    behind them in the fair order are not held too, and the targets they wait for (their decision's first choice,
+    typically the replica holding their prefix). A request behind them goes only on another target: passing over a
+    request must not hand the replica it waits for to the requests it was ahead of."""
+
+    def __init__(self, lookahead: int) -> None:
+        self.lookahead = lookahead
+        self.skip: set[Ticket] = set()
+        self.waited_for: set[str] = set()
+
+    def free(self, go: Decision[Any] | None) -> Decision[Any] | None:
+        """`go`, unless it takes a target a request passed over in this pass waits for."""
+        return go if go is None or go.chosen is None or go.chosen.name not in self.waited_for else None
+
+    def passed(self, t: Ticket, decision: Decision[Any]) -> bool:
+        """Pass over `t`; False when the pass has looked far enough."""
+        self.skip.add(t)
+        if decision.chosen is not None:
+            self.waited_for.add(decision.chosen.name)
+        return len(self.skip) < self.lookahead

@@ -8,7 +8,8 @@ Redis (`shared.py`).
 A request is held only under contention (two or more flows within the window, or anything queued). The pump runs
 while anything is queued: at each arrival and every `tick_s`, it expires what waited too long, then serves the
 fair order: each request goes when its decision admits it (`gate.py`), and one the fleet has no room for is passed
-over for the next (at most `lookahead` in a pass). Every request held ends in exactly one of: granted (with its
+over for the next, which goes only on another target than the one it waits for (`gate.Pass`, at most `lookahead`
+in a pass). Every request held ends in exactly one of: granted (with its
 decision), refused (with a reason and Retry-After), cancelled (the client left; no charge).
 """
 
@@ -25,7 +26,7 @@ from gateway.background import BackgroundTask
 from gateway.config import PoolTiming
 from gateway.errors import NoCapacity, RateLimited
 from gateway.flow.controller import FlowController, Refusal, Ticket
-from gateway.flow.gate import bound, meets_sla, placed_cost, tightened, verdict
+from gateway.flow.gate import Pass, bound, meets_sla, placed_cost, tightened, verdict
 from gateway.flow.metrics import FlowMetrics
 from gateway.flow.settings import FlowControl
 from gateway.flow.shared import RedisFairTags
@@ -187,24 +188,23 @@ class FlowGate:
         now = self.clock()
         for r in ctl.expire(now):
             self._refuse(r)
-        skip: set[Ticket] = set()
-        while (t := ctl.head(now, skip)) is not None:
+        p = Pass(self.cfg.lookahead)
+        while (t := ctl.head(now, p.skip)) is not None:
             h: Held = t.payload
             q = self.cfg.queue_for(t.band)
             if ctl.under_share(t):  # first in the fair order and under its share: its whole SLA (gate.meets_sla)
                 decision = await self.decide(h.rreq, h.route)
-                go = meets_sla(decision, h.rreq, q)
+                go = p.free(meets_sla(decision, h.rreq, q))
             else:
                 decision = await self.decide(tightened(h.rreq, bound(h.rreq, h.timing, q)), h.route)
-                go = verdict(decision, h.rreq, q)
+                go = p.free(verdict(decision, h.rreq, q))
             now = self.clock()
             if t.state != "queued":  # cancelled while the decision was awaited
                 self.release(h.rreq.request_id)
                 continue
             if go is None:  # no room for it now: the next in the fair order may fit elsewhere
                 self.release(h.rreq.request_id)
-                skip.add(t)
-                if len(skip) >= self.cfg.lookahead:
+                if not p.passed(t, decision):
                     return
                 continue
             self._claim(h.rreq, decision, go)

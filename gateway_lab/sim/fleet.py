@@ -19,7 +19,7 @@ from typing import Any
 from gateway.config import GpuHourPricing, PerTokenPricing, PoolTiming, Routing
 from gateway.dispatch.feedback import apply_sync
 from gateway.flow.controller import FairTags, FlowController, Refusal, Ticket
-from gateway.flow.gate import bound, budget_s, late, meets_sla, placed_cost, tightened, verdict
+from gateway.flow.gate import Pass, bound, budget_s, late, meets_sla, placed_cost, tightened, verdict
 from gateway.flow.preempt import choose
 from gateway.flow.settings import FlowControl, FlowPolicy
 from gateway.prediction.pricing import request_cost
@@ -255,19 +255,20 @@ class Fleet:
         for r in ctl.expire(now):
             self._refused(r)
         cfg = ctl.cfg
-        skip: set[Ticket] = set()
-        while (t := ctl.head(now, skip)) is not None:
+        p = Pass(cfg.lookahead)
+        while (t := ctl.head(now, p.skip)) is not None:
             k, job = t.payload
             q = cfg.queue_for(t.band)
             if ctl.under_share(t):  # first in the fair order and under its share: its whole SLA (gate.meets_sla)
-                go = meets_sla(self._decide(inst, job), job.req, q)
+                decision = self._decide(inst, job)
+                go = p.free(meets_sla(decision, job.req, q))
             else:
-                go = verdict(self._decide(inst, job, tightened(job.req, bound(job.req, self.flow_timing, q))), job.req, q)
+                decision = self._decide(inst, job, tightened(job.req, bound(job.req, self.flow_timing, q)))
+                go = p.free(verdict(decision, job.req, q))
             if self.preempt and (go is None or late(go, job.req, now - t.arrived)) and self._preempt(inst, t, job):
                 continue  # decide again: the lower bands' requests it cancelled are off their target
             if go is None:  # no room for it now: the next in the fair order may fit elsewhere
-                skip.add(t)
-                if len(skip) >= cfg.lookahead:
+                if not p.passed(t, decision):
                     break
                 continue
             ctl.grant(t, now, placed_cost(ctl, t, go))

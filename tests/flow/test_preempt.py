@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from gateway.config import PoolTiming, Routing
 from gateway.flow.controller import FlowController, Ticket
-from gateway.flow.gate import within
+from gateway.flow.gate import Pass, within
 from gateway.flow.preempt import choose
 from gateway.flow.settings import FlowControl, FlowPolicy
 from gateway.prediction.ttft import LoadView
@@ -159,3 +159,17 @@ def test_on_the_virtual_clock_a_critical_request_preempts_a_sheddable_prefill_an
     assert runs[True].lost == 0 and sum(t.requests for t in runs[True].tenants) == len(trace)
     served_or_refused = rows[True][tenant_name(1)]
     assert served_or_refused.requests == 3
+
+
+def test_a_request_passed_over_keeps_the_target_it_waits_for():
+    """Passing over a request whose decision wants a busy warm replica lets the next request go elsewhere, never
+    onto that replica: it would take the room the request passed over is waiting for."""
+    req = RoutingRequest("r", "t", "m", "chat/completions", True, 1000, 10)
+    c = ctl()
+    waiting = tk(c, "a", 0.0, key="waiting")
+    p = Pass(lookahead=2)
+    assert p.passed(waiting, Decision.of([cand("warm", 6.0), cand("cold", 3.0)], "warm_over_sla", Inputs.of(req)))
+    on_warm = Decision.of([cand("warm", 1.0)], "prefix_hit", Inputs.of(req))
+    on_cold = Decision.of([cand("cold", 1.0)], "cold_ring", Inputs.of(req))
+    assert p.free(on_warm) is None and p.free(on_cold) is on_cold
+    assert not p.passed(tk(c, "b", 0.0, key="b"), on_cold)  # two passed over: the pass ends
