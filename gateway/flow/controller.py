@@ -15,6 +15,11 @@ Order of service, when the fleet has room for one more request (`gate.py` decide
    (then oldest first). Under overload, plain earliest-deadline-first serves only requests that are already late —
    each one served late makes the next one late too; this way a tenant over its share gets its share served within
    the SLA, and its requests that can no longer be time out (503) instead of taking capacity to be late.
+4. A request the fleet has no room for now is passed over for this pass (`head(now, skip)`): the next one in the
+   same order is offered (the caller, `gate.Pass`, keeps the target the first waits for out of reach of the rest).
+
+Preemption (`preempt.py` chooses): a request sent and without its first byte is `sent`; a higher band may have it
+cancelled upstream and `requeue`d — in its place, not charged twice, once at most.
 
 Refusals (each a `Refusal` with a status, a reason and a Retry-After):
 - `queue_full` (429): the tenant's own queue is at its bound; the tenant is over its share, nobody else is.

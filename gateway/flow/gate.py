@@ -3,9 +3,9 @@
 Under contention a request is routed with a tightened SLA, its *bound*: its own prefill on an idle replica holding
 none of it (`own_cold`), plus `engine_queue` x its SLA. The routing engine picks the cheapest target predicted within
 the bound — any target with at most that much queued ahead qualifies, and a warm one with a deeper queue does when
-its cached prefix saves more than the extra wait. The request goes when its chosen target is predicted within the
-refined bound: its own prefill where that is least (its warmest replica) plus the allowance (`verdict`; when
-another target meets it, the engine decides again against it). Otherwise the fleet is full for it, and it waits in the gateway's queue where the fair order, not
+its cached prefix saves more than the extra wait. The request goes when a target of the decision's ranking is
+predicted within the refined bound: its own prefill where that is least (its warmest replica) plus the allowance
+(`verdict`). Otherwise the fleet is full for it, and it waits in the gateway's queue where the fair order, not
 arrival, decides who goes next.
 
 Why a bound on the queue, not the whole SLA: if requests were admitted while predicted within their SLA, every engine
@@ -13,6 +13,9 @@ would hold an SLA's worth of queue, and a request the fair order puts first (a t
 band) would wait for that queue to drain and arrive late. With the engines' queues short (busy, not deep) that
 request is placed at the next first token. The bound does not shrink while a request waits: a late request is placed
 as any other (the controller orders it after its tenant's requests that can still make their deadline).
+A flow under its share (`FlowController.under_share`) and a request with nothing waiting go against their whole
+SLA (`meets_sla`): the bound only keeps room for the requests the fair order puts first, and these are first.
+A decision whose chosen target is past the bound goes on the policy's next choice within it (`within`).
 A decision without a chosen target (shed, nothing healthy) never admits; one without predictions (policies that
 do not predict) always does.
 """
