@@ -160,7 +160,8 @@ def create_app(config: GatewayConfig, *, span_exporter: Any = None, transport: h
         if config.flow.enabled:  # flow control between admission and routing (gateway/flow/)
             state.flow = build_flow(config.flow, router.decide, router.reservations.release, metrics.registry,
                                     redis_client, rc.redis_prefix, rc.redis_timeout_s,
-                                    RedisGuard("flow", on_fallback=fell_back, hung_after=rc.redis_hung_after_s))
+                                    RedisGuard("flow", on_fallback=fell_back, hung_after=rc.redis_hung_after_s),
+                                    router.reservations.reserve)
             state.flow.start()
         app.state.gateway = state
         app.state.proxy = Pipeline(state)

@@ -15,6 +15,11 @@ Order of service, when the fleet has room for one more request (`gate.py` decide
    (then oldest first). Under overload, plain earliest-deadline-first serves only requests that are already late —
    each one served late makes the next one late too; this way a tenant over its share gets its share served within
    the SLA, and its requests that can no longer be time out (503) instead of taking capacity to be late.
+4. A request the fleet has no room for now is passed over for this pass (`head(now, skip)`): the next one in the
+   same order is offered (the caller, `gate.Pass`, keeps the target the first waits for out of reach of the rest).
+
+Preemption (`preempt.py` chooses): a request sent and without its first byte is `sent`; a higher band may have it
+cancelled upstream and `requeue`d — in its place, not charged twice, once at most.
 
 Refusals (each a `Refusal` with a status, a reason and a Retry-After):
 - `queue_full` (429): the tenant's own queue is at its bound; the tenant is over its share, nobody else is.
@@ -31,7 +36,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,10 +62,13 @@ class Ticket:
     sheddable: bool = False
     payload: Any = None
     seq: int = 0
-    state: str = "new"  # new -> queued -> granted | refused | cancelled
+    state: str = "new"  # new -> queued -> granted | refused | cancelled; granted -> queued again when preempted
     granted_at: float | None = None
     start_tag: float = 0.0
     output_tokens: int = 0
+    target: str = ""  # where it was sent (preemptible there until its first byte)
+    uncached: int = 0  # the prompt tokens it prefills there
+    preempted: int = 0  # times sent back to the queue before its first byte (at most once)
 
     @property
     def flow(self) -> tuple[int, str]:
@@ -127,6 +135,7 @@ class FlowController:
         self._seen: dict[tuple[int, str], float] = {}
         self._served: dict[str, _Served] = {}
         self.sheddable = [b.sheddable for b in self.cfg.bands]
+        self._inflight: dict[Ticket, None] = {}  # sent, no first byte yet (preemptible), in dispatch order
 
     # -- what is queued ----------------------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -212,27 +221,25 @@ class FlowController:
         return None
 
     # -- service -----------------------------------------------------------------------------------------------
-    def head(self, now: float) -> Ticket | None:
+    def head(self, now: float, skip: Collection[Ticket] = ()) -> Ticket | None:
         """The next request to serve (not removed): the highest non-empty band, its flow with the least start tag,
-        that flow's earliest deadline still ahead (else its oldest late request)."""
-        heads = self.heads(now, 1)
-        return heads[0] if heads else None
-
-    def heads(self, now: float, limit: int) -> list[Ticket]:
-        """Up to `limit` flows' next requests, in service order."""
-        out: list[Ticket] = []
+        that flow's earliest deadline still ahead (else its oldest late request). `skip`: requests the fleet has no
+        room for now, passed over in this pass (the next one in the same order is served instead: one request
+        waiting for its one warm replica does not hold the queue behind it)."""
         tags = self.tags
         for b, flows in enumerate(self._queues):
-            if not flows:
-                continue
-            nxt = {n: self._next(b, n, now) for n in flows}
-            for n in sorted(flows, key=lambda n: (tags.start(b, n), nxt[n].deadline, n)):
-                out.append(nxt[n])
-                if len(out) >= limit:
-                    return out
-        return out
+            nxt = {n: t for n in list(flows) if (t := self._next(b, n, now, skip)) is not None}
+            if nxt:
+                return nxt[min(nxt, key=lambda n: (tags.start(b, n), nxt[n].deadline, n))]
+        return None
 
-    def _next(self, band: int, tenant: str, now: float) -> Ticket:
+    def under_share(self, t: Ticket) -> bool:
+        """`t`'s flow has used less than its share of its band in the current busy period: its start tag is behind
+        the band's virtual time (it was idle, or sends less than its weight's share). A backlogged flow's start tag
+        is at or ahead of the virtual time (serving it moves the virtual time to it)."""
+        return self.tags.start(t.band, t.tenant) < self.tags.vtime.get(t.band, 0.0)
+
+    def _next(self, band: int, tenant: str, now: float, skip: Collection[Ticket] = ()) -> Ticket | None:
         heap = self._queues[band][tenant]
         late = self._late.get((band, tenant))
         while heap and heap[0][0] <= now:  # deadline passed: to the late list, served after those that can make it
@@ -240,18 +247,26 @@ class FlowController:
             if late is None:
                 late = self._late[(band, tenant)] = []
             heapq.heappush(late, (seq, t))
-        if heap:
-            return heap[0][2]
-        assert late
-        return late[0][1]
+        k = len(skip) + 1  # of the k first, one at least is not skipped
+        for _, _, t in heapq.nsmallest(k, heap):
+            if t not in skip:
+                return t
+        for _, t in heapq.nsmallest(k, late or []):
+            if t not in skip:
+                return t
+        return None
 
     def cost(self, uncached: int, cached: int, output: int) -> float:
         c = self.cfg
         return max(1.0, uncached * c.prefill_weight + cached * c.cached_weight + output * c.output_weight)
 
     def grant(self, t: Ticket, now: float, cost: float | None = None) -> None:
-        """Serve `t` (queued): remove it and charge its flow (`cost`: as placed, e.g. less its cached prefix)."""
+        """Serve `t` (queued): remove it and charge its flow (`cost`: as placed, e.g. less its cached prefix). A
+        preempted request was charged when first granted: its second grant is not charged again."""
         self._remove(t)
+        if t.preempted:
+            t.state, t.granted_at = "granted", now
+            return
         self.charge(t, now, cost)
 
     def charge(self, t: Ticket, now: float, cost: float | None = None) -> None:
@@ -276,8 +291,8 @@ class FlowController:
     def expire(self, now: float) -> list[Refusal]:
         out = []
         while self._expiry and self._expiry[0][0] <= now:
-            _, _, t = heapq.heappop(self._expiry)
-            if t.state != "queued":
+            at, _, t = heapq.heappop(self._expiry)
+            if t.state != "queued" or at != t.expires:  # served, or queued again (preempted) with a new timeout
                 continue
             self._remove(t)
             t.state = "refused"
@@ -285,6 +300,31 @@ class FlowController:
                                f"Waited {now - t.arrived:.1f} s in the queue without the fleet having room within "
                                "this key's TTFT target; retry shortly."))
         return out
+
+    # -- preemption (flow/preempt.py chooses; the caller cancels the upstream request) ----------------------------
+    def sent(self, t: Ticket, target: str, uncached: int) -> None:
+        """`t` (granted) was sent to `target`, where it prefills `uncached` tokens: preemptible until its first
+        byte (`first_byte`) or its end."""
+        t.target, t.uncached = target, uncached
+        self._inflight[t] = None
+
+    def first_byte(self, t: Ticket) -> None:
+        """`t`'s first byte reached the client (or it ended): no longer preemptible."""
+        self._inflight.pop(t, None)
+
+    def inflight(self) -> list[Ticket]:
+        return list(self._inflight)
+
+    def requeue(self, t: Ticket, now: float) -> None:
+        """`t` was preempted before its first byte (its upstream request cancelled): back in its flow's queue, in
+        its place (its deadline and arrival), with a new queue timeout from now; never refused for the queue bounds
+        (it was admitted once), and not charged again when granted."""
+        assert t.state == "granted", t.state
+        self._inflight.pop(t, None)
+        t.preempted += 1
+        t.expires = now + (t.expires - t.arrived)
+        t.granted_at = None
+        self._push(t)
 
     def _remove(self, t: Ticket) -> None:
         heap = self._queues[t.band][t.tenant]

@@ -7,7 +7,9 @@ Redis (`shared.py`).
 
 A request is held only under contention (two or more flows within the window, or anything queued). The pump runs
 while anything is queued: at each arrival and every `tick_s`, it expires what waited too long, then serves the
-head of the fair order while its decision admits it. Every request held ends in exactly one of: granted (with its
+fair order: each request goes when its decision admits it (`gate.py`), and one the fleet has no room for is passed
+over for the next, which goes only on another target than the one it waits for (`gate.Pass`, at most `lookahead`
+in a pass). Every request held ends in exactly one of: granted (with its
 decision), refused (with a reason and Retry-After), cancelled (the client left; no charge).
 """
 
@@ -24,7 +26,7 @@ from gateway.background import BackgroundTask
 from gateway.config import PoolTiming
 from gateway.errors import NoCapacity, RateLimited
 from gateway.flow.controller import FlowController, Refusal, Ticket
-from gateway.flow.gate import admits, bound, meets_sla, placed_cost, tightened, verdict
+from gateway.flow.gate import Pass, bound, meets_sla, placed_cost, tightened, verdict
 from gateway.flow.metrics import FlowMetrics
 from gateway.flow.settings import FlowControl
 from gateway.flow.shared import RedisFairTags
@@ -62,13 +64,16 @@ class Held:
 
 class FlowGate:
     def __init__(self, cfg: FlowControl, decide: Decide, release: Callable[[str], None], metrics: FlowMetrics,
-                 shared: RedisFairTags | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+                 shared: RedisFairTags | None = None, clock: Callable[[], float] = time.monotonic,
+                 reserve: Callable[[str, str, float], None] | None = None) -> None:
         """`decide`: the router's decision (claims the chosen target's load); `release`: drop that claim (a decision
-        that did not admit)."""
+        that did not admit); `reserve`: claim another target's (the gate let the request through on the policy's
+        next choice, `gate.within`)."""
         self.cfg = cfg
         self.ctl = FlowController(cfg)
         self.decide = decide
         self.release = release
+        self.reserve = reserve
         self.metrics = metrics
         self.shared = shared
         self.clock = clock
@@ -115,11 +120,13 @@ class FlowGate:
             return None
         if not len(self.ctl):  # nobody waiting here: go now if routing predicts the SLA, else wait in the fair order
             decision = await self.decide(rreq, route)
-            if meets_sla(decision, rreq, self.cfg.queue_for(t.band)) and not len(self.ctl):
+            go = meets_sla(decision, rreq, self.cfg.queue_for(t.band))
+            if go is not None and not len(self.ctl):
                 now = self.clock()
-                self.ctl.charge(t, now, placed_cost(self.ctl, t, decision))
+                self._claim(rreq, decision, go)
+                self.ctl.charge(t, now, placed_cost(self.ctl, t, go))
                 self._charged(t, held=False, waited=0.0)
-                return decision
+                return go
             self.release(rreq.request_id)
             now = self.clock()
         loop = asyncio.get_running_loop()
@@ -181,28 +188,40 @@ class FlowGate:
         now = self.clock()
         for r in ctl.expire(now):
             self._refuse(r)
-        while (t := ctl.head(now)) is not None:
+        p = Pass(self.cfg.lookahead)
+        while (t := ctl.head(now, p.skip)) is not None:
             h: Held = t.payload
             q = self.cfg.queue_for(t.band)
-            decision = await self.decide(tightened(h.rreq, bound(h.rreq, h.timing, q)), h.route)
-            ok, again = verdict(decision, h.rreq, q)
-            if again is not None and t.state == "queued":
-                self.release(h.rreq.request_id)
-                decision = await self.decide(tightened(h.rreq, again), h.route)
-                ok = admits(decision, again)
+            if ctl.under_share(t):  # first in the fair order and under its share: its whole SLA (gate.meets_sla)
+                decision = await self.decide(h.rreq, h.route)
+                go = p.free(meets_sla(decision, h.rreq, q))
+            else:
+                decision = await self.decide(tightened(h.rreq, bound(h.rreq, h.timing, q)), h.route)
+                go = p.free(verdict(decision, h.rreq, q))
             now = self.clock()
             if t.state != "queued":  # cancelled while the decision was awaited
                 self.release(h.rreq.request_id)
                 continue
-            if not ok:
+            if go is None:  # no room for it now: the next in the fair order may fit elsewhere
                 self.release(h.rreq.request_id)
-                return
-            ctl.grant(t, now, placed_cost(ctl, t, decision))
+                if not p.passed(t, decision):
+                    return
+                continue
+            self._claim(h.rreq, decision, go)
+            ctl.grant(t, now, placed_cost(ctl, t, go))
             self.metrics.depth.labels(t.tenant, self.cfg.bands[t.band].name).dec()
             self._charged(t, held=True, waited=now - t.arrived)
-            h.done.set_result(decision)
+            h.done.set_result(go)
 
     # -- bookkeeping -------------------------------------------------------------------------------------------
+    def _claim(self, rreq: RoutingRequest, decision: Decision[Any], go: Decision[Any]) -> None:
+        """The gate let the request through on another target than the decision chose: the claim moves there."""
+        first, chosen = decision.chosen, go.chosen
+        if first is None or chosen is None or chosen.name == first.name or self.reserve is None:
+            return
+        self.release(rreq.request_id)
+        self.reserve(rreq.request_id, chosen.name, chosen.uncached_tokens)
+
     def _refuse(self, r: Refusal) -> None:
         t, band = r.ticket, self.cfg.bands[r.ticket.band].name
         self.metrics.refused.labels(t.tenant, band, r.reason).inc()
@@ -247,7 +266,8 @@ class FlowGate:
 
 
 def build(cfg: FlowControl, decide: Decide, release: Callable[[str], None], registry: Any, redis_client: Any,
-          prefix: str, timeout_s: float, guard: Any) -> FlowGate:
+          prefix: str, timeout_s: float, guard: Any,
+          reserve: Callable[[str, str, float], None] | None = None) -> FlowGate:
     """The gateway's flow gate: tags shared through Redis when the gateway has one."""
     shared = RedisFairTags(redis_client, prefix, timeout_s, guard) if redis_client is not None else None
-    return FlowGate(cfg, decide, release, FlowMetrics(registry), shared)
+    return FlowGate(cfg, decide, release, FlowMetrics(registry), shared, reserve=reserve)

@@ -51,6 +51,9 @@ class FlowControl(Strict):
     contention_window_s: float = Field(default=10.0, gt=0, description="flows (tenant, band) seen within this window "
                                        "contend; a single flow is never held (its order is first come either way)")
     tick_s: float = Field(default=0.02, gt=0, le=1, description="how often a non-empty queue re-checks the fleet")
+    lookahead: int = Field(default=8, ge=1, le=256, description="requests the queue passes over in one pass when "
+                           "the fleet has no room for them (each costs a routing decision): one request waiting for "
+                           "its one warm replica does not hold the queue behind it")
 
     @model_validator(mode="after")
     def _bands(self) -> FlowControl:

@@ -89,6 +89,7 @@ class TenantRow:
     served: float  # units/s of requests that began (a first token) within the window, late or not
     demand: float  # tokens/s asked for
     queued_p95: float
+    preempted: int = 0  # requests cancelled before their first token and queued again (each served or refused)
 
 
 @dataclass
@@ -105,11 +106,11 @@ class MixResult:
                  f"{t.within_sla_possible * 100:.1f}%", f"{t.ttft_p95:.2f}",
                  f"{t.queued_p95:.2f}", _refusals(t.refused), f"{t.goodput / 1000:.1f}k", f"{t.served / 1000:.1f}k",
                  f"{t.demand / 1000:.1f}k", f"{self.goodput / 1000:.1f}k",
-                 f"{self.jain:.3f}", self.lost] for t in self.tenants]
+                 f"{self.jain:.3f}", t.preempted, self.lost] for t in self.tenants]
 
 
 HEADERS = ["run", "tenant", "requests", "within SLA", "of those possible", "TTFT p95", "queued p95", "refused", "goodput",
-           "served", "demand", "fleet goodput", "Jain", "lost"]
+           "served", "demand", "fleet goodput", "Jain", "preempted", "lost"]
 
 
 def _refusals(by: dict[str, int]) -> str:
@@ -162,7 +163,8 @@ def summarize(label: str, recs: Sequence[Record], sla: dict[str, float], window_
                               refused, sum(unit(r) for r in ok) / window_s,
                               sum(unit(r) for r in mine if r.ttft is not None and r.arrival + r.ttft <= window_s)
                               / window_s, demands[tenant],
-                              nearest_rank(sorted(r.queued_s for r in mine if r.name), 0.95)))
+                              nearest_rank(sorted(r.queued_s for r in mine if r.name), 0.95),
+                              sum(1 for r in mine if r.preempted)))
     total = sum(t.goodput for t in rows)
     fair = fair_shares(total, {t.tenant: t.demand for t in rows}, weights)
     j = jain([t.goodput / fair[t.tenant] for t in rows if fair[t.tenant] > 0])
@@ -173,10 +175,12 @@ def summarize(label: str, recs: Sequence[Record], sla: dict[str, float], window_
 def run_mix(trace: Sequence[TraceRecord], targets: Sequence[tuple[TargetInfo[Any], ReplicaConfig]], routing: Routing,
             flow: FlowControl | None, policies: dict[str, FlowPolicy], sla_s: dict[str, float], label: str,
             window_s: float, demands: dict[str, float], instances: int = 1,
-            progress: Callable[[], None] | None = None, priority: dict[str, int] | None = None) -> MixResult:
+            progress: Callable[[], None] | None = None, priority: dict[str, int] | None = None,
+            preempt: bool = False) -> MixResult:
     """Replay a mixed trace (each tenant its SLA) with or without flow control, and summarize it per tenant.
     `priority`: the tenants' engine priority classes (PRIORITY_VALUES), the same with or without flow control."""
-    fleet = Fleet(targets, routing, instances, True, flow=flow, flow_tenants=policies, tenant_priority=priority)
+    fleet = Fleet(targets, routing, instances, True, flow=flow, flow_tenants=policies, tenant_priority=priority,
+                  preempt=preempt)
     fleet.on_arrival = progress
     page = targets[0][1].page_size
     default_sla = routing.ttft_sla_ms / 1000
@@ -245,16 +249,26 @@ def priority_bands(trace: Sequence[TraceRecord], targets: Sequence[tuple[TargetI
                    progress: Callable[[str, int], Callable[[], None] | None] | None = None,
                    bands: list[Band] | None = None) -> list[MixResult]:
     """Three tenants (tenant-1 critical, tenant-2 standard, tenant-3 sheddable) sharing the trace sped up `speed`
-    times, without and with flow control. Their policies' engine priority follows the band (high, normal, low) in
-    both runs: what a deployment sets today, so the comparison is flow control against engine priorities alone."""
+    times: the critical tenant alone on the fleet (what the top band could reach with nobody below it), then all
+    three without flow control, with it, and with it and preemption (gateway/flow/preempt.py). Their policies' engine
+    priority follows the band (high, normal, low) in every run: what a deployment sets today, so the comparison is
+    flow control against engine priorities alone."""
     mixed = [r for r in split_bands(trace, speed) if r.timestamp_ms <= window_s * 1000]
     pol = {tenant_name(k + 1): FlowPolicy(band=b) for k, b in enumerate(BANDS)}
     sla = {t: routing.ttft_sla_ms / 1000 for t in pol}
     dem = {t: demand([r for r in mixed if tenant_name(r.tenant) == t], flow, window_s) for t in pol}
     flow = flow.model_copy(update={"bands": bands or flow.bands})
+    on = flow.model_copy(update={"enabled": True})
+    top = tenant_name(1)
+    runs: list[tuple[str, list[TraceRecord], FlowControl | None, dict[str, float], bool]] = [
+        ("critical alone", [r for r in mixed if tenant_name(r.tenant) == top], on, {top: dem[top]}, False),
+        ("no flow control", mixed, None, dem, False),
+        ("flow control", mixed, on, dem, False),
+        ("flow control, preemption", mixed, on, dem, True)]
     out = []
-    for label, fc in (("no flow control", None), ("flow control", flow.model_copy(update={"enabled": True}))):
-        cb = progress(label, len(mixed)) if progress else None
-        out.append(run_mix(mixed, targets, routing, fc, pol, sla, label, window_s, dem, progress=cb,
-                           priority={t: DEFAULT_PRIORITY_VALUES[c] for t, c in zip(pol, ("high", "normal", "low"))}))
+    for label, recs, fc, d, preempt in runs:
+        cb = progress(label, len(recs)) if progress else None
+        out.append(run_mix(recs, targets, routing, fc, pol, sla, label, window_s, d, progress=cb,
+                           priority={t: DEFAULT_PRIORITY_VALUES[c] for t, c in zip(pol, ("high", "normal", "low"))},
+                           preempt=preempt))
     return out

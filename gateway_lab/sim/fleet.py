@@ -18,8 +18,9 @@ from typing import Any
 
 from gateway.config import GpuHourPricing, PerTokenPricing, PoolTiming, Routing
 from gateway.dispatch.feedback import apply_sync
-from gateway.flow.controller import FairTags, FlowController, Refusal
-from gateway.flow.gate import admits, bound, meets_sla, placed_cost, tightened, verdict
+from gateway.flow.controller import FairTags, FlowController, Refusal, Ticket
+from gateway.flow.gate import Pass, bound, budget_s, late, meets_sla, placed_cost, tightened, verdict
+from gateway.flow.preempt import choose
 from gateway.flow.settings import FlowControl, FlowPolicy
 from gateway.prediction.pricing import request_cost
 from gateway.prediction.ttft import TtftCorrector
@@ -85,6 +86,7 @@ class Record:
     tenant: str = ""
     queued_s: float = 0.0  # time held by flow control before dispatch (part of the TTFT)
     refused: str = ""  # flow control's refusal reason (queue_full, queue_timeout, evicted, overloaded); never dispatched
+    preempted: int = 0  # times flow control cancelled it before its first token and queued it again
 
 
 class Instance:
@@ -105,13 +107,15 @@ class Fleet:
                  on_decision: Callable[[Instance, RoutingRequest, Decision[Any]], None] | None = None,
                  jitter: float = 0.0, schedule: str = "priority", itl: list[tuple[float, int]] | None = None,
                  flow: FlowControl | None = None, flow_tenants: Mapping[str, FlowPolicy] | None = None,
-                 tenant_priority: Mapping[str, int] | None = None) -> None:
+                 tenant_priority: Mapping[str, int] | None = None, preempt: bool = False) -> None:
         """`itl`: when given, every inter-token gap is appended to it as (seconds per token, tokens) — the engines
         then stream every decode step, which costs events; without it one TOKENS event per request.
         `flow`: run every instance's arrivals through the gateway's flow controller (gateway/flow/), its tenants'
         bands and weights from `flow_tenants` (a tenant not named there: the defaults); fair tags shared between
         instances when `shared` (the Redis-backed design). `tenant_priority`: each tenant's class value (the policy's
-        `priority`: high 10, normal 0, low -10), sent to the engines with the prefill level as the gateway sends it."""
+        `priority`: high 10, normal 0, low -10), sent to the engines with the prefill level as the gateway sends it.
+        `preempt`: flow control's preemption (gateway/flow/preempt.py; the gateway does not cancel upstream requests
+        yet, so it is measured here only)."""
         self.loop = EventLoop()
         clock = lambda: self.loop.now  # noqa: E731
         self.infos = [info for info, _ in targets]
@@ -156,6 +160,9 @@ class Fleet:
         self.on_job: Callable[[Job], None] | None = None  # each job before it is routed (gateway_lab/replay/kv_modes.py)
         self.corrections = 0  # usage reports below the index's prediction (gateway_prefix_index_corrections_total)
         self.itl = itl
+        self._sent: dict[Ticket, tuple[VirtualRank, SimRequest, Attempt, Instance, Record]] = {}  # preemptible
+        self.preempt = preempt and self.flow_cfg is not None
+        self.prefill_rate = {i.name: i.timing.prefill_tokens_per_s for i in self.infos if i.self_hosted}
 
     # -- setup -------------------------------------------------------------------------------------------------
     def warm(self, name: str, page_keys: Sequence[int], hashes: Sequence[int]) -> None:
@@ -218,13 +225,16 @@ class Fleet:
         if not ctl.contended(now):  # a lone flow goes straight to routing, charged for what it uses
             decision = self._decide(inst, job)
             ctl.charge(t, now, placed_cost(ctl, t, decision))
-            self._dispatch(k, inst, job, decision, now)
+            self._dispatch(k, inst, job, decision, now, t)
             return
         if not len(ctl):  # nobody waiting: go now if routing predicts the SLA (gateway/flow/gate.py: meets_sla)
-            decision = self._decide(inst, job)
-            if meets_sla(decision, req, ctl.cfg.queue_for(t.band)):
-                ctl.charge(t, now, placed_cost(ctl, t, decision))
-                self._dispatch(k, inst, job, decision, now)
+            q = ctl.cfg.queue_for(t.band)
+            go = meets_sla(self._decide(inst, job), req, q)
+            if go is not None:
+                if self.preempt and late(go, req, 0.0) and self._preempt(inst, t, job):
+                    go = meets_sla(self._decide(inst, job), req, q) or go
+                ctl.charge(t, now, placed_cost(ctl, t, go))
+                self._dispatch(k, inst, job, go, now, t)
                 return
         for r in ctl.offer(t, now, pol.max_queued):
             self._refused(r)
@@ -245,18 +255,24 @@ class Fleet:
         for r in ctl.expire(now):
             self._refused(r)
         cfg = ctl.cfg
-        while (t := ctl.head(now)) is not None:
+        p = Pass(cfg.lookahead)
+        while (t := ctl.head(now, p.skip)) is not None:
             k, job = t.payload
             q = cfg.queue_for(t.band)
-            decision = self._decide(inst, job, tightened(job.req, bound(job.req, self.flow_timing, q)))
-            ok, again = verdict(decision, job.req, q)
-            if again is not None:
-                decision = self._decide(inst, job, tightened(job.req, again))
-                ok = admits(decision, again)
-            if not ok:
-                break
-            ctl.grant(t, now, placed_cost(ctl, t, decision))
-            self._dispatch(k, inst, job, decision, t.arrived)
+            if ctl.under_share(t):  # first in the fair order and under its share: its whole SLA (gate.meets_sla)
+                decision = self._decide(inst, job)
+                go = p.free(meets_sla(decision, job.req, q))
+            else:
+                decision = self._decide(inst, job, tightened(job.req, bound(job.req, self.flow_timing, q)))
+                go = p.free(verdict(decision, job.req, q))
+            if self.preempt and (go is None or late(go, job.req, now - t.arrived)) and self._preempt(inst, t, job):
+                continue  # decide again: the lower bands' requests it cancelled are off their target
+            if go is None:  # no room for it now: the next in the fair order may fit elsewhere
+                if not p.passed(t, decision):
+                    break
+                continue
+            ctl.grant(t, now, placed_cost(ctl, t, go))
+            self._dispatch(k, inst, job, go, t.arrived, t)
         if len(ctl) and (inst.pump_at is None or inst.pump_at <= now):
             inst.pump_at = now + ctl.cfg.tick_s
 
@@ -266,8 +282,28 @@ class Fleet:
 
             self.loop.at(inst.pump_at, tick)
 
-    def _dispatch(self, k: int, inst: Instance, job: Job, decision: Decision[Any], arrived: float) -> None:
-        """Dispatch `job` on `decision`; its TTFT counts from `arrived` (any wait in flow control's queue included)."""
+    def _preempt(self, inst: Instance, head: Ticket, job: Job) -> bool:
+        """Cancel lower bands' requests without a first token where that leaves `head` room (gateway/flow/preempt.py):
+        aborted on their rank (what they prefilled stays in its cache), their load released, queued again."""
+        ctl = inst.flow
+        assert ctl is not None
+        p = choose(head, ctl.inflight(), self.prefill_rate, budget_s(job.req, self.flow_timing, self.loop.now - head.arrived))
+        if p is None:
+            return False
+        for v in p.victims:
+            vr, sim_req, a, owner, rec = self._sent.pop(v)
+            vr.rank.abort(sim_req, self.loop.now)
+            # as a request that failed before its first token: its speculative index entries are withdrawn (what it
+            # prefilled is in the rank's cache all the same; the usage report would have told the index)
+            apply_sync(owner.engine.finished(a, failed=True), owner.index, owner.loads)
+            self.records.remove(rec)
+            ctl.requeue(v, self.loop.now)
+        return True
+
+    def _dispatch(self, k: int, inst: Instance, job: Job, decision: Decision[Any], arrived: float,
+                  ticket: Ticket | None = None) -> None:
+        """Dispatch `job` on `decision`; its TTFT counts from `arrived` (any wait in flow control's queue included).
+        `ticket`: flow control's, preemptible until the first token."""
         now = self.loop.now
         eng, req = inst.engine, job.req
         if self.on_decision:
@@ -283,7 +319,7 @@ class Fleet:
         rec = Record(arrived, k % len(self.instances), info.name, info.pool, decision.branch, job.prompt_len,
                      job.output_len, a.predicted_cached, max((c.cached_tokens for c in feats.values()), default=0),
                      info.self_hosted, feats[chosen.name].ttft, feats[chosen.name].ttft_raw, tenant=req.tenant,
-                     queued_s=now - arrived)
+                     queued_s=now - arrived, preempted=ticket.preempted if ticket is not None else 0)
         self.records.append(rec)
         apply_sync(eng.dispatched(a), inst.index, inst.loads)
         vr = self.ranks[info.name]
@@ -299,6 +335,9 @@ class Fleet:
                 last[0] = ev.time
             if ev.kind is EventKind.FIRST:
                 last[0] = ev.time
+                if ticket is not None and inst.flow is not None:
+                    inst.flow.first_byte(ticket)
+                    self._sent.pop(ticket, None)
                 rec.ttft = ev.time + t_api - arrived
                 rec.cached = sim_req.cached
                 rec.idle_ttft = idle_ttft(cfg, job.prompt_len, sim_req.cached)
@@ -326,6 +365,9 @@ class Fleet:
 
         sim_req = SimRequest(req.request_id, job.page_keys, job.prompt_len, max(1, job.output_len), "length", now, sink)
         sim_req.priority = self.tenant_priority.get(req.tenant, 0) + eng.prefill_level(a)  # as the gateway sends it
+        if ticket is not None and inst.flow is not None and self.preempt and info.self_hosted:
+            inst.flow.sent(ticket, info.name, a.uncached)
+            self._sent[ticket] = (vr, sim_req, a, inst, rec)
         vr.rank.submit(sim_req)
         vr.kick()
 

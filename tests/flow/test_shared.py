@@ -187,3 +187,34 @@ def test_a_tenant_served_only_on_another_instance_makes_this_one_contended(redis
         await two.stop()
 
     asyncio.run(main())
+
+
+def test_a_request_the_fleet_has_no_room_for_does_not_hold_the_queue_behind_it():
+    """The gateway's pump passes over a request its decision does not admit (its one warm replica is busy) and
+    serves the next in the fair order; the one passed over keeps its place and goes once there is room."""
+    class Blocked(Gate):
+        def __init__(self) -> None:
+            super().__init__()
+            self.blocked = {"a0"}
+
+        async def decide(self, req: RoutingRequest, route: Any) -> Decision[None]:
+            ok = self.open and req.request_id not in self.blocked
+            return chosen(req) if ok else Decision((), "shed", Inputs.of(req))
+
+    async def main() -> None:
+        g = Blocked()
+        fg = make(g, None)
+        fg.start()
+        order: list[str] = []
+        for i in range(3):
+            await submit(fg, f"a{i}", "A", order)
+        await submit(fg, "b0", "B", order)
+        await until(lambda: len(fg.ctl) == 4, "four queued")
+        g.open = True
+        await until(lambda: len(order) == 3, "the three behind a0 granted")
+        assert "a0" not in order and len(fg.ctl) == 1
+        g.blocked.clear()
+        await until(lambda: len(order) == 4, "a0 granted once it fits")
+        await fg.stop()
+
+    asyncio.run(main())
