@@ -3,6 +3,7 @@ proxy and through the SGLang router (round-robin; none of them does prefix work 
 
     .venv/bin/python -m loadtests.overhead [--rounds 3] [--seconds 4] [--concurrency 4]
     .venv/bin/python -m loadtests.overhead --workers 1,2 --client raw --peers ''   # gateway serve --workers N
+    .venv/bin/python -m loadtests.overhead --peers '' --baseline /tmp/a --baseline-label a --baseline /tmp/b ...
 
 The upstream is `loadtests/stub_upstream.py` (2 ports): it answers instantly and streams chunks as fast as the
 connection takes them, so what is measured is proxy cost (the simulator's own scheduling would dominate). Every
@@ -147,7 +148,8 @@ def start_targets(a: argparse.Namespace, sim_urls: list[str], work: Path) -> lis
               "observability": {"log_requests": False}}
     (work / "gw.yaml").write_text(yaml.safe_dump(gw_cfg))
     auth = {"authorization": f"Bearer {KEY}"}
-    # ports: gateway +0 (admin +5), LiteLLM +1, SGLang router +2 (+3), baseline +4 (admin +6), workers +10.. (admin +20..)
+    # ports: gateway +0 (admin +5), LiteLLM +1, SGLang router +2 (+3), first baseline +4 (admin +6), workers +10..
+    # (admin +20..), further baselines +42.. (admin +43..)
     for k, n in enumerate(a.workers):
         port = a.port + 10 + k
         cfg = {**gw_cfg, "routing": {"redis_url": a.redis_url, "redis_prefix": f"ov{n}:"}}
@@ -156,13 +158,16 @@ def start_targets(a: argparse.Namespace, sim_urls: list[str], work: Path) -> lis
     if not a.workers:
         gw = gateway_proc(a, work, gw_cfg, "gateway", a.port, a.port + 5)  # port + 1 is LiteLLM's
         targets.append(Target("this gateway", [f"http://127.0.0.1:{a.port}"], gw, auth))
-    if a.baseline:  # the gateway of another checkout (e.g. `git worktree add /tmp/base <rev>`), same config, same run
-        # a revision from before the admin listener has no --admin-port (its admin API is on the client port)
-        admin = ["--admin-port", str(a.port + 6)] if _has_admin_port(Path(a.baseline)) else []
-        base = Proc("gateway-baseline", [sys.executable, "-m", "gateway.cli", "serve", "--config", str(work / "gw.yaml"),
-                                         "--port", str(a.port + 4), *admin],
-                    f"http://127.0.0.1:{a.port + 4}/healthz", log=work / "gateway-baseline.log", cwd=a.baseline)
-        targets.append(Target(f"gateway @ {a.baseline_label}", [f"http://127.0.0.1:{a.port + 4}"], base,
+    labels = a.baseline_label or []
+    for k, checkout in enumerate(a.baseline or []):  # the gateway of another checkout (`git worktree add /tmp/base
+        # <rev>`), same config, same run; a revision from before the admin listener has no --admin-port
+        port, admin_port = (a.port + 4, a.port + 6) if k == 0 else (a.port + 40 + 2 * k, a.port + 41 + 2 * k)
+        admin = ["--admin-port", str(admin_port)] if _has_admin_port(Path(checkout)) else []
+        base = Proc(f"gateway-baseline-{k}", [sys.executable, "-m", "gateway.cli", "serve", "--config",
+                                              str(work / "gw.yaml"), "--port", str(port), *admin],
+                    f"http://127.0.0.1:{port}/healthz", log=work / f"gateway-baseline-{k}.log", cwd=checkout)
+        label = labels[k] if k < len(labels) else f"baseline {k + 1}"
+        targets.append(Target(f"gateway @ {label}", [f"http://127.0.0.1:{port}"], base,
                               {"authorization": f"Bearer {KEY}"}))
 
     if "litellm" in a.peers and (bin_ := ensure("litellm")):
@@ -284,8 +289,9 @@ def main() -> None:
     p.add_argument("--port", type=int, default=18480)
     p.add_argument("--sim-port", type=int, default=18400)
     p.add_argument("--peers", default="litellm,sglang-router", help="comma-separated; '' for none")
-    p.add_argument("--baseline", default=None, help="a checkout of an earlier revision: its gateway joins the run")
-    p.add_argument("--baseline-label", default="baseline")
+    p.add_argument("--baseline", action="append", help="a checkout of an earlier revision: its gateway joins the "
+                   "run (repeat for several, each with its --baseline-label in the same order)")
+    p.add_argument("--baseline-label", action="append", help="the name of the --baseline of the same position")
     p.add_argument("--tokenizer-cost", action="store_true", help="also the precise mode's per-request tokenizer and "
                    "event costs on a 20k-token chat, as rows under the table (~30 s more: it trains its tokenizer)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (stderr)")
