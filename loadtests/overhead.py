@@ -149,7 +149,7 @@ def start_targets(a: argparse.Namespace, sim_urls: list[str], work: Path) -> lis
     (work / "gw.yaml").write_text(yaml.safe_dump(gw_cfg))
     auth = {"authorization": f"Bearer {KEY}"}
     # ports: gateway +0 (admin +5), LiteLLM +1, SGLang router +2 (+3), first baseline +4 (admin +6), workers +10..
-    # (admin +20..), further baselines +42.. (admin +43..)
+    # (admin +20..), further baselines +42.. (admin +43..), floors +50, +51
     for k, n in enumerate(a.workers):
         port = a.port + 10 + k
         cfg = {**gw_cfg, "routing": {"redis_url": a.redis_url, "redis_prefix": f"ov{n}:"}}
@@ -170,6 +170,14 @@ def start_targets(a: argparse.Namespace, sim_urls: list[str], work: Path) -> lis
         targets.append(Target(f"gateway @ {label}", [f"http://127.0.0.1:{port}"], base,
                               {"authorization": f"Bearer {KEY}"}))
 
+    if a.floors:  # the same server stack with (almost) nothing on top: loadtests/floor_server.py
+        ups = [x for u in sim_urls for x in ("--upstream", u)]
+        for k, (mode, name) in enumerate((("answer", "floor: uvicorn alone (canned answer)"),
+                                          ("relay", "floor: uvicorn + h1 relay, no pipeline"))):
+            port = a.port + 50 + k
+            fp = Proc(f"floor-{mode}", [sys.executable, "-m", "loadtests.floor_server", "--mode", mode, "--port",
+                                        str(port), *ups], f"http://127.0.0.1:{port}/healthz", log=work / f"floor-{mode}.log")
+            targets.append(Target(name, [f"http://127.0.0.1:{port}"], fp, {}))
     if "litellm" in a.peers and (bin_ := ensure("litellm")):
         model_list = [{"model_name": "glm-5.2", "litellm_params": {"model": "hosted_vllm/zai-org/GLM-5.2", "api_base": u + "/v1",
                                                                    "api_key": "sk-none"}, "model_info": {"id": f"sim-{i}"}}
@@ -292,6 +300,8 @@ def main() -> None:
     p.add_argument("--baseline", action="append", help="a checkout of an earlier revision: its gateway joins the "
                    "run (repeat for several, each with its --baseline-label in the same order)")
     p.add_argument("--baseline-label", action="append", help="the name of the --baseline of the same position")
+    p.add_argument("--floors", action="store_true", help="also the floor under the gateway's figures: uvicorn alone "
+                   "and uvicorn + the gateway's HTTP/1.1 client relaying, same server stack (loadtests/floor_server.py)")
     p.add_argument("--tokenizer-cost", action="store_true", help="also the precise mode's per-request tokenizer and "
                    "event costs on a 20k-token chat, as rows under the table (~30 s more: it trains its tokenizer)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (stderr)")
