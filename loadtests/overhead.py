@@ -16,7 +16,8 @@ Targets are measured in interleaved rounds (same background noise); figures are 
 - `--workers 1,2`: this gateway once per worker count (`gateway serve --workers N`, state in a private Redis the run
   starts, as N > 1 requires; the 1-worker target uses it too, so the two differ only in processes)
 - idle RSS: after start-up and a short warm-up
-- SSE chunks/s: 16 concurrent streams of 5,000 chunks each, chunks received per second
+- SSE chunks/s: 16 concurrent streams of 5,000 chunks each, chunks received per second; CPU us/SSE chunk: the
+  target's CPU over those streams / chunks received (a streamed answer's per-event relay cost)
 Peers are installed into loadtests/.venvs on first use (see loadtests/peers.py).
 """
 
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import socket
 import statistics
 import sys
@@ -93,10 +95,12 @@ async def closed_loop(t: Target, concurrency: int, seconds: float, body: dict[st
     return lat, errors, cpu
 
 
-async def sse_rate(t: Target, streams: int, tokens: int) -> float:
+async def sse_rate(t: Target, streams: int, tokens: int) -> tuple[float, float]:
+    """Chunks received per second, and the target's CPU microseconds per chunk meanwhile (nan without a process)."""
     body = {**BODY, "max_tokens": tokens, "stream": True}
     raw = orjson.dumps(body)
     count = 0
+    cpu0 = cpu_seconds(t.proc.pid) if t.proc else 0.0
     async with httpx.AsyncClient(timeout=120, trust_env=False) as c:
         async def one(i: int) -> None:
             nonlocal count
@@ -107,7 +111,9 @@ async def sse_rate(t: Target, streams: int, tokens: int) -> float:
 
         s = time.perf_counter()
         await asyncio.gather(*(one(i) for i in range(streams)))
-        return count / (time.perf_counter() - s)
+        rate = count / (time.perf_counter() - s)
+    cpu_us = (cpu_seconds(t.proc.pid) - cpu0) * 1e6 / count if t.proc and count else float("nan")
+    return rate, cpu_us
 
 
 def wait_port(port: int, timeout: float = 10.0) -> None:
@@ -244,11 +250,12 @@ async def main_async(a: argparse.Namespace) -> None:
                     bar.set_description(f"round {r + 1}/{a.rounds}: {t.name}")
                     lat, err, cpu = await closed_loop(t, a.concurrency, a.seconds, BODY)
                     tput_lat, tput_err, tput_cpu = await closed_loop(t, 64, a.seconds, BODY, lean=a.client == "raw")
-                    chunks = await sse_rate(t, 16, 5_000)
+                    chunks, chunk_cpu = await sse_rate(t, 16, 5_000)
                     t.rounds.append({"p50": pct(lat, 0.5), "p99": pct(lat, 0.99), "n": len(lat),
                                      "errors": err + tput_err, "cpu_ms": cpu * 1000 / max(len(lat), 1),
                                      "max_rps": len(tput_lat) / a.seconds,
-                                     "cpu_ms_at_max": tput_cpu * 1000 / max(len(tput_lat), 1), "sse_chunks_s": chunks})
+                                     "cpu_ms_at_max": tput_cpu * 1000 / max(len(tput_lat), 1), "sse_chunks_s": chunks,
+                                     "sse_cpu_us": chunk_cpu})
                     bar.update()
     finally:
         for t in targets:
@@ -267,6 +274,7 @@ async def main_async(a: argparse.Namespace) -> None:
         rows.append([t.name, f"{med(t, 'p50'):.2f}", f"{med(t, 'p50') - d50:+.2f}", f"{med(t, 'p99') - d99:+.2f}",
                      "-" if t.proc is None else f"{med(t, 'cpu_ms'):.2f}", "-" if t.proc is None else f"{med(t, 'cpu_ms_at_max'):.2f}",
                      f"{med(t, 'max_rps'):.0f}", "-" if t.proc is None else f"{t.idle_rss:.0f}", f"{med(t, 'sse_chunks_s'):.0f}",
+                     "-" if t.proc is None or math.isnan(med(t, "sse_cpu_us")) else f"{med(t, 'sse_cpu_us'):.1f}",
                      sum(r["errors"] for r in t.rounds)])
     import os
 
@@ -281,9 +289,9 @@ async def main_async(a: argparse.Namespace) -> None:
         for name, ms in steps:
             if name.startswith(wanted):
                 rows.append([f"+ {name.split(':')[0].split(' (')[0]} (20k-token chat)", "-", "-", "-", f"{ms:.2f}",
-                             "-", "-", "-", "-", "-"])
+                             "-", "-", "-", "-", "-", "-"])
     print(table(["target", "p50 ms", "added p50 ms", "added p99 ms", "CPU ms/req", "CPU ms/req @64", "max req/s (c=64)",
-                 "idle RSS MiB", "SSE chunks/s", "errors"], rows))
+                 "idle RSS MiB", "SSE chunks/s", "CPU us/SSE chunk", "errors"], rows))
     if a.tokenizer_cost:
         print(f"(+ rows: the per-request steps of routing.mode precise/hybrid, in-process, loadtests/tokenize_cost.py; {about})")
     save_json("overhead", {"args": vars(a), "targets": {t.name: {"rounds": t.rounds, "idle_rss_mib": t.idle_rss} for t in targets}})
