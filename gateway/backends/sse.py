@@ -35,8 +35,7 @@ async def sse_payloads(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
                 break
             frame, pos = buf[pos:end], end + 2
             if frame[:6] == b"data: " and b"\n" not in frame:
-                payload = frame[6:]
-                yield _checked(payload)
+                yield _checked(frame[6:])
                 continue
             payload = _data(frame)
             if payload is not None:
