@@ -6,7 +6,7 @@ gateway's limits and OpenAI-shaped parser errors, on uvloop: `gateway.servers.ma
 - `relay`: the body passed to the upstream through the gateway's own HTTP/1.1 client (`backends/h1.py`) and the
   answer passed back byte for byte, streams by network read — what a proxy with no pipeline (no auth, validation,
   routing, accounting) costs on this stack.
-`loadtests/overhead.py --floors` runs both next to the gateway, in the same rounds.
+`loadtests/overhead.py --floors` runs both next to the gateway, interleaved with it.
 
     .venv/bin/python -m loadtests.floor_server --mode relay --port 18530 --upstream http://127.0.0.1:18400
 """
@@ -76,7 +76,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--mode", choices=("answer", "relay"), required=True)
     p.add_argument("--port", type=int, required=True)
-    p.add_argument("--upstream", action="append", default=[], help="relay: an upstream base URL (repeat: round robin)")
+    p.add_argument("--upstream", action="append", default=[], help="relay: an upstream base URL (repeat: taken in turn)")
     a = p.parse_args()
     run_loop(serve_all([make_server(make_app(a.mode, a.upstream), "127.0.0.1", a.port, openai_errors=True)]))
 
