@@ -15,7 +15,7 @@ from typing import Any
 from gateway.app import create_admin_app, create_app
 from gateway.config import ConfigError, HttpLimits, load_config
 from gateway.observability.logging import log_event, mark_worker
-from gateway.servers import make_server, serve_all, taken_port_error
+from gateway.servers import make_server, run_loop, serve_all, taken_port_error
 
 
 async def serve_gateway(app: Any, host: str, port: int, drain_timeout: float, drain_delay: float = 0.0,
@@ -124,8 +124,8 @@ def serve(a: argparse.Namespace) -> int:
                   admin=f"http://{cfg.admin.host}:{admin_port}", serves={"api": "/v1/*, /healthz, /readyz",
                                                                          "admin": "/admin/*, /metrics"})
 
-    asyncio.run(serve_gateway(app, a.host, a.port, a.drain_timeout, delay, extra=extra, on_started=started,
-                              http_limits=cfg.http))
+    run_loop(serve_gateway(app, a.host, a.port, a.drain_timeout, delay, extra=extra, on_started=started,
+                           http_limits=cfg.http))
     return 0
 
 
@@ -151,7 +151,7 @@ def serve_worker(a: argparse.Namespace, cfg: Any, app: Any, admin_port: int, del
         finally:
             watch.cancel()
 
-    asyncio.run(main())
+    run_loop(main())
     return 0
 
 

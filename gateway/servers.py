@@ -10,12 +10,13 @@ import signal
 import socket
 import time
 import uuid
-from collections.abc import Generator
+from collections.abc import Coroutine, Generator
 from typing import Any, ClassVar
 
 import httptools
 import orjson
 import uvicorn
+import uvloop
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from gateway.config import HttpLimits
@@ -278,6 +279,14 @@ async def serve_all(servers: list[uvicorn.Server], on_started: Any = None, on_si
     await tasks[0]
     stop_all()
     await asyncio.gather(*tasks[1:])
+
+
+def run_loop(main: Coroutine[Any, Any, None]) -> None:
+    """Run `main` to completion on uvloop, as uvicorn's own `run` does for `loop="uvloop"`: its `serve`, which
+    `serve_all` awaits, runs on whatever loop it is given, and under `asyncio.run` that is the stdlib loop, whose
+    selector, transports and timers are Python (a third of the gateway's function calls per request)."""
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(main)
 
 
 def port_in_use(host: str, port: int) -> bool:

@@ -3,6 +3,7 @@ proxy and through the SGLang router (round-robin; none of them does prefix work 
 
     .venv/bin/python -m loadtests.overhead [--rounds 3] [--seconds 4] [--concurrency 4]
     .venv/bin/python -m loadtests.overhead --workers 1,2 --client raw --peers ''   # gateway serve --workers N
+    .venv/bin/python -m loadtests.overhead --peers '' --baseline /tmp/a --baseline-label a --baseline /tmp/b ...
 
 The upstream is `loadtests/stub_upstream.py` (2 ports): it answers instantly and streams chunks as fast as the
 connection takes them, so what is measured is proxy cost (the simulator's own scheduling would dominate). Every
@@ -15,7 +16,8 @@ Targets are measured in interleaved rounds (same background noise); figures are 
 - `--workers 1,2`: this gateway once per worker count (`gateway serve --workers N`, state in a private Redis the run
   starts, as N > 1 requires; the 1-worker target uses it too, so the two differ only in processes)
 - idle RSS: after start-up and a short warm-up
-- SSE chunks/s: 16 concurrent streams of 5,000 chunks each, chunks received per second
+- SSE chunks/s: 16 concurrent streams of 5,000 chunks each, chunks received per second; CPU us/SSE chunk: the
+  target's CPU over those streams / chunks received (a streamed answer's per-event relay cost)
 Peers are installed into loadtests/.venvs on first use (see loadtests/peers.py).
 """
 
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import socket
 import statistics
 import sys
@@ -92,10 +95,12 @@ async def closed_loop(t: Target, concurrency: int, seconds: float, body: dict[st
     return lat, errors, cpu
 
 
-async def sse_rate(t: Target, streams: int, tokens: int) -> float:
+async def sse_rate(t: Target, streams: int, tokens: int) -> tuple[float, float]:
+    """Chunks received per second, and the target's CPU microseconds per chunk meanwhile (nan without a process)."""
     body = {**BODY, "max_tokens": tokens, "stream": True}
     raw = orjson.dumps(body)
     count = 0
+    cpu0 = cpu_seconds(t.proc.pid) if t.proc else 0.0
     async with httpx.AsyncClient(timeout=120, trust_env=False) as c:
         async def one(i: int) -> None:
             nonlocal count
@@ -106,7 +111,9 @@ async def sse_rate(t: Target, streams: int, tokens: int) -> float:
 
         s = time.perf_counter()
         await asyncio.gather(*(one(i) for i in range(streams)))
-        return count / (time.perf_counter() - s)
+        rate = count / (time.perf_counter() - s)
+    cpu_us = (cpu_seconds(t.proc.pid) - cpu0) * 1e6 / count if t.proc and count else float("nan")
+    return rate, cpu_us
 
 
 def wait_port(port: int, timeout: float = 10.0) -> None:
@@ -147,7 +154,8 @@ def start_targets(a: argparse.Namespace, sim_urls: list[str], work: Path) -> lis
               "observability": {"log_requests": False}}
     (work / "gw.yaml").write_text(yaml.safe_dump(gw_cfg))
     auth = {"authorization": f"Bearer {KEY}"}
-    # ports: gateway +0 (admin +5), LiteLLM +1, SGLang router +2 (+3), baseline +4 (admin +6), workers +10.. (admin +20..)
+    # ports: gateway +0 (admin +5), LiteLLM +1, SGLang router +2 (+3), first baseline +4 (admin +6), workers +10..
+    # (admin +20..), further baselines +42.. (admin +43..), floors +50, +51
     for k, n in enumerate(a.workers):
         port = a.port + 10 + k
         cfg = {**gw_cfg, "routing": {"redis_url": a.redis_url, "redis_prefix": f"ov{n}:"}}
@@ -156,15 +164,26 @@ def start_targets(a: argparse.Namespace, sim_urls: list[str], work: Path) -> lis
     if not a.workers:
         gw = gateway_proc(a, work, gw_cfg, "gateway", a.port, a.port + 5)  # port + 1 is LiteLLM's
         targets.append(Target("this gateway", [f"http://127.0.0.1:{a.port}"], gw, auth))
-    if a.baseline:  # the gateway of another checkout (e.g. `git worktree add /tmp/base <rev>`), same config, same run
-        # a revision from before the admin listener has no --admin-port (its admin API is on the client port)
-        admin = ["--admin-port", str(a.port + 6)] if _has_admin_port(Path(a.baseline)) else []
-        base = Proc("gateway-baseline", [sys.executable, "-m", "gateway.cli", "serve", "--config", str(work / "gw.yaml"),
-                                         "--port", str(a.port + 4), *admin],
-                    f"http://127.0.0.1:{a.port + 4}/healthz", log=work / "gateway-baseline.log", cwd=a.baseline)
-        targets.append(Target(f"gateway @ {a.baseline_label}", [f"http://127.0.0.1:{a.port + 4}"], base,
+    labels = a.baseline_label or []
+    for k, checkout in enumerate(a.baseline or []):  # the gateway of another checkout (`git worktree add /tmp/base
+        # <rev>`), same config, same run; a revision from before the admin listener has no --admin-port
+        port, admin_port = (a.port + 4, a.port + 6) if k == 0 else (a.port + 40 + 2 * k, a.port + 41 + 2 * k)
+        admin = ["--admin-port", str(admin_port)] if _has_admin_port(Path(checkout)) else []
+        base = Proc(f"gateway-baseline-{k}", [sys.executable, "-m", "gateway.cli", "serve", "--config",
+                                              str(work / "gw.yaml"), "--port", str(port), *admin],
+                    f"http://127.0.0.1:{port}/healthz", log=work / f"gateway-baseline-{k}.log", cwd=checkout)
+        label = labels[k] if k < len(labels) else f"baseline {k + 1}"
+        targets.append(Target(f"gateway @ {label}", [f"http://127.0.0.1:{port}"], base,
                               {"authorization": f"Bearer {KEY}"}))
 
+    if a.floors:  # the same server stack with (almost) nothing on top: loadtests/floor_server.py
+        ups = [x for u in sim_urls for x in ("--upstream", u)]
+        for k, (mode, name) in enumerate((("answer", "floor: uvicorn alone (canned answer)"),
+                                          ("relay", "floor: uvicorn + h1 relay, no pipeline"))):
+            port = a.port + 50 + k
+            fp = Proc(f"floor-{mode}", [sys.executable, "-m", "loadtests.floor_server", "--mode", mode, "--port",
+                                        str(port), *ups], f"http://127.0.0.1:{port}/healthz", log=work / f"floor-{mode}.log")
+            targets.append(Target(name, [f"http://127.0.0.1:{port}"], fp, {}))
     if "litellm" in a.peers and (bin_ := ensure("litellm")):
         model_list = [{"model_name": "glm-5.2", "litellm_params": {"model": "hosted_vllm/zai-org/GLM-5.2", "api_base": u + "/v1",
                                                                    "api_key": "sk-none"}, "model_info": {"id": f"sim-{i}"}}
@@ -231,11 +250,12 @@ async def main_async(a: argparse.Namespace) -> None:
                     bar.set_description(f"round {r + 1}/{a.rounds}: {t.name}")
                     lat, err, cpu = await closed_loop(t, a.concurrency, a.seconds, BODY)
                     tput_lat, tput_err, tput_cpu = await closed_loop(t, 64, a.seconds, BODY, lean=a.client == "raw")
-                    chunks = await sse_rate(t, 16, 5_000)
+                    chunks, chunk_cpu = await sse_rate(t, 16, 5_000)
                     t.rounds.append({"p50": pct(lat, 0.5), "p99": pct(lat, 0.99), "n": len(lat),
                                      "errors": err + tput_err, "cpu_ms": cpu * 1000 / max(len(lat), 1),
                                      "max_rps": len(tput_lat) / a.seconds,
-                                     "cpu_ms_at_max": tput_cpu * 1000 / max(len(tput_lat), 1), "sse_chunks_s": chunks})
+                                     "cpu_ms_at_max": tput_cpu * 1000 / max(len(tput_lat), 1), "sse_chunks_s": chunks,
+                                     "sse_cpu_us": chunk_cpu})
                     bar.update()
     finally:
         for t in targets:
@@ -254,6 +274,7 @@ async def main_async(a: argparse.Namespace) -> None:
         rows.append([t.name, f"{med(t, 'p50'):.2f}", f"{med(t, 'p50') - d50:+.2f}", f"{med(t, 'p99') - d99:+.2f}",
                      "-" if t.proc is None else f"{med(t, 'cpu_ms'):.2f}", "-" if t.proc is None else f"{med(t, 'cpu_ms_at_max'):.2f}",
                      f"{med(t, 'max_rps'):.0f}", "-" if t.proc is None else f"{t.idle_rss:.0f}", f"{med(t, 'sse_chunks_s'):.0f}",
+                     "-" if t.proc is None or math.isnan(med(t, "sse_cpu_us")) else f"{med(t, 'sse_cpu_us'):.1f}",
                      sum(r["errors"] for r in t.rounds)])
     import os
 
@@ -268,9 +289,9 @@ async def main_async(a: argparse.Namespace) -> None:
         for name, ms in steps:
             if name.startswith(wanted):
                 rows.append([f"+ {name.split(':')[0].split(' (')[0]} (20k-token chat)", "-", "-", "-", f"{ms:.2f}",
-                             "-", "-", "-", "-", "-"])
+                             "-", "-", "-", "-", "-", "-"])
     print(table(["target", "p50 ms", "added p50 ms", "added p99 ms", "CPU ms/req", "CPU ms/req @64", "max req/s (c=64)",
-                 "idle RSS MiB", "SSE chunks/s", "errors"], rows))
+                 "idle RSS MiB", "SSE chunks/s", "CPU us/SSE chunk", "errors"], rows))
     if a.tokenizer_cost:
         print(f"(+ rows: the per-request steps of routing.mode precise/hybrid, in-process, loadtests/tokenize_cost.py; {about})")
     save_json("overhead", {"args": vars(a), "targets": {t.name: {"rounds": t.rounds, "idle_rss_mib": t.idle_rss} for t in targets}})
@@ -284,8 +305,11 @@ def main() -> None:
     p.add_argument("--port", type=int, default=18480)
     p.add_argument("--sim-port", type=int, default=18400)
     p.add_argument("--peers", default="litellm,sglang-router", help="comma-separated; '' for none")
-    p.add_argument("--baseline", default=None, help="a checkout of an earlier revision: its gateway joins the run")
-    p.add_argument("--baseline-label", default="baseline")
+    p.add_argument("--baseline", action="append", help="a checkout of an earlier revision: its gateway joins the "
+                   "run (repeat for several, each with its --baseline-label in the same order)")
+    p.add_argument("--baseline-label", action="append", help="the name of the --baseline of the same position")
+    p.add_argument("--floors", action="store_true", help="also the floor under the gateway's figures: uvicorn alone "
+                   "and uvicorn + the gateway's HTTP/1.1 client relaying, same server stack (loadtests/floor_server.py)")
     p.add_argument("--tokenizer-cost", action="store_true", help="also the precise mode's per-request tokenizer and "
                    "event costs on a 20k-token chat, as rows under the table (~30 s more: it trains its tokenizer)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (stderr)")

@@ -99,7 +99,11 @@ class Feedback:
             self._background(c)
 
     async def dispatched(self, a: Attempt) -> None:
-        await asyncio.gather(*self._coros(self.engine.dispatched(a)))
+        coros = self._coros(self.engine.dispatched(a))
+        if len(coros) == 1:  # the usual one (the load count): awaited here, not wrapped in a task by gather
+            await coros[0]
+        elif coros:
+            await asyncio.gather(*coros)
         if self.reservations is not None:  # after: briefly counted twice rather than not at all
             self.reservations.release(a.req.request_id)
         share = self._share.get((a.pool, a.name))

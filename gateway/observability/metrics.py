@@ -9,6 +9,7 @@ those of the process answering the scrape."""
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Metric, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
@@ -128,6 +129,28 @@ class GatewayMetrics:
 
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+
+class Children:
+    """`owner.<name>.labels(*values)`, looked up once per label set: prometheus' `labels()` checks, converts and
+    locks on every call (~2 us), and the end of every request makes several. For label sets bounded by the
+    configuration and a fixed vocabulary (model, pool, tenant, status, reason, api), as prometheus keeps a child
+    per set anyway; never for a metric whose children are removed. The metric is read from its owner on each call,
+    so one put in its place (a test's) is the one counted into."""
+
+    def __init__(self, owner: object, name: str) -> None:
+        self.owner, self.name = owner, name
+        self._metric: Any = None
+        self._by: dict[tuple[str, ...], Any] = {}
+
+    def __call__(self, *values: str) -> Any:
+        metric = getattr(self.owner, self.name)
+        if metric is not self._metric:
+            self._metric, self._by = metric, {}
+        child = self._by.get(values)
+        if child is None:
+            child = self._by[values] = metric.labels(*values)
+        return child
 
 
 class _Families:

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from gateway.dispatch.dispatcher import Dispatched
 from gateway.dispatch.feedback import Feedback
 from gateway.observability.logging import log_request
-from gateway.observability.metrics import GatewayMetrics
+from gateway.observability.metrics import Children, GatewayMetrics
 from gateway.pipeline import idempotency
 from gateway.pipeline.exchange import Exchange, RecentDecision
 from gateway.pipeline.outcome import Outcome
@@ -83,6 +83,10 @@ class Accounting:
         self.recent = recent
         self._background = background
         self._models = books.models
+        m = books.metrics  # the children every request's end counts into, looked up once per label set
+        self._requests, self._latency, self._ttft = Children(m, "requests"), Children(m, "latency"), Children(m, "ttft")
+        self._tokens, self._cost, self._sla_count = Children(m, "tokens"), Children(m, "cost"), Children(m, "sla")
+        self._inflight = Children(m, "inflight")
 
     def model_label(self, name: object) -> str:
         """A configured model's name, else "unknown": client-chosen strings never become label values."""
@@ -164,7 +168,7 @@ class Accounting:
     def _release_slot(self, ex: Exchange) -> None:
         if ex.slot is not None:
             self.books.concurrency.release(ex.slot)
-        self.books.metrics.inflight.labels(ex.tenant.name).dec()
+        self._inflight(ex.tenant.name).dec()
 
     def _usage(self, c: _Ctx) -> None:
         ex, out, d = c.ex, c.out, c.out.dispatched
@@ -185,18 +189,18 @@ class Accounting:
         c.cost = cost(d, c.usage)
 
     def _metrics(self, c: _Ctx) -> None:
-        ex, out, m = c.ex, c.out, self.books.metrics
+        ex, out = c.ex, c.out
         model, tenant, pool = ex.route.name, ex.tenant.name, c.pool  # the served model: an alias's glob is no label
-        m.requests.labels(model, pool, tenant, c.status, c.reason, c.api).inc()
-        m.latency.labels(model, pool, tenant, c.api).observe(c.now - ex.started)
+        self._requests(model, pool, tenant, c.status, c.reason, c.api).inc()
+        self._latency(model, pool, tenant, c.api).observe(c.now - ex.started)
         if out.first_token_at is not None:
-            m.ttft.labels(model, pool, tenant, c.api).observe(out.first_token_at - ex.started)
+            self._ttft(model, pool, tenant, c.api).observe(out.first_token_at - ex.started)
         self._itl(c)
         if c.usage:
-            m.tokens.labels(model, pool, tenant, "uncached_prompt").inc(c.prompt - c.cached)
-            m.tokens.labels(model, pool, tenant, "cached_prompt").inc(c.cached)
-            m.tokens.labels(model, pool, tenant, "completion").inc(c.completion)
-            m.cost.labels(model, pool, tenant).inc(c.cost)
+            self._tokens(model, pool, tenant, "uncached_prompt").inc(c.prompt - c.cached)
+            self._tokens(model, pool, tenant, "cached_prompt").inc(c.cached)
+            self._tokens(model, pool, tenant, "completion").inc(c.completion)
+            self._cost(model, pool, tenant).inc(c.cost)
 
     def _itl(self, c: _Ctx) -> None:
         """A served stream's mean inter-token latency, for its replica: the time from the first token to the end over
@@ -222,7 +226,7 @@ class Accounting:
         choices = n if isinstance(n, int) and n > 1 else 1  # choices decode side by side in one batch
         decode_s = c.completion / choices / t.tokens_per_step * t.decode_step_s
         ttft_est = (first - ex.started) - decode_s
-        self.books.metrics.sla.labels(ex.tenant.name, "met" if ttft_est <= ex.rreq.ttft_sla_s else "missed").inc()
+        self._sla_count(ex.tenant.name, "met" if ttft_est <= ex.rreq.ttft_sla_s else "missed").inc()
 
     def _settle(self, c: _Ctx) -> None:
         if c.ex.reservation is not None:

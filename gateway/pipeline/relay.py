@@ -153,22 +153,24 @@ class Relay:
         d = out.dispatched
         assert d is not None and d.opened.rest is not None
         saw_done = False
-        enc = ex.call.encoder
+        enc, held = ex.call.encoder, ex.idem
+        swap = self._swap(ex, out)  # per stream, not per event
         try:
             async for payload in d.opened.rest:
                 if payload == b"[DONE]":
                     saw_done = True
                     end = enc.done() if enc is not None else DONE
-                    idempotency.streamed(ex.idem, end)
+                    idempotency.streamed(held, end)
                     yield end
                     break
                 if payload.startswith(b'{"error"'):
                     out.end("stream_error", "upstream error event")
                     yield stream_error(ex, self._rewrap_error(payload))
                     return
-                chunk = self._relay(ex, out, payload)
+                chunk = self._relay(ex, out, payload, swap)
                 if chunk:
-                    idempotency.streamed(ex.idem, chunk)
+                    if held is not None:
+                        idempotency.streamed(held, chunk)
                     yield chunk
         except StreamBroken as e:
             out.end("stream_error", str(e))
@@ -178,9 +180,11 @@ class Relay:
             out.end("stream_error", "upstream closed the stream before [DONE]")
             yield stream_error(ex, error_of("The upstream replica closed the stream before it was complete."))
 
-    def _relay(self, ex: Exchange, out: Outcome, payload: bytes) -> bytes | None:
+    def _relay(self, ex: Exchange, out: Outcome, payload: bytes,
+               swap: tuple[bytes, bytes, bytes, bytes] | None = None) -> bytes | None:
         """One upstream payload as the client should see it: the client's model name; the usage chunk kept for
-        metering and shown (clamped, with the cost) only if the client asked for it."""
+        metering and shown (clamped, with the cost) only if the client asked for it. `swap`: the stream's model
+        name replacements (`_swap`), if the caller has them."""
         out.chunks += 1
         if b'"choices":[]' in payload and b'"usage"' in payload:
             return self._usage_chunk(ex, out, payload)
@@ -191,7 +195,7 @@ class Relay:
             except orjson.JSONDecodeError:
                 return None
             return enc.chunk(chunk) if isinstance(chunk, dict) else None
-        old, new, old2, new2 = self._swap(ex, out)
+        old, new, old2, new2 = swap if swap is not None else self._swap(ex, out)
         if old != new:
             payload = payload.replace(old, new, 1).replace(old2, new2, 1)
         return b"data: " + payload + b"\n\n"

@@ -32,8 +32,16 @@ RESERVATION_LEASE_S = 60.0  # default lease: a hold lapses this long after its i
 
 
 def periods(now: float) -> dict[str, str]:
-    d = datetime.fromtimestamp(now, tz=UTC)
-    return {"day": d.strftime("%Y-%m-%d"), "month": d.strftime("%Y-%m")}
+    """The UTC day and month `now` falls in. Unix time has 86,400 s to a day, so the day's number says both;
+    the last day's names are kept (every reservation and settlement asks, and strftime is a slow call)."""
+    day = int(now // 86400)
+    if _last_day[0] != day:
+        d = datetime.fromtimestamp(now, tz=UTC)
+        _last_day[:] = [day, {"day": d.strftime("%Y-%m-%d"), "month": d.strftime("%Y-%m")}]
+    return dict(_last_day[1])
+
+
+_last_day: list[Any] = [None, {}]  # [day number, its periods]
 
 
 @dataclass(frozen=True)

@@ -83,6 +83,8 @@ async def _collect(chunks):
         [b'data: {"a"', b':1}\n', b'\ndata: {"b":2}\n\nda', b'ta: [DONE]\n\n'],
         [b'data: {"a":1}\r\n\r\n: keep-alive\r\n\r\ndata: {"b":2}\r\n\r\ndata: [DONE]\r\n\r\n'],
         [b'data:{"a":1}\n\ndata: {"b":2}\n\ndata: [DONE]'],
+        [b'data: {"a":1}\r', b'\n\r\ndata: {"b":2}\r\n\r', b'\ndata: [DONE]\r\n\r\n'],  # CRLF split across reads
+        [b'data: {"a":1}\n\ndata: {"b', b'":2}\n\ndata: [DONE]\n\n'],  # a read ending inside its second event
     ],
 )
 def test_sse_reader_handles_split_packed_and_crlf_frames(chunks):

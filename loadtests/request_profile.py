@@ -1,0 +1,149 @@
+"""Where the gateway's CPU per request goes: cProfile over a `gateway serve` process serving the overhead benchmark's
+request, on the process CPU clock, after warm-up.
+
+    .venv/bin/python -m loadtests.request_profile [--seconds 8] [--stream --tokens 100] [--checkout DIR] [--top 12]
+
+The gateway runs with overhead.py's config (instant stub upstream, two replicas, one tenant), its background polls
+(health checks, the engines' loads) set to 300 s so that only requests are in the profile; a closed loop at
+concurrency 1 (loadtests/raw_client.py) sends the 16-token chat (`--stream --tokens N`: a streamed answer of N
+events). The profiler is switched on by a signal once the warm-up is done and off before the process stops.
+`--checkout DIR`: profile that checkout's gateway (an earlier revision: `git worktree add DIR REV`) instead.
+
+Prints the function calls per request (a count: the same on a busy machine), the profiled CPU per request (cProfile
+inflates it several times over, so compare it only within one machine and one load), the CPU by area, and the
+functions with the most own time. `--out FILE` keeps the pstats file.
+
+The profiler's clock is the process CPU time, so a syscall's kernel time lands on the function that made it: with
+uvloop the socket writes show in uvicorn's `send` and the HTTP client's `request`, not in a function of their own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import os
+import pstats
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import orjson
+import yaml
+
+from gateway.config import hash_key
+from loadtests import raw_client
+from loadtests.overhead import BODY, KEY
+from loadtests.procs import Proc
+from loadtests.report import table
+
+# run in the gateway's process (any checkout's): the profiler on SIGUSR1, off and written on SIGUSR2
+CHILD = """
+import cProfile, signal, sys, time
+out = sys.argv.pop(1)
+prof = cProfile.Profile(time.process_time)
+signal.signal(signal.SIGUSR1, lambda *_: prof.enable())
+signal.signal(signal.SIGUSR2, lambda *_: (prof.disable(), prof.dump_stats(out)))
+from gateway.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def area(fn: tuple[str, int, str]) -> str:
+    """The part of the process a profiled function belongs to."""
+    path = fn[0]
+    if path == "~":
+        return "C calls (dict, bytes, orjson, builtins)"
+    if "/asyncio/" in path or path.endswith(("selectors.py", "_weakrefset.py")):
+        return "asyncio (the loop, tasks, timeouts)"
+    for name in ("uvicorn", "starlette", "fastapi", "prometheus_client", "httpx", "httpcore"):
+        if f"/{name}/" in path:
+            return name
+    if "/gateway/" in path:
+        rest = path.split("/gateway/", 1)[1]
+        return "gateway/" + rest.split("/", 1)[0] if "/" in rest else "gateway/" + rest
+    return "other"
+
+
+def report(stats: pstats.Stats, n: int, top: int) -> str:
+    raw = stats.stats  # type: ignore[attr-defined]  # pstats keeps its table untyped
+    calls = sum(v[1] for v in raw.values())
+    cpu = sum(v[2] for v in raw.values())
+    by_area: collections.Counter[str] = collections.Counter()
+    area_calls: collections.Counter[str] = collections.Counter()
+    for fn, v in raw.items():
+        by_area[area(fn)] += v[2]
+        area_calls[area(fn)] += v[1]
+    out = [f"{n} requests: {calls / n:.0f} function calls per request, {cpu * 1000 / n:.2f} ms profiled CPU per request",
+           "", table(["area", "profiled CPU ms/req", "share", "calls/req"],
+                     [[k, f"{v * 1000 / n:.2f}", f"{100 * v / cpu:.1f}%", f"{area_calls[k] / n:.0f}"]
+                      for k, v in by_area.most_common()]), ""]
+    own = sorted(raw.items(), key=lambda kv: -kv[1][2])[:top]
+    out.append(table(["function (own time)", "calls/req", "own us/req", "with callees us/req"],
+                     [[f"{_short(fn[0])}:{fn[1]}:{fn[2]}"[:90], f"{v[1] / n:.2f}", f"{v[2] * 1e6 / n:.0f}",
+                       f"{v[3] * 1e6 / n:.0f}"] for fn, v in own]))
+    return "\n".join(out)
+
+
+def _short(path: str) -> str:
+    for cut in ("site-packages/", "/lib/python3.11/"):
+        if cut in path:
+            return path.split(cut, 1)[1]
+    return "gateway/" + path.split("/gateway/", 1)[1] if "/gateway/" in path else path
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--seconds", type=float, default=8.0)
+    p.add_argument("--stream", action="store_true", help="streamed answers (of --tokens events)")
+    p.add_argument("--tokens", type=int, default=16)
+    p.add_argument("--checkout", default=None, help="profile this checkout's gateway (cwd of its process)")
+    p.add_argument("--top", type=int, default=12)
+    p.add_argument("--out", default=None, help="keep the pstats file here")
+    p.add_argument("--port", type=int, default=18580)
+    p.add_argument("--sim-port", type=int, default=18570)
+    a = p.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="gw-profile-"))
+    out = a.out or str(work / "gateway.prof")
+    stub = Proc("stub", [sys.executable, "-m", "loadtests.stub_upstream", "--replicas", "2", "--port", str(a.sim_port)],
+                f"http://127.0.0.1:{a.sim_port + 1}/health", log=work / "stub.log")
+    stub.wait_ready()
+    urls = [f"http://127.0.0.1:{a.sim_port + i}" for i in range(2)]
+    cfg = {"models": [{"name": "glm-5.2", "pools": ["sim"]}],
+           "pools": [{"name": "sim", "kind": "sglang", "model": "zai-org/GLM-5.2",
+                      "replicas": [{"name": f"sim-{i}", "url": u} for i, u in enumerate(urls)]}],
+           "tenants": [{"name": "bench", "api_key_hashes": [hash_key(KEY)], "models": ["glm-5.2"]}],
+           "observability": {"log_requests": False}, "health": {"interval_s": 300}, "routing": {"load_poll_s": 300}}
+    (work / "gw.yaml").write_text(yaml.safe_dump(cfg))
+    gw = Proc("gateway", [sys.executable, "-c", CHILD, out, "serve", "--config", str(work / "gw.yaml"), "--port",
+                          str(a.port), "--admin-port", str(a.port + 1)],
+              f"http://127.0.0.1:{a.port}/healthz", log=work / "gateway.log", cwd=a.checkout)
+    try:
+        gw.wait_ready(120)
+        headers = {"content-type": "application/json", "authorization": f"Bearer {KEY}"}
+        raw = orjson.dumps({**BODY, "max_tokens": a.tokens, **({"stream": True} if a.stream else {})})
+        for _ in range(50):  # warm-up: lazy imports, pooled connections, metric children
+            r = httpx.post(f"http://127.0.0.1:{a.port}/v1/chat/completions", content=raw, headers=headers,
+                           trust_env=False, timeout=30)
+            r.raise_for_status()
+        os.kill(gw.pid, signal.SIGUSR1)
+        lat, errors = asyncio.run(raw_client.closed_loop([f"http://127.0.0.1:{a.port}"], raw, headers, 1, a.seconds))
+        os.kill(gw.pid, signal.SIGUSR2)
+        deadline = time.time() + 30
+        while not Path(out).exists() and time.time() < deadline:
+            time.sleep(0.1)
+        time.sleep(1.0)  # the dump is written at once; let it finish
+    finally:
+        gw.stop()
+        stub.stop()
+    what = f"streamed, {a.tokens} events" if a.stream else "non-streamed, 16 tokens"
+    print(f"cProfile (process CPU clock) of {'the gateway at ' + a.checkout if a.checkout else 'this gateway'}: chat "
+          f"({what}), concurrency 1, {a.seconds:.0f} s, {errors} errors; load average {os.getloadavg()[0]:.2f}\n")
+    print(report(pstats.Stats(out), len(lat), a.top))
+
+
+if __name__ == "__main__":
+    main()
