@@ -20,6 +20,7 @@ import orjson
 
 from gateway.backends.h1 import H1Pool
 from gateway.servers import make_server, run_loop, serve_all
+from loadtests.stub_upstream import lifespan, read_body
 
 COMPLETION = orjson.dumps({
     "id": "floor", "object": "chat.completion", "created": 1767225600, "model": "glm-5.2",
@@ -29,31 +30,19 @@ COMPLETION = orjson.dumps({
 })
 
 
-async def _body(receive: Any) -> bytes:
-    parts = []
-    while True:
-        msg = await receive()
-        parts.append(msg.get("body", b""))
-        if not msg.get("more_body"):
-            return b"".join(parts)
-
-
 def make_app(mode: str, upstreams: list[str]) -> Any:
     pools = [H1Pool(u.split("//")[1].split(":")[0], int(u.rsplit(":", 1)[1])) for u in upstreams]
     turn = [0]
 
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
-            while True:
-                msg = await receive()
-                await send({"type": msg["type"] + ".complete"})
-                if msg["type"] == "lifespan.shutdown":
-                    return
+            await lifespan(receive, send)
+            return
         if scope["path"] in ("/healthz", "/health"):
             await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
             await send({"type": "http.response.body", "body": b"ok"})
             return
-        body = await _body(receive)
+        body = await read_body(receive)
         if mode == "answer":
             await send({"type": "http.response.start", "status": 200,
                         "headers": [(b"content-type", b"application/json")]})

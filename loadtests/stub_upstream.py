@@ -33,19 +33,29 @@ LARGE = 1 << 20
 INTERVAL_S = 0.0
 
 
-async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
-    if scope["type"] == "lifespan":
-        while True:
-            msg = await receive()
-            await send({"type": msg["type"] + ".complete"})
-            if msg["type"] == "lifespan.shutdown":
-                return
-    body = b""
+async def lifespan(receive: Any, send: Any) -> None:
+    """Answer the ASGI lifespan messages until shutdown (the stubs hold nothing to start or stop)."""
     while True:
         msg = await receive()
-        body += msg.get("body", b"")
+        await send({"type": msg["type"] + ".complete"})
+        if msg["type"] == "lifespan.shutdown":
+            return
+
+
+async def read_body(receive: Any) -> bytes:
+    parts = []
+    while True:
+        msg = await receive()
+        parts.append(msg.get("body", b""))
         if not msg.get("more_body"):
-            break
+            return b"".join(parts)
+
+
+async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    if scope["type"] == "lifespan":
+        await lifespan(receive, send)
+        return
+    body = await read_body(receive)
     if scope["method"] == "GET":
         await send({"type": "http.response.start", "status": 200, "headers": JSON})
         await send({"type": "http.response.body", "body": b'{"object":"list","data":[]}'})
