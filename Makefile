@@ -49,11 +49,12 @@ agent-drift: setup
 # The engine tier (tests/engines, docs/engines.md): real SGLang 0.5.23 (and vLLM 0.32) on the CPU behind the
 # gateway, and the simulator compared with SGLang. Installs the engine environment into ~/.cache/inference-gateway/engines on first use
 # (minutes; cached by version), then runs the tier; a missing environment is a
-# failure here, never a skip.
+# failure here, never a skip. `make engine-test ENGINE=sglang==0.5.13.post1` runs it against the older release.
 ENGINE ?= sglang==0.5.23
 VLLM ?= vllm==0.32.0
 engine-test: setup
 	$(BIN)/python -m gateway_lab.engines install $(ENGINE) $(VLLM)
-	GATEWAY_ENGINE_TESTS=1 $(BIN)/python -m pytest -q tests/engines
+	GATEWAY_ENGINE_TESTS=1 GATEWAY_ENGINE_SGLANG=$(ENGINE) GATEWAY_ENGINE_VLLM=$(VLLM) \
+		$(BIN)/python -m pytest -q tests/engines
 
 .PHONY: engine-test

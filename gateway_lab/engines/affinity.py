@@ -76,7 +76,8 @@ def _alternating(urls: list[str], sessions: list[Session], turns: int) -> Result
     return Result("two instances, own index each", sessions)
 
 
-def measure(urls: list[str], model_dir: Path, sessions: int, turns: int, kind: str = "sglang") -> list[Result]:
+def measure(urls: list[str], model_dir: Path, sessions: int, turns: int, kind: str = "sglang",
+            dp_size: int = 1) -> list[Result]:
     h = {"Authorization": f"Bearer {KEY}"}
     out = []
     with InProcessGateway(gateway_config(urls, model_dir, "approximate", kind)) as gw:
@@ -90,7 +91,10 @@ def measure(urls: list[str], model_dir: Path, sessions: int, turns: int, kind: s
     with InProcessGateway(gateway_config(urls, model_dir, "approximate", kind)) as a, \
             InProcessGateway(gateway_config(urls, model_dir, "approximate", kind)) as b:
         out.append(_alternating([a.url, b.url], [Session(f"two-{i}") for i in range(sessions)], turns))
-    out.append(direct_round_robin(urls, [Session(f"rr-{i}") for i in range(sessions)], turns, by_session=True))
+    rr = direct_round_robin(urls, [Session(f"rr-{i}") for i in range(sessions)], turns, by_session=True)
+    if dp_size > 1:  # the servers' own DP controllers spread each server's share over its ranks
+        rr.label += f" (each server's {dp_size} ranks chosen by SGLang)"
+    out.append(rr)
     return out
 
 
@@ -110,10 +114,15 @@ def table(results: list[Result]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def run_affinity(env: EngineEnv, model_dir: Path, logs: Path, n: int, sessions: int, turns: int) -> str:
+def run_affinity(env: EngineEnv, model_dir: Path, logs: Path, n: int, sessions: int, turns: int,
+                 dp_size: int = 1) -> str:
+    """`dp_size` > 1 (SGLang): each server runs that many DP ranks, one core each; the gateway makes each rank a
+    target of its own, pinned by `routed_dp_rank` (pool `dp_pinning: auto`)."""
     t0 = time.monotonic()
-    with running(env, str(model_dir), n, logs) as fleet:
-        results = measure(fleet.urls, model_dir, sessions, turns, kind=env.recipe.engine)
-    return (f"{n} real {env.recipe.engine} {env.recipe.version} servers (engine kit, CPU), {sessions} sessions x "
-            f"{turns} turns each, cached tokens as the engines reported them ({time.monotonic() - t0:.0f} s):\n\n"
+    flags: dict[str, object] = {"dp_size": dp_size} if dp_size > 1 else {}
+    with running(env, str(model_dir), n, logs, flags=flags or None) as fleet:
+        results = measure(fleet.urls, model_dir, sessions, turns, kind=env.recipe.engine, dp_size=dp_size)
+    ranks = f" with {dp_size} DP ranks each" if dp_size > 1 else ""
+    return (f"{n} real {env.recipe.engine} {env.recipe.version} servers{ranks} (engine kit, CPU), {sessions} sessions "
+            f"x {turns} turns each, cached tokens as the engines reported them ({time.monotonic() - t0:.0f} s):\n\n"
             + table(results))

@@ -102,7 +102,7 @@ def check_server(server: EngineServer, model_dir: Path, report: Report | None = 
                     payload = msgspec.msgpack.decode(frames[-1])
                     kinds = [e.get("type") if isinstance(e, dict) else e[0] for e in payload[1]]
                     if "BlockStored" in kinds:
-                        return f"BlockStored received on {server.kv_endpoint} (seq {int.from_bytes(frames[1], 'big')})"
+                        return f"BlockStored received on {server.kv_endpoint} (seq {int.from_bytes(frames[-2], 'big', signed=True)})"
                 c.post(base + "/v1/completions", json=body)
             raise AssertionError(f"no BlockStored on {server.kv_endpoint} within 30 s")
 

@@ -56,6 +56,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     a.add_argument("--sessions", type=int, default=8)
     a.add_argument("--turns", type=int, default=6)
     a.add_argument("--out", type=Path, default=None)
+    a.add_argument("--dp-size", type=int, default=1, help="SGLang data-parallel ranks per server (one core each)")
 
 
 def model_dir() -> Path:
@@ -115,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
     if cmd == "affinity":
         from gateway_lab.engines.affinity import run_affinity
 
-        text = run_affinity(env, mdir, logs, args.n, args.sessions, args.turns)
+        text = run_affinity(env, mdir, logs, args.n, args.sessions, args.turns, dp_size=args.dp_size)
         if args.out:
             args.out.write_text(text)
         print(text)

@@ -167,12 +167,22 @@ def _kind(e: Any) -> str:
     return str(e.get("type")) if isinstance(e, dict) else str(e[0])
 
 
+def _as_map(e: Any) -> dict[str, Any]:
+    """A BlockStored in 0.5.23's tagged-map form; up to 0.5.13 it is a tagged array `["BlockStored", hashes, parent,
+    tokens, block_size, lora_id, medium?]` (gateway/kvevents/wire.py) with no cache_salt."""
+    if isinstance(e, dict):
+        return e
+    keys = ("type", "block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium")
+    return dict(zip(keys, e))
+
+
 def _stored_view(events: list[Any]) -> list[tuple[Any, ...]]:
-    """BlockStored events as comparable tuples (coalesced or not: one tuple per page)."""
+    """BlockStored events as comparable tuples (coalesced or not: one tuple per page), from either encoding."""
     pages: list[tuple[Any, ...]] = []
-    for e in events:
-        if _kind(e) != "BlockStored" or not isinstance(e, dict):
+    for raw in events:
+        if _kind(raw) != "BlockStored":
             continue
+        e = _as_map(raw)
         bs = e.get("block_size") or 0
         hashes, parent, toks = e.get("block_hashes") or [], e.get("parent_block_hash"), e.get("token_ids") or []
         for i, h in enumerate(hashes):

@@ -100,3 +100,17 @@ def test_affinity_table_counts_prefix_hits_of_later_turns() -> None:
     rr.prompt, rr.cached, rr.replicas, rr.routes = [500, 700], [0, 0], ["x", "y"], ["", ""]
     out = table([Result("gateway", [s]), Result("round-robin", [rr])])
     assert "| gateway | 51.8% | 68.0% | 1 | 1 of 2 |" in out and "| round-robin | 0.0% | 0.0% | 1 | - |" in out
+
+
+def test_differential_reads_block_stored_in_either_encoding() -> None:
+    """The comparison of KV events must see 0.5.13's tagged arrays as it sees 0.5.23's maps: a view that skipped
+    arrays would compare zero pages on both sides and call an older release's events equal whatever they were."""
+    from gateway_lab.engines.differential import _stored_view
+
+    toks = list(range(128))
+    as_map = {"type": "BlockStored", "block_hashes": [11, 12], "parent_block_hash": None, "token_ids": toks,
+              "block_size": 64, "lora_id": None, "medium": "GPU"}
+    as_array = ["BlockStored", [11, 12], None, toks, 64, None, "GPU"]
+    assert _stored_view([as_array]) == _stored_view([as_map])
+    assert [p[:2] for p in _stored_view([as_array])] == [(11, None), (12, 11)]
+    assert _stored_view([["BlockRemoved", [11]], {"type": "AllBlocksCleared"}]) == []
