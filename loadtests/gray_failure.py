@@ -281,16 +281,18 @@ def report(paths: list[str]) -> str:
     """Saved runs (one file a seed: the no-fault run and each scenario, with their requests) -> a row per seed and
     scenario, then the median and range of the TTFT p95 change per scenario over the seeds."""
     head = ("| slowed | seed | own correction >= 1.5 after (peers' peak) | ejected after (why); ejections in the fault "
-            "| its requests in the window (their TTFT p50) | its share: fault / after clear "
+            "| its requests in the window (their TTFT p50) | its share: fault / after clear | peers' shares "
             "| fleet TTFT p95: no-fault run / fault (Δ) | fleet TTFT p95 without its requests (Δ) "
             "| fleet ITL p95 Δ | in routing after clear | half its fair share after clear |"
-            "\n|---|---|---|---|---|---|---|---|---|---|---|")
-    out, deltas, nofault = [head], {}, []
+            "\n|---|---|---|---|---|---|---|---|---|---|---|---|")
+    out, deltas, nofault, spread = [head], {}, [], []
     for path in paths:
         rows = json.loads(Path(path).read_text())
         none = next(r for r in rows if r["phase"] == "none")
         seed = Path(path).stem
         nofault.append(none["ttft_p95_fault"])
+        calm = window(none["records"], none["fault_at"] + SETTLE_S, none["clear_at"])
+        spread.append("/".join(f"{100 * (share(calm, f'mi355x-{i}') or 0):.0f}" for i in range(REPLICAS)) + "%")
         for r in rows:
             if r["phase"] == "none":
                 continue
@@ -308,16 +310,19 @@ def report(paths: list[str]) -> str:
             di = 100 * (r["itl_p95_fault"] / none["itl_p95_fault"] - 1)
             label = "drained by hand" if r["phase"] == "drained" else f"{r['phase']} x{r['factor']:g}"
             deltas.setdefault(label, []).append(d)
+            names = sorted({x["replica"] for x in during if x.get("replica")} - {r["slow"]})
+            peers = "/".join(f"{100 * (share(during, n) or 0):.0f}" for n in names)
             out.append(
                 f"| {label} | {seed} | {fmt(r['correction_1_5_s'])} s ({r['peers_peak_correction']:.2f}) "
                 f"| {fmt(r['ejected_s'])} s ({', '.join(r['reasons']) or '—'}); {ejections} "
                 f"| {len(mine)} ({fmt(statistics.median(mine) if mine else None)} s) "
-                f"| {fmt(r['share_fault'], True)} / {fmt(r['share_after'], True)} "
+                f"| {fmt(r['share_fault'], True)} / {fmt(r['share_after'], True)} | {peers}% "
                 f"| {base:.3f} / {r['ttft_p95_fault']:.3f} s ({d:+.0f}%) "
                 f"| {'—' if without is None else f'{without:.3f}'} s ({'—' if dw is None else f'{dw:+.0f}%'}) | {di:+.0f}% "
                 f"| {fmt(back)} s | {fmt(r['back_in_s'])} s |")
     out.append("")
-    out.append(f"No-fault runs, fleet TTFT p95 over the window: {', '.join(f'{x:.3f}' for x in nofault)} s.")
+    out.append(f"No-fault runs, fleet TTFT p95 over the window: {', '.join(f'{x:.3f}' for x in nofault)} s; "
+               f"the replicas' shares there: {', '.join(spread)}.")
     for label, ds in deltas.items():
         out.append(f"{label}: fleet TTFT p95 Δ median {_med(ds)} over {len(ds)} runs.")
     return "\n".join(out)

@@ -114,10 +114,16 @@ class LatencyOutliers:
         return out
 
     def attempt_ended(self, name: str, attempt: str) -> None:
-        """An attempt on `name` ended (dispatch feedback): a probing replica's slot is free for the next request."""
+        """An attempt on `name` ended (dispatch feedback): a probing replica's slot is free for the next request, once
+        its pool is judged with that probe in it (its TTFT and ITL are recorded by now): a slow probe ejects the
+        replica before a second request can take the slot, whenever the last evaluation was."""
         gate = self._gates.get(name)
-        if gate is not None:
-            gate.release(attempt)
+        if gate is None or gate.holder != attempt:
+            return
+        gate.release(attempt)
+        for pool, targets in self.by_pool().items():
+            if self.cfg.enabled and any(t.name == name for t in targets):
+                self._judge(pool, targets, self.clock())
 
     # -- evaluating ------------------------------------------------------------------------------------------------
     def tick(self) -> None:

@@ -325,3 +325,19 @@ def test_one_fast_probe_among_slow_ones_does_not_pass_it():
     f.second(slow={"r2": 8.0})
     f.second(slow={"r2": 8.0})
     assert f.ejected() == {"r2"}
+
+
+def test_a_probe_is_judged_when_it_ends_before_its_slot_is_free_again():
+    """With evaluations far apart, a slow probe whose end frees the slot would let a second request through before
+    the next evaluation: its end judges the pool first, so a still-slow replica serves exactly one request per
+    return (decode slowness shows only at a stream's end)."""
+    f = Fleet()
+    _eject_then_return(f)
+    f.det.cfg = CFG.model_copy(update={"interval_s": 60.0})  # from here, no evaluation falls due
+    f.det._last = f.clock.now
+    gate = f.targets[2].state.probe
+    assert gate.probing and gate.acquire("probe")
+    f.stats.ttft("r2", 1.0, 1.0)
+    f.stats.itl("r2", 0.12)  # 6x its peers' 20 ms
+    f.det.attempt_ended("r2", "probe")
+    assert f.ejected() == {"r2"} and not f.targets[2].routable()

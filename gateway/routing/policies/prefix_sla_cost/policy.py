@@ -7,16 +7,18 @@ or a choice for the next rule to revise:
 3. `fastest` — objective latency: by predicted TTFT.
 4. `cheapest` — among the feasible, the cheapest (cost ties within `cost_tie`); the warmest of those (`prefix_hit`),
    or, with no meaningful hit, consistent hashing with bounded loads on the request's group key (`cold_ring`).
-5. `break_stickiness` — a feasible candidate faster by more than the stickiness penalty wins instead.
-6. `warm_over_sla` — with nothing to spill to, a warm replica past the SLA but behind few requests beats a cold
+5. `load_bound` — a self-hosted choice past `load_bound_factor` x its feasible peers' mean of recent dispatches
+   gives the request to the cheapest of those under it (`load_bound`).
+6. `break_stickiness` — a feasible candidate faster by more than the stickiness penalty wins instead.
+7. `warm_over_sla` — with nothing to spill to, a warm replica past the SLA but behind few requests beats a cold
    feasible one when the recompute it saves outweighs the wait.
-7. `label_spill` — the choice left the self-hosted replicas for a per-token pool (`sla_spill`).
+8. `label_spill` — the choice left the self-hosted replicas for a per-token pool (`sla_spill`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Generic, Literal
 
 from pydantic import Field
@@ -39,6 +41,9 @@ class Params(PolicyParams):
                                     "(0: least TTFT; docs/routing.md)")
     bounded_load_factor: float = Field(default=1.25, ge=1.0, description="cold placement: max load vs the mean")
     cost_tie: float = Field(default=0.02, ge=0, le=1, description="costs within this fraction count as equal")
+    load_bound_factor: float = Field(default=1.25, ge=0, le=100, description="a self-hosted replica past this x the "
+                                     "mean recent dispatches of the feasible self-hosted ones gives the request to the "
+                                     "cheapest under it, warm or not (0: off; routing/recent.py)")
 
 
 @dataclass(frozen=True)
@@ -76,6 +81,7 @@ class PrefixSlaCost:
         if req.objective == "latency":
             return fastest(s, inputs)
         chosen, branch = cheapest(req, s, self.p, self.min_hit_tokens)
+        chosen, branch = load_bound(req, s, chosen, branch, self.p, self.min_hit_tokens)
         chosen, branch = break_stickiness(s, chosen, branch, self.stickiness_s)
         warm = warm_over_sla(req, s, chosen, inputs)
         if warm is not None:
@@ -110,6 +116,25 @@ def cheapest(req: RoutingRequest, s: Split[R], p: Params, min_hit_tokens: int) -
     loads = {c.name: c.load.inflight for c in near}
     order = place(req.group_key, [c.name for c in near], loads, p.bounded_load_factor)
     return next(c for c in near if c.name == order[0]), "cold_ring"
+
+
+MIN_RECENT = 8.0  # below this many recent dispatches a replica is never past the bound (as ring.MIN_BOUND)
+
+
+def load_bound(req: RoutingRequest, s: Split[R], chosen: Candidate[R], branch: str, p: Params,
+               min_hit_tokens: int) -> tuple[Candidate[R], str]:
+    """Bounded loads (as the cold ring's) for the warm choice too, on recent dispatches: prefix affinity alone keeps
+    each group where it first landed, however unevenly that was, and gives a replica back in routing nothing. Past
+    the bound the request goes to the cheapest feasible self-hosted candidate under it (a warm one first, else the
+    ring among them); the group is then warm on both, and its requests go to the one predicted faster."""
+    if not p.load_bound_factor or not chosen.self_hosted:
+        return chosen, branch
+    hosted = [c for c in s.feasible if c.self_hosted]
+    bound = max(MIN_RECENT, p.load_bound_factor * (sum(c.recent for c in hosted) + 1) / len(hosted))
+    under = [c for c in hosted if c.recent + 1 <= bound]
+    if chosen.recent + 1 <= bound or not under:
+        return chosen, branch
+    return cheapest(req, replace(s, feasible=under), p, min_hit_tokens)[0], "load_bound"
 
 
 def break_stickiness(s: Split[R], chosen: Candidate[R], branch: str, penalty_s: float) -> tuple[Candidate[R], str]:
