@@ -103,7 +103,8 @@ def create_app(config: GatewayConfig, *, span_exporter: Any = None, transport: h
                                                    guard=RedisGuard("load", on_fallback=fell_back,
                                                                     hung_after=rc.redis_hung_after_s))
             redis_loads.start()
-            control_store: MemoryControlStore | RedisControlStore = RedisControlStore(redis_client, rc.redis_prefix)
+            control_store: MemoryControlStore | RedisControlStore = RedisControlStore(
+                redis_client, rc.redis_prefix, timeout=rc.control_redis_timeout_s)
         else:
             index, loads = MemoryPrefixIndex(), MemoryLoadTracker()
             control_store = MemoryControlStore()

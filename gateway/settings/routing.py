@@ -78,6 +78,8 @@ class Routing(_Strict):
     redis_timeout_s: float = Field(default=0.1, gt=0, description="prefix index and load: past it, this instance's view")
     limits_redis_timeout_s: float = Field(default=1.0, gt=0,
                                           description="rate limits and budgets: past it, enforced per instance")
+    control_redis_timeout_s: float = Field(default=1.0, gt=0, le=60, description="admin changes and the audit: past "
+                                           "it, the change is refused with 503 and nothing is applied")
     expected_inflight: int = Field(default=256, ge=1, description="requests in flight per instance this instance is "
                                    "sized for; the Redis pool's default size follows from it")
     redis_max_connections: int | None = Field(default=None, ge=2, le=10_000, description="Redis connections per "
