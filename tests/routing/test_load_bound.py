@@ -15,7 +15,7 @@ from gateway.routing.request import RoutingRequest
 
 GPU = GpuHourPricing(gpus_per_replica=4, usd_per_gpu_hour=2.1, prefill_tokens_per_s=16_700, decode_tokens_per_s=3_600)
 T = PoolTiming()
-P = prefix_sla_cost.Params()
+P = prefix_sla_cost.Params(load_bound_factor=1.25)  # off by default; these tests are about the rule when on
 INFOS = [TargetInfo(f"r{i}", f"r{i}@0", "mi355x", T, GPU, None) for i in range(4)]
 
 

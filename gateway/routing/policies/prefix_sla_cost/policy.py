@@ -41,9 +41,10 @@ class Params(PolicyParams):
                                     "(0: least TTFT; docs/routing.md)")
     bounded_load_factor: float = Field(default=1.25, ge=1.0, description="cold placement: max load vs the mean")
     cost_tie: float = Field(default=0.02, ge=0, le=1, description="costs within this fraction count as equal")
-    load_bound_factor: float = Field(default=1.25, ge=0, le=100, description="a self-hosted replica past this x the "
+    load_bound_factor: float = Field(default=0.0, ge=0, le=100, description="a self-hosted replica past this x the "
                                      "mean recent dispatches of the feasible self-hosted ones gives the request to the "
-                                     "cheapest under it, warm or not (0: off; routing/recent.py)")
+                                     "cheapest under it, warm or not (0: off, the default; 1.25 for fleets that lose replicas to "
+                                     "gray failures; routing/recent.py)")
 
 
 @dataclass(frozen=True)
