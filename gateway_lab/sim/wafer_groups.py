@@ -8,6 +8,7 @@ is part of the contract: a seed names one sequence of requests.
 
 from __future__ import annotations
 
+import functools
 import random
 from collections.abc import Callable, Iterator, Sequence
 
@@ -47,7 +48,7 @@ class WaferGroups:
             if t > duration:
                 return
             g = self.rng.randrange(len(self.prefixes))
-            yield t, lambda g=g, i=i: self._job(g, f"{id_prefix}{i}", i, page_keys, sla_s)  # type: ignore[misc]
+            yield t, functools.partial(self._job, g, f"{id_prefix}{i}", i, page_keys, sla_s)
             i += 1
 
     def _job(self, g: int, rid: str, i: int, page_keys: PageKeys, sla_s: float) -> Job:
