@@ -63,6 +63,16 @@ async def submit(fg: FlowGate, rid: str, tenant: str, order: list[str]) -> Ticke
     return t
 
 
+async def queue(fg: FlowGate, order: list[str], counts: dict[str, int], tag: str = "") -> None:
+    """Submit `counts[tenant]` requests for each tenant, in that order (ids: the tenant in lower case, `tag`, then the
+    index: "a0", "b2-1"), and wait until every one of them is queued."""
+    for tenant, k in counts.items():
+        for i in range(k):
+            await submit(fg, f"{tenant.lower()}{tag}{i}", tenant, order)
+    total = sum(counts.values())
+    await until(lambda: len(fg.ctl) == total, f"{total} queued")
+
+
 async def until(pred: Any, what: str) -> None:
     for _ in range(2000):
         if pred():
@@ -85,11 +95,7 @@ def test_a_tenant_served_on_one_instance_waits_behind_another_tenant_on_the_othe
                                   rreq(f"a1-{i}", "A"), None, PoolTiming()) is None
         await until(lambda: not one._bg, "instance 1's charges to reach Redis")
         order: list[str] = []
-        for i in range(3):
-            await submit(two, f"a2-{i}", "A", order)
-        for i in range(3):
-            await submit(two, f"b2-{i}", "B", order)
-        await until(lambda: len(two.ctl) == 6, "six queued on instance 2")
+        await queue(two, order, {"A": 3, "B": 3}, tag="2-")
         g2.open = True
         await until(lambda: len(order) == 6, "all six granted")
         assert order[:3] == ["b2-0", "b2-1", "b2-2"], order
@@ -111,11 +117,7 @@ def test_with_redis_away_an_instance_keeps_a_local_fair_share_and_loses_nothing(
         fg = make(g, url, "away:")
         fg.start()
         order: list[str] = []
-        for i in range(4):
-            await submit(fg, f"a{i}", "A", order)
-        for i in range(2):
-            await submit(fg, f"b{i}", "B", order)
-        await until(lambda: len(fg.ctl) == 6, "six queued")
+        await queue(fg, order, {"A": 4, "B": 2})
         g.open = True
         await until(lambda: len(order) == 6, "all six granted")
         assert order[:4] == ["a0", "b0", "a1", "b1"], order  # equal weights, equal costs: alternate
@@ -131,10 +133,7 @@ def test_a_full_queue_refuses_with_429_and_a_timeout_with_503_and_retry_after():
         fg = make(g, None, max_queued_per_tenant=2, queue_timeout_s=0.05)
         fg.start()
         order: list[str] = []
-        for i in range(2):
-            await submit(fg, f"a{i}", "A", order)
-        await submit(fg, "b0", "B", order)
-        await until(lambda: len(fg.ctl) == 3, "three queued")
+        await queue(fg, order, {"A": 2, "B": 1})
         t = fg.ctl.ticket("a9", "A", 1, 1.0, 1000, 10, fg.clock(), 2.0)
         with pytest.raises(FlowRefused) as full:
             await fg.hold(t, rreq("a9", "A"), None, PoolTiming())
@@ -206,10 +205,7 @@ def test_a_request_the_fleet_has_no_room_for_does_not_hold_the_queue_behind_it()
         fg = make(g, None)
         fg.start()
         order: list[str] = []
-        for i in range(3):
-            await submit(fg, f"a{i}", "A", order)
-        await submit(fg, "b0", "B", order)
-        await until(lambda: len(fg.ctl) == 4, "four queued")
+        await queue(fg, order, {"A": 3, "B": 1})
         g.open = True
         await until(lambda: len(order) == 3, "the three behind a0 granted")
         assert "a0" not in order and len(fg.ctl) == 1
