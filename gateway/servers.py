@@ -81,6 +81,9 @@ class OpenAIErrorProtocol(HttpToolsProtocol):
     def data_received(self, data: bytes) -> None:
         if self._refused:
             return  # lingering after a refusal: read and dropped
+        # uvicorn's own data_received does this first: a kept-alive connection's next request stops the keep-alive
+        # timer armed by the last response's end, or that timer closes the connection under the request in progress
+        self._unset_keepalive_if_required()
         if self._in_head:
             if self._head_timer is None:  # a kept-alive connection's next request: its head's clock starts now
                 self._arm_head_timer()

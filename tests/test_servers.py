@@ -5,6 +5,7 @@ arrive in time gets a 408 (an idle connection a plain close); more connections f
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import threading
 import time
@@ -168,3 +169,35 @@ def test_connections_per_address_are_capped(gw):
 def test_defaults_follow_common_proxies():
     d = HttpLimits()
     assert (d.max_header_bytes, d.max_headers, d.header_read_s, d.max_connections_per_ip) == (65536, 100, 20.0, None)
+
+
+async def _slow_second(scope, receive, send):
+    """An ASGI app: /slow answers after 2 s, anything else at once."""
+    if scope["type"] != "http":
+        return
+    if scope["path"] == "/slow":
+        await asyncio.sleep(2.0)
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+    await send({"type": "http.response.body", "body": b"ok"})
+
+
+def test_a_request_on_a_kept_alive_connection_outlives_the_keep_alive_timeout():
+    """The keep-alive timeout closes a connection idle since its last response, never one whose next request is in
+    progress: a stream on a reused connection (an agent's next turn) was cut this long after the turn before's end,
+    and a request it had already billed was lost to its client."""
+    st = ServerThread([_slow_second])
+    st.servers = [make_server(_slow_second, "127.0.0.1", st.ports[0], timeout_keep_alive=1, openai_errors=True,
+                              http_limits=LIMITS)]
+    st.start()
+    try:
+        with connect(st.ports[0]) as s:
+            for path in (b"/fast", b"/slow"):  # the second outlasts the keep-alive timer armed by the first's end
+                s.sendall(b"GET " + path + b" HTTP/1.1\r\nhost: x\r\n\r\n")
+                data = b""
+                while not data.endswith(b"\r\n\r\nok"):
+                    chunk = s.recv(65536)
+                    assert chunk, f"closed before {path.decode()}'s answer: {data!r}"
+                    data += chunk
+                assert data.startswith(b"HTTP/1.1 200")
+    finally:
+        st.stop()
