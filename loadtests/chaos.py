@@ -568,6 +568,34 @@ def fallback_lines(stack: Stack) -> int:
     return n
 
 
+def log_offsets(stack: Stack) -> list[int]:
+    """Where each instance's log ends now: `billed_in_logs` reads only what is written after."""
+    return [(stack.logs / f"gateway-{i}.log").stat().st_size if (stack.logs / f"gateway-{i}.log").exists() else 0
+            for i in range(2)]
+
+
+def billed_in_logs(stack: Stack, tenant: str, offsets: list[int]) -> tuple[float, int]:
+    """What the instances' request log lines since `offsets` bill `tenant`: (dollars, requests billed anything)."""
+    usd, billed = 0.0, 0
+    for i, start in enumerate(offsets):
+        path = stack.logs / f"gateway-{i}.log"
+        if not path.exists():
+            continue
+        with path.open("rb") as f:
+            f.seek(start)
+            for ln in f:
+                if b'"event":"request"' not in ln:
+                    continue
+                try:
+                    rec = orjson.loads(ln)
+                except orjson.JSONDecodeError:
+                    continue
+                if rec.get("tenant") == tenant and rec.get("cost_usd"):
+                    usd += float(rec["cost_usd"])
+                    billed += 1
+    return usd, billed
+
+
 def reservation(body: dict[str, Any]) -> float:
     """What the gateway reserves for `body` at the chaos pool's prices: its usage bound (pipeline/budget.py), priced
     uncached — the most one request can be billed."""
@@ -591,17 +619,24 @@ async def sc_budget_burst(stack: Stack, lb: LoadBalancer, client: httpx.AsyncCli
     cap = float(TENANTS["budget"][1]["budget"]["usd_per_day"])
     worst = reservation(chat_body(0, False))
     before = await usage_usd(client, stack.admin_urls[0], "budget")
+    offsets = log_offsets(stack)
     res_b = await asyncio.gather(*(send(client, stack.gw_urls[i % 2], TENANTS["budget"][0], "chat/completions",
                                         chat_body(i, False), t) for i in range(400)))
     served = sum(float(h.get("x-gateway-cost-usd", 0)) for code, h, _ in res_b if code == 200)
     admitted = sum(1 for code, _, _ in res_b if code == 200)
     await asyncio.sleep(1.0)  # the last settlements run after their responses
     ledger = await usage_usd(client, stack.admin_urls[1], "budget") - before
+    logged, billed = billed_in_logs(stack, "budget", offsets)
+    unseen = sum(1 for code, _, _ in res_b if code == -1)  # no answer at this client (its loop too busy to send)
     t.notes.append(f"budget: 400 at once, {admitted} admitted, served ${served:.6f} of a ${cap:.3f} cap (one "
-                   f"reservation ${worst:.6f}), ledger ${ledger:.6f}")
-    if served > cap + 2 * worst + 1e-12:
+                   f"reservation ${worst:.6f}), ledger ${ledger:.6f}, request log ${logged:.6f} over {billed}")
+    if max(served, ledger) > cap + 2 * worst + 1e-12:
         t.fail("admitted spend above the cap plus one worst case per instance")
-    if abs(ledger - served) > 1e-9 + 1e-6 * served:
+    # the ledger bills what the instances served, each request once: their request log lines are that record. The
+    # client saw every one of those answers, but for a request whose connection broke after it was served
+    if abs(ledger - logged) > 1e-9 + 1e-6 * logged:
+        t.fail("ledger differs from the spend the instances logged")
+    if served > ledger + 1e-9 + 1e-6 * ledger or billed - admitted > unseen:
         t.fail("ledger differs from the spend served")
     # the gateway's refusals; a request whose body did not arrive in time (408) or that never connected was not
     # refused by any limit (a machine too busy to send it), and is counted in its own column
