@@ -918,7 +918,9 @@ def table(results: dict[str, Tally]) -> str:
 
 async def run(a: argparse.Namespace, stack: Stack) -> dict[str, Tally]:
     results: dict[str, Tally] = {}
-    limits = httpx.Limits(max_connections=1000, max_keepalive_connections=200)
+    # a pooled connection is dropped after 1 s idle, well before the servers' own keep-alive timeout (the simulated
+    # replicas' 5 s, httpx's default expiry too): reusing one as the server closes it is a lost request in the table
+    limits = httpx.Limits(max_connections=1000, max_keepalive_connections=200, keepalive_expiry=1.0)
     # no client-side read timeout below the per-request one in `send` (httpx's default 5 s would call a slow answer lost)
     async with httpx.AsyncClient(limits=limits, trust_env=False,
                                  timeout=httpx.Timeout(60.0, connect=a.connect_timeout)) as client:
