@@ -29,10 +29,14 @@ SGLANG_0523_DEPS = [
 
 # SGLang 0.5.13.post1 (the release the simulator's `--sglang-version 0.5.13` reports): the same CPU path, older pins
 # (its metadata asks for torch 2.11, transformers 5.8.1, openai 2.6.1, xgrammar 0.2.1, llguidance < 0.8 and kernel
-# package 0.4.3); torch stays the CPU 2.13.0 build the machine holds
+# package 0.4.3), and a fastapi before 0.137; torch stays the CPU 2.13.0 build the machine holds
 SGLANG_0513_PINS = {"openai": "openai==2.6.1", "transformers": "transformers==5.8.1", "xgrammar": "xgrammar==0.2.1",
                     "llguidance": "llguidance>=0.7.11,<0.8", "tokenizers": "tokenizers", "mistral_common":
-                    "mistral_common>=1.11.0", "compressed-tensors": "compressed-tensors"}
+                    "mistral_common>=1.11.0", "compressed-tensors": "compressed-tensors",
+                    # fastapi 0.137 keeps an included router as one `_IncludedRouter` route without `.path`, and
+                    # 0.5.13's metrics middleware (`--enable-metrics`) reads `route.path` of the matching route: every
+                    # `/v1/loads` answered 500 with 0.165
+                    "fastapi": "fastapi<0.137"}
 
 
 def _pinned(deps: list[str], pins: dict[str, str]) -> list[str]:

@@ -88,14 +88,14 @@ def _port_free(port: int) -> bool:
     return True
 
 
-def free_port_pair(taken: set[int], n: int = 2) -> int:
-    """A port p with p .. p+n-1 free (the KV-event PUBs and replay ROUTERs: two per DP rank)."""
+def free_port_pair(taken: set[int], n: int = 2, below: int = 65536) -> int:
+    """A port p with p .. p+n-1 free (the KV-event PUBs and replay ROUTERs: two per DP rank), all below `below`."""
     for _ in range(200):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             p = int(s.getsockname()[1])
         run = set(range(p, p + n))
-        if p + n <= 65536 and not run & taken and all(_port_free(q) for q in run):
+        if p + n <= below and not run & taken and all(_port_free(q) for q in run):
             return p
     raise StartError(f"no {n} consecutive free ports for KV events")
 
@@ -153,7 +153,8 @@ def start_fleet(env: EngineEnv, model: str, n: int, logs: Path, flags: dict[str,
     cores = os.cpu_count() or 1
     try:
         for i in range(n):
-            port = free_port_pair(taken)
+            # SGLang 0.5.13 derives a gRPC port as the HTTP port + 10000 and refuses to start when that passes 65535
+            port = free_port_pair(taken, below=55536)
             taken |= {port, port + 1}
             dp = int(flags.get("dp_size", 1))  # type: ignore[call-overload]
             kv = free_port_pair(taken, 2 * dp)
