@@ -19,7 +19,7 @@ from gateway.tokenizers.real import HfTokenizer
 from gateway.upstreams import release
 from gateway_lab.engines.envs import EngineEnv
 from gateway_lab.engines.servers import Fleet
-from gateway_lab.engines.workload import Session, direct_round_robin, run_sessions
+from gateway_lab.engines.workload import Session, direct_round_robin, order, run_sessions
 from tests.gateway_fixtures import KEY_A, config, sglang_pool, start_gateway
 from tests.support import ServerThread, wait_until
 
@@ -148,7 +148,7 @@ def test_prefix_affinity_by_the_engines_own_counters(gateway: ServerThread, two_
 
 
 def test_precise_mode_routes_from_real_kv_events(precise_gateway: ServerThread, model_dir: Path,
-                                                 sglang_env: EngineEnv) -> None:
+                                                 sglang_env: EngineEnv, page: int) -> None:
     """Speculative entries expire at once, so a later turn's prefix hit can only come from SGLang's own events,
     keyed by the real tokenizer (checked against /v1/tokenize at discovery)."""
     manager = precise_gateway.app.app.app.state.gateway.kv_events  # type: ignore[attr-defined]
@@ -156,13 +156,18 @@ def test_precise_mode_routes_from_real_kv_events(precise_gateway: ServerThread, 
     assert set(manager.health()["tokenizer"].values()) == {"ok"}, manager.health()
     sessions = [Session(f"precise-{i}") for i in range(2)]
 
-    seen = [0]
-
     def held() -> int:
         return sum(len(st.blocks) for st in manager.ranks.values())
 
-    def settle() -> None:  # each turn adds whole pages: wait until their BlockStored has reached this instance
-        wait_until(lambda: held() > seen[0], timeout=60, what="the turn's KV events applied")
+    seen = [held()]
+    sent = iter(order(sessions, 3, by_session=False))
+
+    def settle() -> None:
+        """Wait until the turn's pages have reached this instance: at least the pages of its uncached prompt, less
+        a partial last one (with 1-token pages, 0.5.13 sends one BlockStored per token)."""
+        s = next(sent)
+        want = seen[0] + max(1, (s.prompt[-1] - s.cached[-1]) // page - 1)
+        wait_until(lambda: held() >= want, timeout=60, what=f"the turn's KV events applied ({want} blocks)")
         seen[0] = held()
 
     res = run_sessions(precise_gateway.urls[0], sessions, turns=3, headers=H, model="glm-5.2", between=settle)
