@@ -295,7 +295,7 @@ def render(rows: list[Row], header: str) -> str:
 def sim_twin(real: Any, model_dir: Any, version: str, ready_s: float = 60.0) -> Iterator[tuple[Endpoint, list[str]]]:
     """A `gateway sim` started with the same flags, page size and release as the real server `real` (a
     `servers.EngineServer`), on free ports, once it answers `/v1/models`: its endpoint and the argv it was started
-    with. Stopped on exit."""
+    with. Ended on exit."""
     import subprocess
     import sys
 

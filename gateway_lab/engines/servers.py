@@ -145,7 +145,7 @@ def wait_ready(server: EngineServer, timeout_s: float = 600.0) -> float:
 
 def start_fleet(env: EngineEnv, model: str, n: int, logs: Path, flags: dict[str, object] | None = None,
                 timeout_s: float = 600.0) -> Fleet:
-    """N servers, one core each (round-robin over the machine's cores), started together and waited on; the page
+    """N servers, one core each (cycling over the machine's cores), started together and waited on; the page
     size is the recipe's unless `flags` names one."""
     flags = {"page_size": env.recipe.page_size, **(flags or {})}
     fleet = Fleet()

@@ -130,7 +130,7 @@ def test_token_ids_past_the_vocabulary_are_refused_before_the_engine(gateway: Se
 
 def later_turns_cached(s: Session) -> bool:
     """Every later turn reported at least half the previous turn's prompt cached: a turn on the server that holds
-    its conversation (the whole previous prompt, in whole pages), not the few template tokens all sessions share,
+    its conversation (the whole previous prompt, in whole pages), not the few template tokens all conversations share,
     whatever the page size."""
     return all(c >= p // 2 for c, p in zip(s.cached[1:], s.prompt, strict=False))
 
