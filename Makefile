@@ -50,7 +50,8 @@ agent-drift: setup
 # gateway, and the simulator compared with SGLang. Installs the engine environment into ~/.cache/inference-gateway/engines on first use
 # (minutes; cached by version), then runs the tier; a missing environment is a
 # failure here, never a skip. `make engine-test ENGINE=sglang==0.5.13.post1` runs it against the older release
-# (whose servers do not yet serve on the CPU with the kit's 64-token pages: docs/engines.md).
+# (its servers start with 1-token pages, the page its CPU path serves with; the tier reads the page size from the
+# servers: docs/engines.md).
 ENGINE ?= sglang==0.5.23
 VLLM ?= vllm==0.32.0
 engine-test: setup

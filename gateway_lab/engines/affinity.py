@@ -31,11 +31,13 @@ SPECULATIVE_S = 1.0  # precise mode: routing.speculative_ttl_s and kv_events.spe
 IDLE_S = 2.0  # precise mode: a session's pause before each later turn, longer than SPECULATIVE_S
 
 
-def gateway_config(urls: list[str], model_dir: Path, mode: str, kind: str = "sglang") -> dict[str, Any]:
+def gateway_config(urls: list[str], model_dir: Path, mode: str, kind: str = "sglang", page: int = 64
+                   ) -> dict[str, Any]:
+    """`page`: the servers' page size (the precise index hashes at the size the engines publish)."""
     routing: dict[str, Any] = {"mode": mode, "chunk_tokens": 256}
     if mode != "approximate":
         routing["speculative_ttl_s"] = SPECULATIVE_S
-        routing["kv_events"] = {"discovery_interval_s": 0.5, "block_size": 64, "speculative_s": SPECULATIVE_S,
+        routing["kv_events"] = {"discovery_interval_s": 0.5, "block_size": page, "speculative_s": SPECULATIVE_S,
                                 "tokenizer": {"kind": "hf", "path": str(model_dir)}}
     return {"models": [{"name": "tiny", "pools": ["p"]}],
             "pools": [{"name": "p", "kind": kind, "model": "tiny",
@@ -77,13 +79,13 @@ def _alternating(urls: list[str], sessions: list[Session], turns: int) -> Result
 
 
 def measure(urls: list[str], model_dir: Path, sessions: int, turns: int, kind: str = "sglang",
-            dp_size: int = 1) -> list[Result]:
+            dp_size: int = 1, page: int = 64) -> list[Result]:
     h = {"Authorization": f"Bearer {KEY}"}
     out = []
     with InProcessGateway(gateway_config(urls, model_dir, "approximate", kind)) as gw:
         out.append(run_sessions(gw.url, [Session(f"approx-{i}") for i in range(sessions)], turns, h,
                                 label="gateway, approximate", by_session=True))
-    with InProcessGateway(gateway_config(urls, model_dir, "precise", kind)) as gw:
+    with InProcessGateway(gateway_config(urls, model_dir, "precise", kind, page)) as gw:
         time.sleep(2)  # discovery (0.5 s) and the subscriptions' first connect: precise from the first request
         out.append(run_sessions(gw.url, [Session(f"precise-{i}") for i in range(sessions)], turns, h,
                                 label=f"gateway, precise (KV events; idle {IDLE_S:g} s > speculative {SPECULATIVE_S:g} s)",
@@ -121,7 +123,8 @@ def run_affinity(env: EngineEnv, model_dir: Path, logs: Path, n: int, sessions: 
     t0 = time.monotonic()
     flags: dict[str, object] = {"dp_size": dp_size} if dp_size > 1 else {}
     with running(env, str(model_dir), n, logs, flags=flags or None) as fleet:
-        results = measure(fleet.urls, model_dir, sessions, turns, kind=env.recipe.engine, dp_size=dp_size)
+        results = measure(fleet.urls, model_dir, sessions, turns, kind=env.recipe.engine, dp_size=dp_size,
+                          page=fleet.servers[0].flags.page_size)
     ranks = f" with {dp_size} DP ranks each" if dp_size > 1 else ""
     return (f"{n} real {env.recipe.engine} {env.recipe.version} servers{ranks} (engine kit, CPU), {sessions} sessions "
             f"x {turns} turns each, cached tokens as the engines reported them ({time.monotonic() - t0:.0f} s):\n\n"

@@ -293,8 +293,9 @@ def render(rows: list[Row], header: str) -> str:
 
 @contextmanager
 def sim_twin(real: Any, model_dir: Any, version: str, ready_s: float = 60.0) -> Iterator[tuple[Endpoint, list[str]]]:
-    """A `gateway sim` started with the same flags and release as the real server `real` (a `servers.Server`), on
-    free ports, once it answers `/v1/models`: its endpoint and the argv it was started with. Stopped on exit."""
+    """A `gateway sim` started with the same flags, page size and release as the real server `real` (a
+    `servers.EngineServer`), on free ports, once it answers `/v1/models`: its endpoint and the argv it was started
+    with. Ended on exit."""
     import subprocess
     import sys
 
@@ -303,7 +304,7 @@ def sim_twin(real: Any, model_dir: Any, version: str, ready_s: float = 60.0) -> 
 
     port = free_port_pair({real.flags.port, real.flags.kv_port})
     kv = free_port_pair({port, port + 1, real.flags.port, real.flags.kv_port})
-    argv = sim_argv(ServerFlags(port=port, kv_port=kv, model=str(model_dir)), version)
+    argv = sim_argv(ServerFlags(port=port, kv_port=kv, model=str(model_dir), page_size=real.flags.page_size), version)
     sim = subprocess.Popen([sys.executable, "-c", "import sys; from gateway.cli import main; sys.exit(main(sys.argv[1:]))",
                             *argv], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:

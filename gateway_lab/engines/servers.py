@@ -88,14 +88,14 @@ def _port_free(port: int) -> bool:
     return True
 
 
-def free_port_pair(taken: set[int], n: int = 2) -> int:
-    """A port p with p .. p+n-1 free (the KV-event PUBs and replay ROUTERs: two per DP rank)."""
+def free_port_pair(taken: set[int], n: int = 2, below: int = 65536) -> int:
+    """A port p with p .. p+n-1 free (the KV-event PUBs and replay ROUTERs: two per DP rank), all below `below`."""
     for _ in range(200):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             p = int(s.getsockname()[1])
         run = set(range(p, p + n))
-        if p + n <= 65536 and not run & taken and all(_port_free(q) for q in run):
+        if p + n <= below and not run & taken and all(_port_free(q) for q in run):
             return p
     raise StartError(f"no {n} consecutive free ports for KV events")
 
@@ -145,18 +145,21 @@ def wait_ready(server: EngineServer, timeout_s: float = 600.0) -> float:
 
 def start_fleet(env: EngineEnv, model: str, n: int, logs: Path, flags: dict[str, object] | None = None,
                 timeout_s: float = 600.0) -> Fleet:
-    """N servers, one core each (round-robin over the machine's cores), started together and waited on."""
+    """N servers, one core each (cycling over the machine's cores), started together and waited on; the page
+    size is the recipe's unless `flags` names one."""
+    flags = {"page_size": env.recipe.page_size, **(flags or {})}
     fleet = Fleet()
     taken: set[int] = set()
     cores = os.cpu_count() or 1
     try:
         for i in range(n):
-            port = free_port_pair(taken)
+            # SGLang 0.5.13 derives a gRPC port as the HTTP port + 10000 and refuses to start when that passes 65535
+            port = free_port_pair(taken, below=55536)
             taken |= {port, port + 1}
-            dp = int((flags or {}).get("dp_size", 1))  # type: ignore[call-overload]
+            dp = int(flags.get("dp_size", 1))  # type: ignore[call-overload]
             kv = free_port_pair(taken, 2 * dp)
             taken |= set(range(kv, kv + 2 * dp))
-            sf = ServerFlags(port=port, kv_port=kv, model=model, **(flags or {}))  # type: ignore[arg-type]
+            sf = ServerFlags(port=port, kv_port=kv, model=model, **flags)  # type: ignore[arg-type]
             fleet.servers.append(launch(env, sf, i % cores, logs / f"{env.recipe.engine}-{i}-{port}.log"))
         for s in fleet.servers:
             wait_ready(s, timeout_s)

@@ -17,6 +17,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from gateway_lab.engines import envs, recipes
@@ -74,3 +75,20 @@ def two_sglang(sglang_env: envs.EngineEnv, model_dir: Path) -> Iterator[Fleet]:
     fleet = start_checked(sglang_env, model_dir, 2)
     yield fleet
     fleet.stop()
+
+
+def server_page_size(url: str) -> int:
+    """The page size a real SGLang server reports (`/server_info`, `/get_server_info` where that is all it serves):
+    the kit starts each release with its own (docs/engines.md), so the tier never assumes one."""
+    for path in ("/server_info", "/get_server_info"):
+        r = httpx.get(url + path, timeout=30)
+        if r.status_code == 200:
+            return int(r.json()["page_size"])
+    raise AssertionError(f"{url}: neither /server_info nor /get_server_info answered")
+
+
+@pytest.fixture(scope="module")
+def page(two_sglang: Fleet) -> int:
+    sizes = {server_page_size(url) for url in two_sglang.urls}
+    assert sizes == {two_sglang.servers[0].flags.page_size}, (sizes, two_sglang.servers[0].flags)
+    return sizes.pop()

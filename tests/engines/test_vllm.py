@@ -40,10 +40,11 @@ def vllm_server(model_dir: Path) -> Iterator[Fleet]:
     fleet.stop()
 
 
-def vllm_config(url: str, model_dir: Path) -> dict[str, Any]:
+def vllm_config(url: str, model_dir: Path, block: int = 64) -> dict[str, Any]:
+    """`block`: the server's --block-size (vLLM reports no page size the gateway reads; the kit started it)."""
     pool = {"name": "v", "kind": "vllm", "model": "tiny", "replicas": [{"name": "v-0", "url": url}]}
     routing = {"mode": "precise", "chunk_tokens": 256, "speculative_ttl_s": 0.01,
-               "kv_events": {"discovery_interval_s": 0.3, "block_size": 64, "speculative_s": 0.01,
+               "kv_events": {"discovery_interval_s": 0.3, "block_size": block, "speculative_s": 0.01,
                              "tokenizer": {"kind": "hf", "path": str(model_dir)}}}
     return config([pool], routing=routing, timeouts={"connect": 2.0, "first_byte": 120.0, "idle": 60.0,
                                                       "total": 300.0})
@@ -56,7 +57,8 @@ def test_gateway_check_reads_a_real_vllm_server(vllm_server: Fleet, model_dir: P
 
 
 def test_precise_mode_from_vllm_events_for_a_salted_tenant(vllm_server: Fleet, model_dir: Path) -> None:
-    gw = start_gateway(vllm_config(vllm_server.urls[0], model_dir))
+    block = vllm_server.servers[0].flags.page_size
+    gw = start_gateway(vllm_config(vllm_server.urls[0], model_dir, block))
     try:
         state = gw.app.app.app.state.gateway  # type: ignore[attr-defined]
         manager = state.kv_events
@@ -76,7 +78,7 @@ def test_precise_mode_from_vllm_events_for_a_salted_tenant(vllm_server: Fleet, m
                      between=settle)
         for s in sessions:
             assert s.routes[1:] == ["prefix_hit", "prefix_hit"], (s.name, s.routes, manager.health())
-            assert all(c >= 64 for c in s.cached[1:]), (s.name, s.cached)
+            assert all(c >= block for c in s.cached[1:]), (s.name, s.cached)
         sub = manager.health()["subscriptions"]["v-0/rank0"]
         assert sub["apply_errors"] == 0 and sub["orphans"] == 0 and sub["encoding"] == "maps", sub
         assert manager.index.answers.get("events", 0) > 0

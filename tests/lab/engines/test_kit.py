@@ -89,6 +89,19 @@ def test_older_release_recipe_and_its_simulator_twin() -> None:
     assert sim[sim.index("--sglang-version") + 1] == "0.5.13"
 
 
+def test_each_release_gets_its_page_size_and_its_twin_the_same() -> None:
+    """0.5.13's paged allocator runs Triton kernels (no driver on a CPU), so its servers get 1-token pages; 0.5.23
+    keeps the deploy recipes' 64. A server's simulator twin is started with the server's own page size."""
+    assert recipes.recipe("sglang==0.5.23").page_size == 64 and recipes.recipe("vllm==0.32.0").page_size == 64
+    r = recipes.recipe("sglang==0.5.13.post1")
+    assert r.page_size == 1
+    flags = recipes.ServerFlags(port=1, kv_port=2, model="/m", page_size=r.page_size)
+    argv = recipes.sglang_argv(flags)
+    assert argv[argv.index("--page-size") + 1] == "1"
+    sim = recipes.sim_argv(flags, r.version)
+    assert sim[sim.index("--page-size") + 1] == "1"
+
+
 def test_affinity_table_counts_prefix_hits_of_later_turns() -> None:
     from gateway_lab.engines.affinity import table
     from gateway_lab.engines.workload import Result, Session
