@@ -10,9 +10,15 @@ import httpx
 import pytest
 from pydantic import ValidationError
 
-from gateway.config import hash_key
+import functools
+
+from gateway.config import Routing, hash_key
 from gateway.flow.controller import FlowController, Ticket
-from gateway.flow.settings import FlowControl
+from gateway.flow.settings import FlowControl, FlowPolicy
+from gateway.recording.trace import TraceRecord
+from gateway_lab.replay.mix import Part, mix, tenant_name
+from gateway_lab.replay.run import nodes_targets, to_job
+from gateway_lab.sim.fleet import Fleet
 from tests.gateway_fixtures import KEY_A, KEY_B, config, sglang_pool, start_gateway
 from tests.support import start_sims, wait_until
 
@@ -91,6 +97,31 @@ def test_a_boost_out_of_range_fails_the_load_naming_the_field(field):
         {"bands": [{"name": "critical", "engine_priority": 1000}], "default_band": "critical"}
     with pytest.raises(ValidationError, match=field):
         FlowControl.model_validate(bad)
+
+
+def rec(ms: float, n: int, first: int) -> TraceRecord:
+    return TraceRecord(ms, n, 20, tuple(range(first, first + -(-n // 512))))
+
+
+@pytest.mark.parametrize("knob", [10, 0])
+def test_on_the_virtual_clock_the_fleet_sends_the_boost_as_the_gateway_does(knob):
+    """The virtual-clock fleet runs the same controller: a tenant flooding one replica with 20k-token prompts is
+    never boosted; the quiet tenant's requests that go while it is under its share are, by `under_share_priority`
+    over what its class and prefill level give it (levels stay below 10: nothing else reaches 10 here)."""
+    flood = [rec(10 + i * 50.0, 20_000, 100_000 * (i + 1)) for i in range(30)]
+    quiet = [rec(0.0, 500, 0)] + [rec(1000.0 + 500 * i, 1_000, 1000 + i * 10) for i in range(4)]
+    trace = mix([Part(quiet, 1), Part(flood, 2)])
+    fc = FlowControl(enabled=True, queue_timeout_s=60.0, under_share_priority=knob)
+    targets = nodes_targets(1)[:1]
+    fleet = Fleet(targets, Routing(), flow=fc, flow_tenants={tenant_name(1): FlowPolicy(), tenant_name(2): FlowPolicy()})
+    page, chunk = targets[0][1].page_size, Routing().chunk_tokens
+    fleet.feed((r.timestamp_ms / 1000, functools.partial(to_job, r, i, chunk, page, 2.22)) for i, r in enumerate(trace))
+    recs = [r for r in fleet.run() if r.name]
+    quiet_prio = [r.priority for r in recs if r.tenant == tenant_name(1)]
+    flood_prio = [r.priority for r in recs if r.tenant == tenant_name(2)]
+    assert len(quiet_prio) == 5 and len(flood_prio) == 30
+    assert max(flood_prio) < 10
+    assert (max(quiet_prio) >= 10) is (knob > 0), quiet_prio
 
 
 def post(url: str, key: str) -> None:
