@@ -8,7 +8,6 @@ from pydantic import Field, model_validator
 
 from gateway.typed import Strict, unique_names
 
-
 # An engine priority added by flow control stays within this: SGLang's priority is a plain int, but a boost past a few
 # classes (the pools' priority_values, 10 apart by default) would overturn the tenants' classes wholesale
 PRIORITY_BOOST_MAX = 30

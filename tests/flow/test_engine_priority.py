@@ -6,11 +6,11 @@ the `priority` field as received says what the gateway sent."""
 
 from __future__ import annotations
 
+import functools
+
 import httpx
 import pytest
 from pydantic import ValidationError
-
-import functools
 
 from gateway.config import Routing, hash_key
 from gateway.flow.controller import FlowController, Ticket
