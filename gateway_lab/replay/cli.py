@@ -18,6 +18,8 @@ import time
 from dataclasses import asdict
 from typing import Any
 
+from pydantic import ValidationError
+
 from gateway.config import ConfigError, Routing, load_config
 from gateway.flow.settings import FlowControl
 from gateway.recording.trace import TraceError, read_trace
@@ -292,18 +294,27 @@ def _run_pd(trace: list[Any], args: argparse.Namespace) -> int:
     return 0
 
 
-def _json_or_str(v: str) -> Any:
+def flow_what_if(pairs: list[str]) -> FlowControl:
+    """--flow-set FIELD=VALUE...: flow control's settings with these fields changed (VALUE as JSON, else a string),
+    validated as the gateway's config is; a bad one exits naming it."""
+
+    def value(v: str) -> Any:
+        try:
+            return json.loads(v)
+        except ValueError:
+            return v
+
     try:
-        return json.loads(v)
-    except ValueError:
-        return v
+        return FlowControl.model_validate({k: value(v) for k, _, v in (s.partition("=") for s in pairs)})
+    except ValidationError as e:
+        raise SystemExit(f"--flow-set: {e}") from None
 
 
 def _scenario(args: argparse.Namespace, trace: list[Any], targets: list[Any], routing: Routing, fleet_label: str) -> int:
     """--noisy / --bands: multi-tenant runs through flow control (gateway_lab/replay/mix.py), one table."""
     from gateway_lab.replay import mix
 
-    flow = FlowControl.model_validate({k: _json_or_str(v) for k, _, v in (s.partition("=") for s in args.flow_set)})
+    flow = flow_what_if(args.flow_set)
 
     def progress(label: str, n: int) -> Any:
         print(f"  {label}: {n} requests", file=sys.stderr)
