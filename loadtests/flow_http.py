@@ -42,6 +42,8 @@ def gateway_config(a: argparse.Namespace, mi: list[str], redis_url: str, flow: b
     ts = a.time_scale
     fc: dict[str, Any] = {"enabled": flow, "queue_timeout_s": 10.0 / ts, "contention_window_s": 10.0 / ts,
                           "tick_s": max(0.002, 0.02 / ts)}
+    if a.under_share_priority is not None:
+        fc["under_share_priority"] = a.under_share_priority
     return {"models": [{"name": MODEL, "pools": ["mi355x"]}],
             "pools": [{"name": "mi355x", "kind": "sglang", "model": "zai-org/GLM-5.2", "pricing": MI355X_PRICE,
                        "timing": wall_timing(MI355X_TIMING, ts),
@@ -119,7 +121,9 @@ async def main_async(a: argparse.Namespace) -> None:
           f"{a.window_s:.0f} s; B = {a.victim} ({len(b)} requests), A = {a.aggressor} at "
           f"{a.aggressor_x:g}x B's demand (speed {speed:.2f}, {len(aggr)} requests), "
           f"{'B on instance 1 and A on instance 2' if a.split else 'each spread over two instances'}, one Redis; "
-          f"TTFT in simulated s, SLA {a.sla} s")
+          f"TTFT in simulated s, SLA {a.sla} s; engines {'' if a.priority_scheduling else 'not '}scheduling by "
+          f"priority, flow.under_share_priority "
+          f"{a.under_share_priority if a.under_share_priority is not None else FlowControl().under_share_priority}")
     print(table(["run", "tenant", "requests", "within SLA", "TTFT p95", "refused / failed", "lost"], rows))
 
 
@@ -140,6 +144,11 @@ def main() -> None:
     p.add_argument("--concurrency", type=int, default=1024)
     p.add_argument("--split", action="store_true", help="B only on the first instance, A only on the second (the "
                    "default spreads each tenant over both, as a load balancer would)")
+    p.add_argument("--priority-scheduling", action="store_true", help="the simulated servers schedule by priority "
+                   "(--enable-priority-scheduling, as deploy/sglang/ and the virtual-clock fleet run them): the "
+                   "gateway then sends each request's priority, flow control's raise included")
+    p.add_argument("--under-share-priority", type=int, default=None, help="flow.under_share_priority (default: the "
+                   "config's default)")
     p.add_argument("--sim-port", type=int, default=24100)
     p.add_argument("--port", type=int, default=24300)
     p.add_argument("--redis-port", type=int, default=24390)

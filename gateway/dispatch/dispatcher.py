@@ -92,8 +92,10 @@ class Dispatcher:
         self._creds_logged: dict[str, float] = {}
 
     async def open(self, decision: Decision[Target], req: RoutingRequest, body: dict[str, Any], deadline: float,
-                   tenant: Tenant | None = None, parent: Any = None) -> Dispatched:
-        """`parent`: the request's span (or an OTel Context) the attempt spans hang under; default the current one."""
+                   tenant: Tenant | None = None, parent: Any = None, boost: int = 0) -> Dispatched:
+        """`parent`: the request's span (or an OTel Context) the attempt spans hang under; default the current one.
+        `boost`: flow control's addition to the request's engine priority (`FlowController.engine_boost`), sent with
+        its class and prefill level only where the target schedules by priority (`Target.priority_for`)."""
         endpoint, stream, request_id = req.endpoint, req.stream, req.request_id
         bp = BodyPrint(body)
         if await self.quarantine.blocked(bp):
@@ -131,7 +133,7 @@ class Dispatcher:
             if probing_stalled:
                 first_byte = min(first_byte, self.cfg.retry.stall_s)
             attempt = Attempt(req, target, decision)
-            level = self.feedback.engine.prefill_level(attempt)
+            level = self.feedback.engine.prefill_level(attempt) + boost
             call = UpstreamCall(endpoint, adapt_body(body, target, stream, tenant, level), stream, request_id,
                                 first_byte, routing=req)
             try:

@@ -69,6 +69,7 @@ class Ticket:
     target: str = ""  # where it was sent (preemptible there until its first byte)
     uncached: int = 0  # the prompt tokens it prefills there
     preempted: int = 0  # times sent back to the queue before its first byte (at most once)
+    boost: int = 0  # added to its engine priority where the target schedules by priority (`engine_boost`)
 
     @property
     def flow(self) -> tuple[int, str]:
@@ -239,6 +240,18 @@ class FlowController:
         is at or ahead of the virtual time (serving it moves the virtual time to it)."""
         return self.tags.start(t.band, t.tenant) < self.tags.vtime.get(t.band, 0.0)
 
+    def engine_boost(self, t: Ticket) -> int:
+        """What `t` adds to its engine priority, read as it is dispatched (before its charge moves its tag): its
+        band's `engine_priority`, plus `under_share_priority` while its flow is under its share. In the engine's
+        queue it then goes ahead of over-share flows' requests that the gateway let through before it: the gateway's
+        fair order reaches into the engine. A flow under its share cannot starve the others with it (past its share
+        it loses the boost). The caller sends it only where the target schedules by priority
+        (`Target.priority_for`)."""
+        boost = self.cfg.bands[t.band].engine_priority
+        if self.cfg.under_share_priority and self.under_share(t):
+            boost += self.cfg.under_share_priority
+        return boost
+
     def _next(self, band: int, tenant: str, now: float, skip: Collection[Ticket] = ()) -> Ticket | None:
         heap = self._queues[band][tenant]
         late = self._late.get((band, tenant))
@@ -273,6 +286,7 @@ class FlowController:
         """Charge `t`'s flow for its service (also for a request that never queued: what it used counts)."""
         if cost is not None:
             t.cost = cost
+        t.boost = self.engine_boost(t)
         t.start_tag = self.tags.charge(t.band, t.tenant, t.cost / t.weight)
         t.state, t.granted_at = "granted", now
         s = self._served.setdefault(t.tenant, _Served())

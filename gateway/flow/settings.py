@@ -8,6 +8,10 @@ from pydantic import Field, model_validator
 
 from gateway.typed import Strict, unique_names
 
+# An engine priority added by flow control stays within this: SGLang's priority is a plain int, but a boost past a few
+# classes (the pools' priority_values, 10 apart by default) would overturn the tenants' classes wholesale
+PRIORITY_BOOST_MAX = 30
+
 
 class Band(Strict):
     name: str = Field(min_length=1, pattern=r"^[a-z][a-z0-9_-]*$")
@@ -16,6 +20,9 @@ class Band(Strict):
     engine_queue: float | None = Field(default=None, gt=0, le=4, description="this band's queue allowance (default "
                                        "flow.engine_queue): a lower band held to a shorter engine queue leaves room a "
                                        "higher band's arrival finds at once")
+    engine_priority: int = Field(default=0, ge=0, le=PRIORITY_BOOST_MAX, description="added to the engine priority "
+                                 "of this band's requests where the target schedules by priority (on top of the "
+                                 "tenant's class): beyond the threshold (SGLang: 10) it retracts lower requests")
 
 
 # the top band may queue deeper on the engines (its policy's engine priority puts it first there), the sheddable one
@@ -51,6 +58,12 @@ class FlowControl(Strict):
     contention_window_s: float = Field(default=10.0, gt=0, description="flows (tenant, band) seen within this window "
                                        "contend; a single flow is never held (its order is first come either way)")
     tick_s: float = Field(default=0.02, gt=0, le=1, description="how often a non-empty queue re-checks the fleet")
+    under_share_priority: int = Field(default=10, ge=0, le=PRIORITY_BOOST_MAX, description="added to the engine "
+                                      "priority of a request dispatched while its flow is under its share of its band "
+                                      "(its start tag behind the band's virtual time), where the target schedules by "
+                                      "priority (the pool's send_priority); 0: off. At 10 (a class's spacing, above the "
+                                      "prefill levels 0-9) it goes ahead of every over-share request of its class in "
+                                      "the engine's queue")
     lookahead: int = Field(default=8, ge=1, le=256, description="requests the queue passes over in one pass when "
                            "the fleet has no room for them (each costs a routing decision): one request waiting for "
                            "its one warm replica does not hold the queue behind it")

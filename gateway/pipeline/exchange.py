@@ -50,6 +50,7 @@ class Exchange:
     span: Any = None
     rreq: RoutingRequest | None = None
     decision: Decision[Target] | None = None
+    engine_boost: int = 0  # flow control's addition to the engine priority (pipeline/flow.py: Passed.boost)
     reservation: Reservation | None = None  # budget held until the usage is known
     idem: Held | None = None  # the client's Idempotency-Key this request holds (pipeline/idempotency.py), if any
     headers: dict[str, str] = field(default_factory=dict)  # the response headers the stages owe the client

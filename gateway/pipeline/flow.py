@@ -28,10 +28,13 @@ BAND_HEADER = "x-gateway-band"
 @dataclass(frozen=True)
 class Passed:
     """How the request passed flow control: the decision it was let through on after waiting (None: not held, the
-    decide stage routes as usual) and the headers it owes the client (its band, the time it waited)."""
+    decide stage routes as usual), the headers it owes the client (its band, the time it waited), and what it adds
+    to its engine priority (`FlowController.engine_boost`: its band's, and more while its flow is under its share;
+    sent only where the target schedules by priority)."""
 
     decision: Decision[Target] | None = None
     headers: dict[str, str] = field(default_factory=dict)
+    boost: int = 0
 
 
 async def hold(gate: FlowGate, metrics: GatewayMetrics, tenant: Tenant, gateway_id: str, client_band: str | None,
@@ -50,7 +53,7 @@ async def hold(gate: FlowGate, metrics: GatewayMetrics, tenant: Tenant, gateway_
         raise e.error() from None
     headers = {BAND_HEADER: gate.cfg.bands[band].name}
     if decision is None:
-        return Passed(None, headers)
+        return Passed(None, headers, t.boost)
     if t.granted_at is not None:
         headers["x-gateway-flow-wait-ms"] = str(int((t.granted_at - t.arrived) * 1000))
-    return Passed(decision, headers)
+    return Passed(decision, headers, t.boost)

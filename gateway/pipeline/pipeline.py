@@ -177,7 +177,7 @@ class Pipeline:
                 passed = await flow.hold(st.flow, st.metrics, ex.tenant, ex.id, ex.flow_band, rreq, ex.route, ex.parsed,
                                          st.config.pool(first_pool).timing, expected)
                 ex.headers.update(passed.headers)
-                held = passed.decision
+                held, ex.engine_boost = passed.decision, passed.boost
             ex.span = start_span(st.tracer, ex.endpoint, ex.parsed, ex.tenant.name, ex.request_id)
             stage = "decide"
             if held is None or rreq is None:  # not held: routed now, on the fleet as it is now

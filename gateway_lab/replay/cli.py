@@ -18,6 +18,8 @@ import time
 from dataclasses import asdict
 from typing import Any
 
+from pydantic import ValidationError
+
 from gateway.config import ConfigError, Routing, load_config
 from gateway.flow.settings import FlowControl
 from gateway.recording.trace import TraceError, read_trace
@@ -83,6 +85,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bands", action="store_true", help="the priority scenario: TRACE split into three tenants, "
                    "one per band (critical, standard, sheddable), at --speed, without and with flow control")
     p.add_argument("--window-s", type=float, default=1200.0, help="with --noisy/--bands: arrivals replayed (s)")
+    p.add_argument("--flow-set", action="append", default=[], metavar="FIELD=VALUE", help="with --noisy/--bands: "
+                   "what-if a flow: field (VALUE as JSON, else a string), e.g. under_share_priority=0; repeatable")
     p.add_argument("--json", dest="json_out", help="write the results as JSON here")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--http", metavar="BASE_URL", help="replay open-loop against a live OpenAI-compatible endpoint")
@@ -290,11 +294,27 @@ def _run_pd(trace: list[Any], args: argparse.Namespace) -> int:
     return 0
 
 
+def flow_what_if(pairs: list[str]) -> FlowControl:
+    """--flow-set FIELD=VALUE...: flow control's settings with these fields changed (VALUE as JSON, else a string),
+    validated as the gateway's config is; a bad one exits naming it."""
+
+    def value(v: str) -> Any:
+        try:
+            return json.loads(v)
+        except ValueError:
+            return v
+
+    try:
+        return FlowControl.model_validate({k: value(v) for k, _, v in (s.partition("=") for s in pairs)})
+    except ValidationError as e:
+        raise SystemExit(f"--flow-set: {e}") from None
+
+
 def _scenario(args: argparse.Namespace, trace: list[Any], targets: list[Any], routing: Routing, fleet_label: str) -> int:
     """--noisy / --bands: multi-tenant runs through flow control (gateway_lab/replay/mix.py), one table."""
     from gateway_lab.replay import mix
 
-    flow = FlowControl()
+    flow = flow_what_if(args.flow_set)
 
     def progress(label: str, n: int) -> Any:
         print(f"  {label}: {n} requests", file=sys.stderr)
@@ -314,6 +334,8 @@ def _scenario(args: argparse.Namespace, trace: list[Any], targets: list[Any], ro
                                      progress=None if args.no_progress else progress)
         print(f"\nthree bands on {fleet_label}, first {args.window_s:.0f} s of {args.trace} at speed {args.speed:g}: "
               f"tenant-1 critical, tenant-2 standard, tenant-3 sheddable; TTFT SLA {routing.ttft_sla_ms / 1000:.2f} s")
+    if args.flow_set:
+        print(f"what-if flow: {', '.join(args.flow_set)}")
     print(_table(mix.HEADERS, [row for r in results for row in r.rows()]))
     if args.json_out:
         with open(args.json_out, "w") as f:

@@ -87,6 +87,7 @@ class Record:
     queued_s: float = 0.0  # time held by flow control before dispatch (part of the TTFT)
     refused: str = ""  # flow control's refusal reason (queue_full, queue_timeout, evicted, overloaded); never dispatched
     preempted: int = 0  # times flow control cancelled it before its first token and queued it again
+    priority: int = 0  # the engine priority it was sent with (class + prefill level + flow control's boost)
 
 
 class Instance:
@@ -365,7 +366,9 @@ class Fleet:
                 loop.at(ev.time + t_api, done)
 
         sim_req = SimRequest(req.request_id, job.page_keys, job.prompt_len, max(1, job.output_len), "length", now, sink)
-        sim_req.priority = self.tenant_priority.get(req.tenant, 0) + eng.prefill_level(a)  # as the gateway sends it
+        # as the gateway sends it: the class, the prefill level, flow control's boost (FlowController.engine_boost)
+        rec.priority = sim_req.priority = (self.tenant_priority.get(req.tenant, 0) + eng.prefill_level(a)
+                                           + (ticket.boost if ticket is not None else 0))
         if ticket is not None and inst.flow is not None and self.preempt and info.self_hosted:
             inst.flow.sent(ticket, info.name, a.uncached)
             self._sent[ticket] = (vr, sim_req, a, inst, rec)

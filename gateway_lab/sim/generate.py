@@ -184,6 +184,8 @@ class GenerateApi:
             pinned = rank_for_room(pd.room, rep.num_ranks)  # SGLang's follow_bootstrap_room: both sides agree
         rank = rep.pick_rank(pinned)
         priority = request_priority(self.replica.cfg, body)
+        if not probe:
+            rep.priorities.append(body.get("priority"))
         if rep.queue_full(rank):
             if stream and cfg.sse_style != "0.5.9":
                 return queue_full_stream()

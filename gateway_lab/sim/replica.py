@@ -59,6 +59,9 @@ class Replica:
         # concurrency a fleet saw (CLOCK_MONOTONIC is shared by every process on the host) instead of polling for it
         self.spans: deque[tuple[float, float]] = deque(maxlen=4096)
         self._started: dict[int, float] = {}
+        # the `priority` field of the last client requests as received (None: absent), so a test can read what a
+        # gateway sent rather than what the scheduler made of it
+        self.priorities: deque[int | None] = deque(maxlen=4096)
         self.clock: SimClock | None = None
         self.ranks: list[RealtimeRank] = []
         self.kv_events: KvEventPublisher | None = None

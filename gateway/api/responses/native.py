@@ -157,7 +157,8 @@ class NativeResponses:
     async def _open(self, ex: Exchange, out: Outcome) -> Dispatched:
         assert ex.decision is not None and ex.rreq is not None
         with trace.use_span(ex.span, end_on_exit=False):  # attempt spans become children of the request span
-            d = await self.st.dispatcher.open(ex.decision, ex.rreq, self.body, ex.deadline, ex.tenant)
+            d = await self.st.dispatcher.open(ex.decision, ex.rreq, self.body, ex.deadline, ex.tenant,
+                                              boost=ex.engine_boost)
         out.dispatched = d
         out.first_token_at = time.monotonic()
         out.headers.update({"x-gateway-pool": d.target.pool, "x-gateway-replica": d.target.name,

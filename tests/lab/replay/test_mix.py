@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
+
 from gateway.config import Routing
 from gateway.flow.settings import FlowControl, FlowPolicy
 from gateway.recording.trace import TraceRecord
+from gateway_lab.replay.cli import flow_what_if
 from gateway_lab.replay.mix import Part, fair_shares, jain, mix, run_mix, tenant_name
 from gateway_lab.replay.run import nodes_targets
 
@@ -46,3 +49,13 @@ def test_under_overload_every_request_is_served_or_refused_with_a_reason():
     rows = {t.tenant: t for t in r.tenants}
     assert set(rows[tenant_name(1)].refused) <= {"queue_full", "queue_timeout"} and rows[tenant_name(1)].refused
     assert not rows[tenant_name(2)].refused
+
+
+def test_a_what_if_changes_flow_settings_as_the_config_would_and_a_bad_one_is_named():
+    fc = flow_what_if(["under_share_priority=0", 'bands=[{"name": "critical", "engine_priority": 10}, '
+                                                  '{"name": "standard"}]'])
+    assert fc.under_share_priority == 0 and fc.bands[0].engine_priority == 10
+    assert flow_what_if([]) == FlowControl()
+    for bad in ("under_share_priority=99", "no_such_field=1"):
+        with pytest.raises(SystemExit, match=bad.split("=")[0]):
+            flow_what_if([bad])
