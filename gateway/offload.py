@@ -10,13 +10,14 @@ them for its whole processing.
 
 While a step runs, the event loop thread gives the GIL up at every socket call and then waits up to the switch
 interval to get it back, so serving one small request costs several intervals; the pool shortens the interval to
-`offload.switch_interval_ms` while it has work, and restores the interpreter's own when it is idle. A C call that
-holds the GIL (orjson parsing 8 MB: ~30 ms) still holds the loop for its whole length.
+`offload.switch_interval_ms` while it has work, and restores the interpreter's own when it is idle.
 
-A large body's JSON parse is one C call (orjson) that holds the GIL from start to end, ~30 ms for 8 MB: on a
-thread it holds the event loop as long. `CpuPool.parse` runs it in a worker process instead (`offload.processes`,
-spawned on first use), which sends the object back in slices the event loop loads one at a time
-(pipeline/json_body.py). A worker that died is replaced; the body it was parsing is parsed on a thread.
+A C call that holds the GIL holds the loop for its whole length, whatever thread makes it. The largest is a large
+body's JSON parse (orjson, ~30 ms for 8 MB): `CpuPool.parse` runs it in a worker process instead
+(`offload.processes`, spawned on first use), which sends the object back in slices the event loop loads one at a
+time (pipeline/json_body.py). A worker that died is replaced; the body it was parsing is parsed on a thread. The
+other is the cyclic garbage collector: a full collection walks every tracked object with the GIL held, so `gateway
+serve` freezes the heap it starts with (serve.freeze_heap).
 
 The pool is bounded: at most `offload.max_queued` large-body steps run or wait at once; one more is refused at once
 with a 503 (`NoCapacity`, Retry-After) rather than queued behind minutes of work. A step whose request was cancelled
