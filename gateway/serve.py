@@ -67,7 +67,8 @@ def freeze_heap() -> None:
     reach: a full collection then walks only what requests created since, instead of the ~100k objects of the
     imports and the app. Without this, the containers a large body allocates (an 8 MB history: thousands of
     messages) trigger a full collection that holds the GIL for 50-160 ms, and the event loop with it, however
-    the body's steps are offloaded (gateway/offload.py)."""
+    the body's steps are offloaded (gateway/offload.py). What of the start later becomes cyclic garbage (a
+    replaced config) is not reclaimed: at most the start's own heap, once."""
     gc.collect()
     gc.freeze()
 
