@@ -14,10 +14,11 @@ interval to get it back, so serving one small request costs several intervals; t
 
 A C call that holds the GIL holds the loop for its whole length, whatever thread makes it. The largest is a large
 body's JSON parse (orjson, ~30 ms for 8 MB): `CpuPool.parse` runs it in a worker process instead
-(`offload.processes`, spawned on first use), which sends the object back in slices the event loop loads one at a
-time (pipeline/json_body.py). A worker that died is replaced; the body it was parsing is parsed on a thread. The
-other is the cyclic garbage collector: a full collection walks every tracked object with the GIL held, so `gateway
-serve` freezes the heap it starts with (serve.freeze_heap).
+(`offload.processes`, spawned on first use; niced by `offload.process_niceness`, so where cores are short the event
+loop runs first), which sends the object back in slices the event loop loads one at a time (pipeline/json_body.py).
+A worker that died is replaced; the body it was parsing is parsed on a thread. The other is the cyclic garbage
+collector: a full collection walks every tracked object with the GIL held, so `gateway serve` freezes the heap it
+starts with (serve.freeze_heap).
 
 The pool is bounded: at most `offload.max_queued` large-body steps run or wait at once; one more is refused at once
 with a 503 (`NoCapacity`, Retry-After) rather than queued behind minutes of work. A step whose request was cancelled
@@ -30,6 +31,7 @@ import asyncio
 import contextvars
 import functools
 import multiprocessing
+import os
 import sys
 from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
@@ -99,7 +101,8 @@ class CpuPool:
     def _processes(self) -> ProcessPoolExecutor:
         if self._procs is None:
             # spawned, not forked: a fork of a process running threads and an event loop is not safe
-            self._procs = ProcessPoolExecutor(self.cfg.processes, mp_context=multiprocessing.get_context("spawn"))
+            self._procs = ProcessPoolExecutor(self.cfg.processes, mp_context=multiprocessing.get_context("spawn"),
+                                              initializer=os.nice, initargs=(self.cfg.process_niceness,))
         return self._procs
 
     def _drop_processes(self) -> None:

@@ -114,6 +114,8 @@ def test_a_large_body_is_parsed_in_a_worker_process_and_answered_as_inline(stack
         r = post(stack, path, many_turns(path, 200) if path != "/v1/chat/completions" else chat(12_000))
         assert r.status_code == 200, r.text
     assert workers(st), "a worker process parsed the large bodies"
+    for pid in workers(st):  # offload.process_niceness (10) above the gateway's own
+        assert os.getpriority(os.PRIO_PROCESS, pid) == min(19, os.getpriority(os.PRIO_PROCESS, 0) + 10)
     for path in ("/v1/messages", "/v1/responses"):
         broken = many_turns(path, 300)[:-2]  # cut short: not JSON
         with pytest.raises(InvalidRequest) as inline:
