@@ -227,6 +227,12 @@ class Offload(_Strict):
     min_body_bytes: int = Field(default=256 * 1024, ge=0, description="bodies at least this large are processed "
                                 "off the event loop; smaller ones inline (a hop to a thread costs more than they do)")
     threads: int = Field(default=2, ge=1, le=64, description="threads processing large bodies")
+    processes: int = Field(default=1, ge=0, le=64, description="worker processes parsing large bodies' JSON (one "
+                           "C call that holds the GIL throughout, ~30 ms for 8 MB: on a thread it would hold the event "
+                           "loop as long); spawned on the first large body; 0: parsed on the threads")
+    process_niceness: int = Field(default=10, ge=0, le=19, description="added to the worker processes' nice value: "
+                                  "where cores are short, the event loop (every other request) gets the CPU before a "
+                                  "large body's parse")
     max_queued: int = Field(default=16, ge=1, le=10_000, description="large-body steps running or waiting at once; "
                             "one more is answered 503 with Retry-After (the API's own shape) instead of queueing")
     switch_interval_ms: float = Field(default=1.0, ge=0.1, le=5.0, description="the interpreter's GIL switch interval "

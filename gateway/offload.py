@@ -10,8 +10,15 @@ them for its whole processing.
 
 While a step runs, the event loop thread gives the GIL up at every socket call and then waits up to the switch
 interval to get it back, so serving one small request costs several intervals; the pool shortens the interval to
-`offload.switch_interval_ms` while it has work, and restores the interpreter's own when it is idle. A C call that
-holds the GIL (orjson parsing 8 MB: ~30 ms) still holds the loop for its whole length.
+`offload.switch_interval_ms` while it has work, and restores the interpreter's own when it is idle.
+
+A C call that holds the GIL holds the loop for its whole length, whatever thread makes it. The largest is a large
+body's JSON parse (orjson, ~30 ms for 8 MB): `CpuPool.parse` runs it in a worker process instead
+(`offload.processes`, spawned on first use; niced by `offload.process_niceness`, so where cores are short the event
+loop runs first), which sends the object back in slices the event loop loads one at a time (pipeline/json_body.py).
+A worker that died is replaced; the body it was parsing is parsed on a thread. The other is the cyclic garbage
+collector: a full collection walks every tracked object with the GIL held, so `gateway serve` freezes the heap it
+starts with (serve.freeze_heap).
 
 The pool is bounded: at most `offload.max_queued` large-body steps run or wait at once; one more is refused at once
 with a 503 (`NoCapacity`, Retry-After) rather than queued behind minutes of work. A step whose request was cancelled
@@ -23,13 +30,17 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import functools
+import multiprocessing
+import os
 import sys
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any, ParamSpec, TypeVar
 
 from gateway.config import Offload
 from gateway.errors import NoCapacity
+from gateway.pipeline.json_body import MAX_JSON_DEPTH, parse_json, parse_sliced
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -42,6 +53,7 @@ class CpuPool:
         """`metrics`: GatewayMetrics (its offload_steps counter and offload_queued gauge), or None."""
         self.cfg = cfg
         self._pool = ThreadPoolExecutor(cfg.threads, thread_name_prefix="gateway-cpu")
+        self._procs: ProcessPoolExecutor | None = None  # offload.processes workers, spawned on the first large parse
         self.queued = 0  # large-body steps submitted and not yet finished (touched on the event loop only)
         self._idle_interval = sys.getswitchinterval()
         self._offloaded = self._refused = None
@@ -57,21 +69,63 @@ class CpuPool:
         """`fn(*args, **kwargs)` for a body of `size` bytes: inline when small, else on the pool (503 when full)."""
         if size < self.cfg.min_body_bytes:
             return fn(*args, **kwargs)
+        self._admit()
+        # in the caller's context: steps read request-scoped context variables (the agent session, the API label)
+        return await self._wait(self._pool.submit(contextvars.copy_context().run, functools.partial(fn, *args, **kwargs)))
+
+    async def parse(self, raw: bytes, max_depth: int = MAX_JSON_DEPTH) -> dict[str, Any]:
+        """`parse_json(raw, max_depth)`: inline when small; a large body in a worker process, rebuilt here a slice
+        at a time with the event loop free in between (on a thread when `offload.processes` is 0). 503 when full."""
+        if len(raw) < self.cfg.min_body_bytes:
+            return parse_json(raw, max_depth)
+        if not self.cfg.processes:
+            return await self.run(len(raw), parse_json, raw, max_depth)
+        self._admit()
+        try:
+            future = self._processes().submit(parse_sliced, raw, max_depth)
+        except (BrokenProcessPool, RuntimeError):  # found broken since the last body (a new one next time), or closed
+            self._drop_processes()
+            self._done()
+            return await self.run(len(raw), parse_json, raw, max_depth)
+        try:
+            sliced = await self._wait(future)
+        except BrokenProcessPool:  # the worker died (killed, out of memory) while parsing this body
+            self._drop_processes()
+            return await self.run(len(raw), parse_json, raw, max_depth)
+        body = sliced.start()
+        for part in sliced.parts:
+            await asyncio.sleep(0)  # whatever else is ready runs between two slices
+            sliced.add(body, part)
+        return body
+
+    def _processes(self) -> ProcessPoolExecutor:
+        if self._procs is None:
+            # spawned, not forked: a fork of a process running threads and an event loop is not safe
+            self._procs = ProcessPoolExecutor(self.cfg.processes, mp_context=multiprocessing.get_context("spawn"),
+                                              initializer=os.nice, initargs=(self.cfg.process_niceness,))
+        return self._procs
+
+    def _drop_processes(self) -> None:
+        if self._procs is not None:
+            self._procs.shutdown(wait=False, cancel_futures=True)
+            self._procs = None
+
+    def _admit(self) -> None:
         if self.queued >= self.cfg.max_queued:
             if self._refused is not None:
                 self._refused.inc()
             raise NoCapacity("The gateway is busy processing other large requests; retry shortly.",
                              retry_after=RETRY_AFTER_S)
-        loop = asyncio.get_running_loop()
         if self.queued == 0:
             self._idle_interval = sys.getswitchinterval()
             sys.setswitchinterval(self.cfg.switch_interval_ms / 1000)
         self.queued += 1
         if self._offloaded is not None:
             self._offloaded.inc()
-        # in the caller's context: steps read request-scoped context variables (the agent session, the API label)
-        future = self._pool.submit(contextvars.copy_context().run, functools.partial(fn, *args, **kwargs))
-        # counted until the thread is done, not until the caller stops waiting (a cancelled caller's step runs on)
+
+    async def _wait(self, future: Future[T]) -> T:
+        loop = asyncio.get_running_loop()
+        # counted until the step is done, not until the caller stops waiting (a cancelled caller's step runs on)
         future.add_done_callback(lambda _: loop.call_soon_threadsafe(self._done))
         return await asyncio.wrap_future(future, loop=loop)
 
@@ -82,3 +136,4 @@ class CpuPool:
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._drop_processes()

@@ -1,4 +1,4 @@
-from gateway.tokenizer import count_tokens, render_chat, token_ids
+from gateway.tokenizer import GENERATION_PROMPT, count_tokens, render_chat, render_head, render_message, token_ids
 
 
 def test_count_is_ceil_of_quarter_length():
@@ -32,3 +32,17 @@ def test_tools_render_canonically():
     tools2 = [{"function": {"parameters": {"a": 2, "b": 1}, "name": "f"}, "type": "function"}]
     msgs = [{"role": "user", "content": "x"}]
     assert render_chat(msgs, tools1) == render_chat(msgs, tools2)
+
+
+def test_render_chat_is_the_head_each_message_and_the_generation_prompt():
+    """What `truncation: auto` relies on (a message's part does not depend on the others), for every kind of message:
+    roles (tool is rendered as observation, a missing one as user), list contents, tool calls."""
+    msgs = [{"role": "system", "content": "be brief"}, {"content": "no role"},
+            {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "image_url", "image_url": {}}, "b"]},
+            {"role": "assistant", "content": None, "tool_calls": [{"id": "c", "type": "function",
+                                                                   "function": {"name": "f", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": "c", "content": "42"}, {"role": "assistant", "content": 7}]
+    tools = [{"type": "function", "function": {"name": "f"}}]
+    for t in (None, tools):
+        assert render_chat(msgs, t) == render_head(t) + "".join(map(render_message, msgs)) + GENERATION_PROMPT
+    assert render_chat([], None) == "[gMASK]<sop><|assistant|>\n"

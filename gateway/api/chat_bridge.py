@@ -26,7 +26,6 @@ from gateway.errors import GatewayError
 from gateway.offload import CpuPool
 from gateway.pipeline.body import read_body
 from gateway.pipeline.call import Call, StreamEncoder
-from gateway.pipeline.validation import parse_json
 from gateway.routing.request import MAX_SESSION_CHARS
 
 
@@ -45,7 +44,7 @@ async def read_json(request: Request, limit: int, cpu: CpuPool) -> tuple[dict[st
     """The client's body, bounded like the chat path's (413 past `limit`), as a JSON object (else 400), and its size
     in bytes (a large body is parsed off the event loop, and so are its later steps)."""
     raw = await read_body(request, limit)
-    return await cpu.run(len(raw), parse_json, raw), len(raw)
+    return await cpu.parse(raw), len(raw)
 
 
 def with_bearer(request: Request, api_key: str | None) -> Request:

@@ -48,7 +48,7 @@ from gateway.pipeline.outcome import Outcome
 from gateway.pipeline.refusal import Edge, reason_for
 from gateway.pipeline.relay import Relay, cut_by_shutdown, stalled
 from gateway.pipeline.telemetry import start_span
-from gateway.pipeline.validation import check_limits, limits_for, parse_json, refuse_images, validate
+from gateway.pipeline.validation import check_limits, limits_for, refuse_images, validate
 from gateway.policy_schema import Tenant
 from gateway.routing.request import RoutingRequest
 from gateway.state import AppState
@@ -136,7 +136,7 @@ class Pipeline:
             raw = await read_body(request, st.config.body_limit(endpoint), st.config.timeouts.body_read)
             edge.stage = "parse"
             body_bytes = len(raw)
-            body = await st.cpu.run(body_bytes, parse_json, raw, st.config.max_json_depth)
+            body = await st.cpu.parse(raw, st.config.max_json_depth)
         edge.stage = "validate"
         edge.model = self.accounting.model_label(body.get("model"))
         edge.stream = body.get("stream") is True

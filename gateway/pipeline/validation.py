@@ -16,16 +16,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
-
 from gateway.config import GatewayConfig
 from gateway.errors import InvalidRequest
+from gateway.pipeline.json_body import MAX_JSON_DEPTH as MAX_JSON_DEPTH  # re-exported: the edge's parse
+from gateway.pipeline.json_body import parse_json as parse_json
 from gateway.tokenizer import count_tokens, prompt_text, render_chat
 from gateway.upstreams import CAPABILITIES
 
-# Nesting deeper than this is refused at parse time: orjson re-serialises at most 254 levels (and Python's own
-# recursion is finite), so a bound well below that means nothing downstream can fail on a body we accepted.
-MAX_JSON_DEPTH = 64
 MAX_N = 128                        # OpenAI's documented maximum for `n`
 DEFAULT_MAX_N_SELF_HOSTED = 8      # a pool of our own engines: n parallel sequences each hold KV cache
 MAX_SEQUENCES = 2048               # prompts x n of one completions request (OpenAI's bound on a prompt array)
@@ -100,43 +97,6 @@ class ParsedRequest:
     include_usage: bool
     prompt_tokens: int
     max_output_tokens: int | None
-
-
-def parse_json(raw: bytes, max_depth: int = MAX_JSON_DEPTH) -> dict[str, Any]:
-    if not raw:
-        raise InvalidRequest("The request body is empty; expected a JSON object.")
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError as e:
-        if "depth" in str(e):
-            raise _too_deep(max_depth) from None
-        raise InvalidRequest(f"The request body is not valid JSON: {e}.") from None
-    if not isinstance(body, dict):
-        raise InvalidRequest("The request body must be a JSON object.")
-    # nesting depth is at most the number of opening brackets (those inside strings only over-count), so the
-    # walk runs only for a body that could be too deep; bytes.count is C-speed
-    if raw.count(b"{") + raw.count(b"[") > max_depth and _deeper_than(body, max_depth):
-        raise _too_deep(max_depth)
-    return body
-
-
-def _too_deep(limit: int) -> InvalidRequest:
-    return InvalidRequest(f"The request body nests JSON deeper than the gateway's limit of {limit} levels.",
-                          code="json_too_deep")
-
-
-def _deeper_than(obj: Any, limit: int) -> bool:
-    """Whether any container in `obj` sits more than `limit` levels deep (the top object is level 1). Iterative,
-    so the check itself cannot hit a recursion limit; it visits containers only, never string contents."""
-    stack: list[tuple[Iterable[Any], int]] = [(obj.values() if isinstance(obj, dict) else obj, 1)]
-    while stack:
-        items, depth = stack.pop()
-        for v in items:
-            if isinstance(v, dict | list):
-                if depth + 1 > limit:
-                    return True
-                stack.append((v.values() if isinstance(v, dict) else v, depth + 1))
-    return False
 
 
 # -- field checks ---------------------------------------------------------------------------------------------------
