@@ -3,7 +3,7 @@ under loadtests/gray_failure.py's workload, on the shipped routing engine (gatew
 slowness: what losing a quarter of the capacity costs the fleet's TTFT p95 however fast the slow replica is found,
 how evenly its prompt groups land on its peers, and how fast it gets its share back.
 
-    .venv/bin/python -m loadtests.gray_des --seeds 0-7 --factors 0,1.25
+    .venv/bin/python -m loadtests.gray_des --seeds 0-15 --factors 0,2
 
 Per seed and `load_bound_factor`: the no-fault run and the run with the last replica out of routing from `--out-at`
 to `--back-at` (the gray-failure runs' ejection: 11 s into a fault at 60 s until 24 s after its clear at 180 s);
@@ -102,7 +102,7 @@ def seeds(text: str) -> list[int]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", default="0-4", help="0-7 or 0,3,5")
-    ap.add_argument("--factors", default="0,1.25", help="load_bound_factor values (0: off)")
+    ap.add_argument("--factors", default="0,2", help="load_bound_factor values (0: off; 2: the default)")
     ap.add_argument("--rate", type=float, default=5.0, help="requests per second, whole fleet")
     ap.add_argument("--out-at", type=float, default=FAULT + 11)
     ap.add_argument("--back-at", type=float, default=CLEAR + 24)

@@ -30,7 +30,6 @@ from gateway.prediction.ttft import FREE, LoadView, QueueDrain, TtftCorrector
 from gateway.routing.decision import Decision
 from gateway.routing.features import Candidate, R, TargetInfo, build_candidates
 from gateway.routing.policy import Policy
-from gateway.routing.recent import RecentDispatches
 from gateway.routing.request import RoutingRequest
 
 
@@ -99,7 +98,6 @@ class RoutingEngine:
         self.residency_ttl_s = residency_ttl_s
         self.drain = QueueDrain() if queue_drain else None
         self.shortest_prefill_first = shortest_prefill_first
-        self.recent = RecentDispatches()  # what this process sent each replica lately (the policy's load bound)
 
     # -- the decision ------------------------------------------------------------------------------------------
     def decide(self, req: RoutingRequest, targets: Sequence[TargetInfo[R]], matches: Mapping[str, int],
@@ -115,7 +113,7 @@ class RoutingEngine:
                 v = self.drain.remaining(t.name, t.timing, v, now)
             views[t.name] = merged_load(v, engine_loads.get(t.name) if engine_loads else None)
         cands = build_candidates(req, targets, matches if self.uses_prefix else {}, views, self.corrector.get,
-                                 self.chunk_tokens, self.recent.snapshot(t.name for t in targets))
+                                 self.chunk_tokens)
         decision = self.policy(req, cands)
         if len(decision.features) < len(cands):  # keep every candidate's features for feedback and explain
             decision = replace(decision, features={c.name: c for c in cands})
@@ -138,7 +136,6 @@ class RoutingEngine:
     # -- feedback ----------------------------------------------------------------------------------------------
     def dispatched(self, a: Attempt) -> list[Effect]:
         a.open = a.prefill_open = True
-        self.recent.record(a.name)
         out: list[Effect] = [LoadDelta(a.name, a.uncached, 1)]
         if a.indexed:
             out.append(IndexWrite(a.key, tuple(a.req.hashes), self.speculative_ttl_s))

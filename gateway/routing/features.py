@@ -44,7 +44,6 @@ class Candidate(Generic[R]):
     ttft_raw: float
     cost: float
     regime: str = FREE  # prediction/ttft.regime at decision time: which correction applied and learns
-    recent: float = 0.0  # this instance's recent dispatches to it (routing/recent.py): the load bound's measure
 
     @property
     def name(self) -> str:
@@ -61,14 +60,14 @@ class Candidate(Generic[R]):
     def explain(self) -> dict[str, Any]:
         return {"replica": self.name, "pool": self.info.pool, "cached_tokens": self.cached_tokens,
                 "queued_prefill_tokens": round(self.load.queued_prefill_tokens), "inflight": round(self.load.inflight, 1),
-                "recent_dispatches": round(self.recent, 1), "regime": self.regime, "predicted_ttft_s": round(self.ttft, 3),
+                "regime": self.regime, "predicted_ttft_s": round(self.ttft, 3),
                 "ttft_correction": round(self.ttft / self.ttft_raw, 3) if self.ttft_raw > 0 else None,
                 "cost_usd": round(self.cost, 8)}
 
 
 def build_candidates(req: RoutingRequest, targets: Sequence[TargetInfo[R]], matches: Mapping[str, int],
                      loads: Mapping[str, LoadView], correction: Callable[[str, str, str], float],
-                     chunk_tokens: int, recent: Mapping[str, float] | None = None) -> list[Candidate[R]]:
+                     chunk_tokens: int) -> list[Candidate[R]]:
     out: list[Candidate[R]] = []
     expected_out = req.max_output_tokens
     for t in targets:
@@ -80,6 +79,5 @@ def build_candidates(req: RoutingRequest, targets: Sequence[TargetInfo[R]], matc
         reg = regime(t.timing, load)
         out_tokens = expected_out if expected_out is not None else t.timing.expected_output_tokens
         out.append(Candidate(t, chunks, cached, uncached, load, raw * correction(t.pool, reg, t.name), raw,
-                             request_cost(t.pricing, req.prompt_tokens, cached, out_tokens) / max(t.weight, 1e-9), reg,
-                             recent.get(t.name, 0.0) if recent else 0.0))
+                             request_cost(t.pricing, req.prompt_tokens, cached, out_tokens) / max(t.weight, 1e-9), reg))
     return out

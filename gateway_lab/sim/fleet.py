@@ -153,7 +153,6 @@ class Fleet:
             index, loads = shared_state if shared else (make_index(), MemoryLoadTracker())
             engine = build_engine(routing, corrector() if corrector else None)
             engine.corrector.clock = clock  # a replica's own correction decays on the virtual clock, not the wall's
-            engine.recent.clock = clock  # and its recent dispatches too
             ctl = FlowController(self.flow_cfg, shared_tags if shared else None) if self.flow_cfg else None
             self.instances.append(Instance(engine, index, loads, ctl))
         self.on_decision = on_decision

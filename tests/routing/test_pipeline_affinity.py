@@ -18,7 +18,8 @@ def _req(conv: int, **kw: object) -> RoutingRequest:
 
 
 def _first(router: PipelineRouter, route: object, req: RoutingRequest) -> str:
-    return asyncio.run(router.decide(req, route)).ranked[0].name  # type: ignore[arg-type]
+    # a dry run: nothing dispatched here, so no decision's reserved load may bear on the next (the load bound)
+    return asyncio.run(router.decide(req, route, dry_run=True)).ranked[0].name  # type: ignore[arg-type]
 
 
 def test_the_hinted_replica_wins_where_cold_placement_would_choose_another() -> None:

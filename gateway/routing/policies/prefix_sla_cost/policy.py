@@ -7,8 +7,8 @@ or a choice for the next rule to revise:
 3. `fastest` — objective latency: by predicted TTFT.
 4. `cheapest` — among the feasible, the cheapest (cost ties within `cost_tie`); the warmest of those (`prefix_hit`),
    or, with no meaningful hit, consistent hashing with bounded loads on the request's group key (`cold_ring`).
-5. `load_bound` — a self-hosted choice past `load_bound_factor` x its feasible peers' mean of recent dispatches
-   gives the request to the cheapest of those under it (`load_bound`).
+5. `load_bound` — a self-hosted choice holding past `load_bound_factor` x the feasible self-hosted replicas' mean of
+   requests in flight gives the request to the cheapest of those under it (`load_bound`); never at light load.
 6. `break_stickiness` — a feasible candidate faster by more than the stickiness penalty wins instead.
 7. `warm_over_sla` — with nothing to spill to, a warm replica past the SLA but behind few requests beats a cold
    feasible one when the recompute it saves outweighs the wait.
@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Generic, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from gateway.prediction.ttft import DRAIN_BELOW
 from gateway.routing.decision import Decision, Inputs
@@ -41,10 +41,17 @@ class Params(PolicyParams):
                                     "(0: least TTFT; docs/routing.md)")
     bounded_load_factor: float = Field(default=1.25, ge=1.0, description="cold placement: max load vs the mean")
     cost_tie: float = Field(default=0.02, ge=0, le=1, description="costs within this fraction count as equal")
-    load_bound_factor: float = Field(default=0.0, ge=0, le=100, description="a self-hosted replica past this x the "
-                                     "mean recent dispatches of the feasible self-hosted ones gives the request to the "
-                                     "cheapest under it, warm or not (0: off, the default; 1.25 for fleets that lose replicas to "
-                                     "gray failures; routing/recent.py)")
+    load_bound_factor: float = Field(default=2.0, ge=0, le=100, description="a self-hosted replica that would hold "
+                                     "more than this x the feasible self-hosted replicas' mean of requests in flight "
+                                     "gives the request to the cheapest under it, warm or not; never while they hold "
+                                     "fewer in flight than there are of them, nor below 2 (0: off; else >= 1)")
+
+    @field_validator("load_bound_factor")
+    @classmethod
+    def _bound_is_at_least_the_mean(cls, v: float) -> float:
+        if 0 < v < 1:
+            raise ValueError("load_bound_factor is 0 (off) or >= 1: under 1 every replica would be past the mean")
+        return v
 
 
 @dataclass(frozen=True)
@@ -119,21 +126,30 @@ def cheapest(req: RoutingRequest, s: Split[R], p: Params, min_hit_tokens: int) -
     return next(c for c in near if c.name == order[0]), "cold_ring"
 
 
-MIN_RECENT = 8.0  # below this many recent dispatches a replica is never past the bound (as ring.MIN_BOUND)
+MIN_BOUND = 2.0  # a replica that would hold this many requests in flight or fewer is never past the bound
 
 
 def load_bound(req: RoutingRequest, s: Split[R], chosen: Candidate[R], branch: str, p: Params,
                min_hit_tokens: int) -> tuple[Candidate[R], str]:
-    """Bounded loads (as the cold ring's) for the warm choice too, on recent dispatches: prefix affinity alone keeps
-    each group where it first landed, however unevenly that was, and gives a replica back in routing nothing. Past
-    the bound the request goes to the cheapest feasible self-hosted candidate under it (a warm one first, else the
-    ring among them); the group is then warm on both, and its requests go to the one predicted faster."""
+    """Bounded loads (as the cold ring's) for the warm choice too, on the requests in flight at each replica (every
+    instance's, from the load tracker, with the decisions not yet dispatched): prefix affinity alone keeps each group
+    where it first landed, so the groups of a replica taken out of routing pile on whichever peer the hash names.
+    The choice is past the bound when, with this request, it would hold more than max(MIN_BOUND, `load_bound_factor`
+    x the feasible self-hosted replicas' mean, this request counted); the request then goes to the cheapest of those
+    under it (a warm one first, else the ring among them), and the group is warm on both. Light load is left to
+    affinity: while those replicas hold fewer requests in flight than there are of them, nothing is past the bound,
+    so a conversation's turns stay where its context is. Past it a replica holds more than twice the mean (factor 2)
+    and at least MIN_BOUND requests: with three replicas two thirds of all in flight, with four half; in a fleet of
+    two replicas it never binds (neither can hold more than twice the mean)."""
     if not p.load_bound_factor or not chosen.self_hosted:
         return chosen, branch
     hosted = [c for c in s.feasible if c.self_hosted]
-    bound = max(MIN_RECENT, p.load_bound_factor * (sum(c.recent for c in hosted) + 1) / len(hosted))
-    under = [c for c in hosted if c.recent + 1 <= bound]
-    if chosen.recent + 1 <= bound or not under:
+    total = sum(c.load.inflight for c in hosted)
+    if total < len(hosted):
+        return chosen, branch
+    bound = max(MIN_BOUND, p.load_bound_factor * (total + 1) / len(hosted))
+    under = [c for c in hosted if c.load.inflight + 1 <= bound]
+    if chosen.load.inflight + 1 <= bound or not under:
         return chosen, branch
     return cheapest(req, replace(s, feasible=under), p, min_hit_tokens)[0], "load_bound"
 
