@@ -92,10 +92,10 @@ class CpuPool:
         except BrokenProcessPool:  # the worker died (killed, out of memory) while parsing this body
             self._drop_processes()
             return await self.run(len(raw), parse_json, raw, max_depth)
-        body = sliced.start()
-        for part in sliced.parts:
+        rebuilt = sliced.rebuilding()
+        body = next(rebuilt)  # its head: the long arrays still empty
+        for _ in rebuilt:  # each step adds one slice to `body`
             await asyncio.sleep(0)  # whatever else is ready runs between two slices
-            sliced.add(body, part)
         return body
 
     def _processes(self) -> ProcessPoolExecutor:

@@ -12,7 +12,7 @@ This module imports orjson and the error tree only: it is all a worker process l
 from __future__ import annotations
 
 import pickle
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -71,20 +71,17 @@ class Sliced:
     head: bytes
     parts: list[tuple[str, bytes]] = field(default_factory=list)
 
-    def start(self) -> dict[str, Any]:
-        """The body with its long arrays still empty: `add` each part to it, in order."""
+    def rebuilding(self) -> Iterator[dict[str, Any]]:
+        """The body, loaded one slice at a time: the same object is yielded once its head is loaded and again after
+        each part is added (a caller may let other work run in between); once exhausted, it is whole."""
         body: dict[str, Any] = pickle.loads(self.head)
-        return body
-
-    @staticmethod
-    def add(body: dict[str, Any], part: tuple[str, bytes]) -> None:
-        key, blob = part
-        body[key].extend(pickle.loads(blob))
+        yield body
+        for key, blob in self.parts:
+            body[key].extend(pickle.loads(blob))
+            yield body
 
     def whole(self) -> dict[str, Any]:
-        body = self.start()
-        for part in self.parts:
-            self.add(body, part)
+        *_, body = self.rebuilding()
         return body
 
 
