@@ -51,6 +51,11 @@ def admin(gw: Any, method: str, path: str, **kw: Any) -> httpx.Response:
     return httpx.request(method, gw.admin_url + path, headers=ADMIN_H, timeout=10, **kw)
 
 
+def day_usage(gw: Any, tenant: str = "a") -> dict[str, Any]:
+    """`tenant`'s usage today as the instance `gw` reads it (GET /admin/usage)."""
+    return dict(admin(gw, "GET", f"/admin/usage?tenant={tenant}").json()["tenants"][tenant]["day"])
+
+
 @pytest.fixture(scope="module")
 def fleet():
     sims, reps = start_sims(3)
@@ -211,15 +216,11 @@ def test_twenty_concurrent_requests_cannot_push_a_tenant_past_its_budget(fleet, 
         assert e.body["code"] == "insufficient_quota" and e.response.headers["x-should-retry"] == "false"
         assert int(e.response.headers["retry-after"]) >= 1
         spent = sum(u.prompt_tokens * 1e-6 + u.completion_tokens * 3.2e-6 for u in ok)
-
-        def day(gw: Any) -> dict[str, Any]:
-            return dict(admin(gw, "GET", "/admin/usage?tenant=a").json()["tenants"]["a"]["day"])
-
         # both instances read the shared ledger once every settlement is in it: on a machine busy enough that a Redis
         # call times out, an instance settles locally and replays within a second, so this waits rather than races
-        wait_until(lambda: all(day(gw)["requests"] == len(ok) and day(gw)["spent_usd"] == pytest.approx(spent)
-                               for gw in (a, b)), timeout=30, what="settlements in the shared ledger")
-        assert day(b)["spent_usd"] <= budget and day(b)["reserved_usd"] == pytest.approx(0, abs=1e-12)
+        wait_until(lambda: all(u["requests"] == len(ok) and u["spent_usd"] == pytest.approx(spent)
+                               for u in map(day_usage, (a, b))), timeout=30, what="settlements in the shared ledger")
+        assert day_usage(b)["spent_usd"] <= budget and day_usage(b)["reserved_usd"] == pytest.approx(0, abs=1e-12)
     finally:
         a.stop()
         b.stop()
@@ -237,9 +238,8 @@ def test_a_stream_the_client_abandons_is_still_charged(fleet):
         it = iter(s)
         got = [next(it) for _ in range(4)]  # the role chunk and three content chunks
         s.close()
-        wait_until(lambda: admin(gw, "GET", "/admin/usage?tenant=a").json()["tenants"]["a"]["day"]["requests"] == 1,
-                   what="the abandoned stream's settlement")
-        day = admin(gw, "GET", "/admin/usage?tenant=a").json()["tenants"]["a"]["day"]
+        wait_until(lambda: day_usage(gw)["requests"] == 1, what="the abandoned stream's settlement")
+        day = day_usage(gw)
         assert day["prompt_tokens"] >= 1000 and day["completion_tokens"] >= len(got) - 1
         assert day["spent_usd"] == pytest.approx((day["prompt_tokens"] - day["cached_tokens"]) * 1e-6
                                                  + day["cached_tokens"] * 0.2e-6 + day["completion_tokens"] * 3.2e-6)
