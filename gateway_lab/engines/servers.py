@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -27,6 +28,9 @@ from gateway_lab.engines.recipes import ServerFlags, server_env, sglang_argv, vl
 
 class StartError(RuntimeError):
     pass
+
+
+PORT_FLOOR = 20000  # engines' ports are drawn from here up to the kernel's ephemeral range (free_port_pair)
 
 
 @dataclass
@@ -88,16 +92,33 @@ def _port_free(port: int) -> bool:
     return True
 
 
+def _ephemeral_floor() -> int:
+    """The lowest port the kernel hands out on its own (to bind(0) and to every outgoing connection)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port_pair(taken: set[int], n: int = 2, below: int = 65536) -> int:
-    """A port p with p .. p+n-1 free (the KV-event PUBs and replay ROUTERs: two per DP rank), all below `below`."""
-    for _ in range(200):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            p = int(s.getsockname()[1])
+    """A port p with p .. p+n-1 free (the KV-event PUBs and replay ROUTERs: two per DP rank), all below `below`.
+
+    Drawn below the kernel's ephemeral range: an engine binds its ports only when it has loaded (a minute or two on
+    this CPU), and until then a port from that range can be taken by any outgoing connection or bind(0) on the
+    machine, the test suite's own included."""
+    top = min(_ephemeral_floor(), below)
+    for _ in range(500):
+        p = random.randrange(PORT_FLOOR, top - n) if top - n > PORT_FLOOR else _kernel_port()
         run = set(range(p, p + n))
         if p + n <= below and not run & taken and all(_port_free(q) for q in run):
             return p
     raise StartError(f"no {n} consecutive free ports for KV events")
+
+
+def _kernel_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def launch(env: EngineEnv, flags: ServerFlags, core: int, log: Path) -> EngineServer:
