@@ -119,7 +119,11 @@ def test_a_slowed_replica_is_learned_ejected_shown_and_taken_back(phase: str, re
             # back in routing once the ejection ends, on a clean slate, and it serves again
             traffic.until(lambda: slow in traffic.served[back:], 600, f"{slow} serving again")
             traffic.until(lambda: traffic.served[back:].count(slow) >= 8, 600, f"{slow} taking its share")
-            assert gw.call(lambda: st.feedback.outliers.ejected(slow)) is None
+            # and it stays in: on probation it is judged on its last few requests, so on a machine whose cores are
+            # busy one more short ejection can come from the machine's noise (each is tested above); what must not
+            # happen is a healed replica kept out
+            traffic.until(lambda: gw.call(lambda: st.feedback.outliers.ejected(slow)) is None, 600,
+                          f"{slow} in routing after the clear")
     finally:
         gw.stop()
         sims.stop()
