@@ -196,7 +196,10 @@ def assess(f: ServerFacts, pool: SGLangPool, chunk_tokens: int, probe_usage: dic
     """The configuration checks, from the facts, the pool config and the probe's usage (None: no probe answer)."""
     out: list[Finding] = []
     details = probe_usage.get("prompt_tokens_details") if probe_usage is not None else None
-    if f.cache_report is False or (probe_usage is not None and not (isinstance(details, dict) and "cached_tokens" in details)):
+    # the probe decides only when /server_info does not say: SGLang 0.5.13 leaves prompt_tokens_details null when
+    # nothing of the prompt was cached, cache report on or not (its UsageProcessor._details_if_cached)
+    silent = probe_usage is not None and not (isinstance(details, dict) and "cached_tokens" in details)
+    if f.cache_report is False or (f.cache_report is None and silent):
         out.append(Finding("cache_report", "cached_tokens missing from usage: start SGLang with --enable-cache-report "
                            "(prefix feedback and cached-token pricing are blind without it)"))
     sends = pool.send_priority == "always" or (pool.send_priority == "auto" and f.priority_scheduling is True)

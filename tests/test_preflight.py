@@ -137,3 +137,6 @@ def test_cache_report_from_the_probe_when_server_info_does_not_say():
     assert [f.check for f in assess(silent, pool, 256, {"prompt_tokens_details": None})] == ["cache_report"]
     assert assess(silent, pool, 256, {"prompt_tokens_details": {"cached_tokens": 0}}) == []
     assert assess(silent, pool, 256, None) == []  # no probe answer: nothing claimed
+    # /server_info says on: a null in the probe is 0.5.13's way of saying nothing was cached, not a finding
+    on_0513 = ServerFacts(version="0.5.13.post1", page_size=64, cache_report=True)
+    assert assess(on_0513, pool, 256, {"prompt_tokens_details": None}) == []

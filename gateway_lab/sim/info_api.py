@@ -106,7 +106,7 @@ class InfoApi:
         }
         if cfg.at_least("0.5.13"):
             kv = KvEventsConfig.parse(cfg.kv_events_config)  # the KV-event descriptor; None with events off
-            info["kv_events"] = kv_descriptor(kv, cfg.page_size, cfg.dp_size) if kv else None
+            info["kv_events"] = kv_descriptor(kv, cfg.page_size, cfg.dp_size, replay=cfg.at_least("0.5.23")) if kv else None
         if cfg.report_incarnation:
             info["incarnation"] = rep.incarnation  # not SGLang's: only when asked (--report-incarnation)
         return json_response(info)

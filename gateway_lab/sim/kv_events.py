@@ -7,9 +7,9 @@ One publisher per DP rank (each rank is an independent radix cache):
   buffered batch from `start_seq` (0.5.23: `[id, b"", topic, seq, payload]`; 0.5.9/0.5.13: `[id, b"", seq, payload]`),
   then the end marker (seq -1); the buffer keeps the last `buffer_steps` batches.
 Encodings by `--sglang-version`: 0.5.9/0.5.13 tagged arrays (`["BlockStored", hashes, parent, tokens, block_size,
-lora_id, medium]`), unsalted hashes, one event per store or removed page, the batch array without a None rank;
-0.5.23 tagged maps, salted chains (`cache_salt` on the event), consecutive stores of one chain and consecutive
-removals coalesced. The rank's queue is published every `PUBLISH_EVERY_S` (SGLang publishes from its scheduler loop).
+lora_id, medium]`), unsalted hashes, one BlockStored per page (each under the page before it, as 0.5.13's
+mem_cache/events.py sends them) and one BlockRemoved per page, the batch array without a None rank; 0.5.23 tagged
+maps, salted chains (`cache_salt` on the event), consecutive stores of one chain and consecutive removals coalesced. The rank's queue is published every `PUBLISH_EVERY_S` (SGLang publishes from its scheduler loop).
 
 Test switches (not SGLang's): `port_collision` reproduces the pre-0.5.23 plain-DP bug (every rank binds port + 0,
 so only rank 0 publishes; the others log the bind error); `drop_next(n)` sends nothing for the next n batches of each
@@ -100,12 +100,13 @@ def bind_host(endpoint: str) -> str:
     return endpoint[6:].rsplit(":", 1)[0]
 
 
-def descriptor(cfg: KvEventsConfig, page_size: int, dp_size: int) -> dict[str, Any]:
-    """`/server_info.kv_events` (0.5.13+)."""
+def descriptor(cfg: KvEventsConfig, page_size: int, dp_size: int, replay: bool = True) -> dict[str, Any]:
+    """`/server_info.kv_events` (0.5.13+). `replay`: it names the replay port (0.5.23); 0.5.13's descriptor
+    (ServerArgs.kv_events_descriptor) has no `replay_endpoint_port_base`, though its publisher binds one."""
     out: dict[str, Any] = {"publisher": "zmq", "endpoint_host": bind_host(cfg.endpoint),
                            "endpoint_port_base": port_of(cfg.endpoint), "topic": cfg.topic, "block_size": page_size,
                            "dp_size": dp_size}
-    if cfg.replay_endpoint:
+    if cfg.replay_endpoint and replay:
         out["replay_endpoint_port_base"] = port_of(cfg.replay_endpoint)
     return out
 
@@ -172,8 +173,14 @@ class RankEvents:
         ids = list(memoryview(tokens).cast("I")) if tokens else []
         ev = _Stored([n.event_hash for n in nodes], parent.event_hash if parent is not None else None, ids,
                      self.page_size, salt if self.maps else None)
+        if not self.maps:  # 0.5.9/0.5.13: one BlockStored per page, each under the page before it
+            bs = self.page_size
+            for i, h in enumerate(ev.hashes):
+                self.queue.append(_Stored([h], ev.parent if i == 0 else ev.hashes[i - 1], ids[i * bs:(i + 1) * bs],
+                                          bs, None))
+            return
         tail = self.queue[-1] if self.queue else None
-        if self.maps and isinstance(tail, _Stored) and tail.hashes and ev.parent == tail.hashes[-1] \
+        if isinstance(tail, _Stored) and tail.hashes and ev.parent == tail.hashes[-1] \
                 and tail.salt == ev.salt:
             tail.hashes.extend(ev.hashes)
             tail.tokens.extend(ev.tokens)

@@ -86,14 +86,18 @@ def stop_at(base: int, n: int, stops: list[str], natural_end: bool) -> StopAt | 
 
 
 # -- bodies --------------------------------------------------------------------------------------------------
-def usage(prompt: int, completion: int, cached: int, cache_report: bool) -> dict[str, Any]:
+def usage(prompt: int, completion: int, cached: int, cache_report: bool, zero_cached_details: bool = True
+          ) -> dict[str, Any]:
+    """`zero_cached_details`: with the cache report, nothing cached still gives `{"cached_tokens": 0}` (0.5.23);
+    0.5.13 leaves `prompt_tokens_details` None then (its UsageProcessor._details_if_cached)."""
     # counts are sums over choices; a negative one would break every consumer (Prometheus counters raise on it)
     prompt, completion, cached = max(0, prompt), max(0, completion), min(max(0, cached), max(0, prompt))
+    details = {"cached_tokens": cached} if cache_report and (cached or zero_cached_details) else None
     return {
         "prompt_tokens": prompt,
         "total_tokens": prompt + completion,
         "completion_tokens": completion,
-        "prompt_tokens_details": {"cached_tokens": cached} if cache_report else None,
+        "prompt_tokens_details": details,
         "reasoning_tokens": 0,
     }
 

@@ -79,13 +79,15 @@ class PrefixCache:
         n_pages = len(arr) // ps
         key = hash(("ns", namespace))
         keys = []
+        raw = arr[: n_pages * ps].tobytes()
+        step = ps * 4
         if ps == 1:
             for t in arr.tolist():
                 key = hash((key, t))
                 keys.append(key)
+            if self.events is not None:  # 1-token pages publish events too (0.5.13 on the CPU serves with them)
+                self._remember(keys, raw, step, namespace)
             return keys
-        raw = arr[: n_pages * ps].tobytes()
-        step = ps * 4
         for i in range(n_pages):
             key = hash((key, raw[i * step : (i + 1) * step]))
             keys.append(key)

@@ -83,7 +83,9 @@ class Reply:
     def _usage(self) -> dict[str, Any]:
         # SGLang counts a prompt once per prompt, not per choice: its first choice (index % n == 0) carries it
         cached = sum(r.cached for r in self.sub.requests[:: self.n_per_prompt])
-        return usage(self.prompt_len, sum(self.generated), cached, self.rep.cfg.enable_cache_report)
+        cfg = self.rep.cfg
+        return usage(self.prompt_len, sum(self.generated), cached, cfg.enable_cache_report,
+                     zero_cached_details=cfg.at_least("0.5.23") or not cfg.at_least("0.5.13"))
 
     def _calls(self, idx: int) -> bool:
         plan = self.plans[idx]

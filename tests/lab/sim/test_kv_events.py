@@ -32,8 +32,8 @@ def _store(cache: PrefixCache, tokens: list[int], namespace: str = "\x00") -> li
 def test_simulator_hashes_match_sglang_test_vector(maps: bool) -> None:
     cache, ev = _cache(maps)
     _store(cache, list(range(100, 132)))
-    [payload] = ev.take()
-    hashes = payload["block_hashes"] if maps else payload[1]
+    events = ev.take()
+    hashes = events[0]["block_hashes"] if maps else [h for e in events for h in e[1]]
     assert hashes == SGLANG_VECTOR
 
 
@@ -41,11 +41,12 @@ def test_salted_hashes_on_0523_and_ignored_before() -> None:
     for maps, want in ((True, SGLANG_VECTOR_SALTED), (False, SGLANG_VECTOR)):
         cache, ev = _cache(maps)
         _store(cache, list(range(100, 132)), "tenantA\x00")
-        [payload] = ev.take()
+        events = ev.take()
         if maps:
+            [payload] = events
             assert payload["block_hashes"] == want and payload["cache_salt"] == "tenantA"
-        else:  # 0.5.9/0.5.13: the salt is neither hashed nor on the wire
-            assert payload[1] == want and len(payload) == 7
+        else:  # 0.5.9/0.5.13: the salt is neither hashed nor on the wire; one event per page
+            assert [h for e in events for h in e[1]] == want and all(len(e) == 7 for e in events)
 
 
 def test_0523_coalesces_a_chain_and_removals_0513_does_not() -> None:
@@ -54,7 +55,7 @@ def test_0523_coalesces_a_chain_and_removals_0513_does_not() -> None:
         _store(cache, list(range(8)))
         _store(cache, list(range(16)))  # extends the first chain: one event on 0.5.23
         events = ev.take()
-        assert len(events) == (1 if maps else 2)
+        assert len(events) == (1 if maps else 4)  # 0.5.13: one BlockStored per page, as its mem_cache/events.py
         cache.evict(16)
         removed = ev.take()
         assert len(removed) == (1 if maps else 4)
@@ -65,10 +66,11 @@ def test_0523_coalesces_a_chain_and_removals_0513_does_not() -> None:
 def test_child_parent_links_to_the_parent_page_hash() -> None:
     cache, ev = _cache(False, page=4)
     _store(cache, list(range(8)))
-    first = ev.take()[0]
+    first = ev.take()
+    assert first[1][2] == first[0][1][0] and first[1][3] == [4, 5, 6, 7]  # each page under the one before
     _store(cache, list(range(12)))
     second = ev.take()[0]
-    assert second[2] == first[1][-1] and second[3] == [8, 9, 10, 11]
+    assert second[2] == first[-1][1][-1] and second[3] == [8, 9, 10, 11]
 
 
 def test_a_page_stored_again_after_eviction_is_reported_again() -> None:
@@ -91,7 +93,18 @@ def test_descriptor_and_config_parse() -> None:
     assert cfg is not None
     assert descriptor(cfg, 64, 2) == {"publisher": "zmq", "endpoint_host": "*", "endpoint_port_base": 5557, "topic": "",
                                       "block_size": 64, "dp_size": 2, "replay_endpoint_port_base": 5558}
+    # 0.5.13's descriptor names no replay port, though its publisher binds one
+    assert "replay_endpoint_port_base" not in descriptor(cfg, 1, 1, replay=False)
     assert KvEventsConfig.parse('{"publisher":"null"}') is None
     for bad in ('{"publisher":"kafka"}', '{"publisher":"zmq","endpoint":"ipc:///x"}', '{"nope":1}', "[1]"):
         with pytest.raises(ValueError):
             KvEventsConfig.parse(bad)
+
+
+def test_one_token_pages_are_published_one_event_each() -> None:
+    """0.5.13 on the CPU serves with 1-token pages: every token is a page, and its event names the page before it."""
+    cache, ev = _cache(False, page=1)
+    _store(cache, [7, 8, 9])
+    events = ev.take()
+    assert [e[3] for e in events] == [[7], [8], [9]] and [e[4] for e in events] == [1, 1, 1]
+    assert events[0][2] is None and events[1][2] == events[0][1][0] and events[2][2] == events[1][1][0]
