@@ -100,6 +100,7 @@ class KvEventsManager:
         self.settings = settings
         self.tokenizer = tokenizer
         self.tokenizer_checks: dict[str, str] = {}  # server -> ok | mismatch: ... | unchecked: ...
+        self.tool_layouts: dict[str, str] = {}  # server -> how it renders tools (a TOOL_LAYOUTS name) | why none
         self.index: Any = None  # the PreciseIndex (for its answer counts in metrics)
         self.hasher: Any = None  # the TokenPrefixHasher (its CPU time in metrics)
         self.registry = registry
@@ -211,41 +212,72 @@ class KvEventsManager:
 
     async def _check_tokenizer(self, server: str, t: Target) -> str:
         """Once per server: the engine's /v1/tokenize of a sample chat against ours (0.5.13+; `messages` there).
-        A mismatch means our keys can never match its events: that replica is routed approximately."""
+        A mismatch means our keys can never match its events: that replica is routed approximately. Then how it
+        renders tools (_learn_tools)."""
         done = self.tokenizer_checks.get(server)
         if done is not None and not done.startswith("unchecked: unreachable"):
             return done
         if self.tokenizer is None or not self.settings.tokenizer.check_engine:
             result = "unchecked: disabled"
         else:
-            body = {"model": t.upstream_model, "messages": SAMPLE_CHAT}
-            try:
-                path = "/tokenize" if t.caps.engine_api == "vllm" else "/v1/tokenize"
-                r = await self.http.post(f"{t.base_url}{path}", json=body, timeout=5.0,
-                                         headers={"Authorization": f"Bearer {t.api_key}"} if t.api_key else None)
-                data = r.json() if r.status_code == 200 else None
-            except (httpx.HTTPError, ValueError):
-                data, r = None, None
-            tokens = data.get("tokens") if isinstance(data, dict) else None
-            if r is None:
+            status, tokens = await self._engine_tokenize(t, {"messages": SAMPLE_CHAT})
+            if status is None:
                 result = "unchecked: unreachable"
-            elif not isinstance(tokens, list):
-                result = f"unchecked: /v1/tokenize answered {r.status_code}"
+            elif tokens is None:
+                result = f"unchecked: /v1/tokenize answered {status}"
             else:
                 ours = self.tokenizer.encode_request("chat/completions", {"messages": SAMPLE_CHAT}).tolist()
                 result = "ok" if ours == tokens else (f"mismatch: {len(ours)} ids here, {len(tokens)} from the engine, "
                                                       f"first difference at {_first_diff(ours, tokens)}")
             if result != "ok":
                 log.warning("KV events: tokenizer check against %s: %s", server, result)
+            else:
+                await self._learn_tools(server, t)
         self.tokenizer_checks[server] = result
         return result
+
+    async def _learn_tools(self, server: str, t: Target) -> None:
+        """How the engine hands tools to its chat template differs by release (gateway/tokenizers/real.py,
+        TOOL_LAYOUTS): the layout whose rendering of a probe with a tool gives the engine's own ids is adopted, so a
+        request with tools is keyed (and counted) as the engine will see it. `tools` in health: the layout, or why
+        none."""
+        learn = getattr(self.tokenizer, "learn_tool_layout", None)
+        if learn is None:
+            return
+        from gateway.tokenizers.real import TOOLS_PROBE  # the tokenizer with `learn_tool_layout` is that module's
+
+        status, tokens = await self._engine_tokenize(t, TOOLS_PROBE)
+        if tokens is None:
+            self.tool_layouts[server] = f"unchecked: /v1/tokenize with tools answered {status}"
+            return
+        layout = learn(tokens)
+        self.tool_layouts[server] = layout or "mismatch: no known layout renders the engine's ids"
+        # one tokenizer keys every request: servers that render tools apart cannot all be matched
+        others = {v for k, v in self.tool_layouts.items() if k != server and not v.startswith(("mismatch", "unchecked"))}
+        if layout is None or others - {layout}:
+            log.warning("KV events: tools as %s renders them: %s (requests with tools are keyed as %s; others: %s)",
+                        server, self.tool_layouts[server], getattr(self.tokenizer, "tool_layout", None), sorted(others))
+
+    async def _engine_tokenize(self, t: Target, body: dict[str, Any]) -> tuple[int | None, list[int] | None]:
+        """The engine's token ids for a chat body: (status, ids), (None, None) when unreachable."""
+        try:
+            path = "/tokenize" if t.caps.engine_api == "vllm" else "/v1/tokenize"
+            r = await self.http.post(f"{t.base_url}{path}", json={"model": t.upstream_model, **body}, timeout=5.0,
+                                     headers={"Authorization": f"Bearer {t.api_key}"} if t.api_key else None)
+            data = r.json() if r.status_code == 200 else None
+        except (httpx.HTTPError, ValueError):
+            return None, None
+        tokens = data.get("tokens") if isinstance(data, dict) else None
+        return r.status_code, tokens if isinstance(tokens, list) else None
 
     def _subscribe(self, server: str, rank: int, ep: Endpoints) -> None:
         holder: dict[str, RankState] = {}
         sub = Subscription(self.ctx, ep.pub(rank), ep.replay(rank), ep.topic,
                            on_batch=lambda b: self._on_batch(holder["st"], b),
                            on_reset=lambda why: self._on_reset(holder["st"], why))
-        st = holder["st"] = RankState(server, rank, sub, RankBlocks(page=ep.block_size or self.settings.block_size))
+        adopt = self.hasher.keys_before if self.hasher is not None else None  # places blocks under unseen parents
+        st = holder["st"] = RankState(server, rank, sub, RankBlocks(page=ep.block_size or self.settings.block_size,
+                                                                    adopt=adopt))
         self.ranks[(server, rank)] = st
         sub.start()
 
@@ -296,9 +328,10 @@ class KvEventsManager:
 
     def health(self) -> dict[str, Any]:
         subs = {f"{s}/rank{r}": {**st.sub.health(), "blocks": len(st.blocks), "orphans": st.blocks.orphans,
-                                         "partials": st.blocks.partials}
+                                         "adoptions": st.blocks.adoptions, "partials": st.blocks.partials}
                 for (s, r), st in sorted(self.ranks.items())}
         return {"subscriptions": subs, "unsubscribed": dict(self.problems), "tokenizer": dict(self.tokenizer_checks),
+                "tools": dict(self.tool_layouts),
                 "healthy": sum(1 for st in self.ranks.values() if st.healthy), "total": len(self.ranks)}
 
     def collector(self) -> KvEventsCollector:

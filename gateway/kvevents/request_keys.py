@@ -20,11 +20,13 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from gateway.kvevents import keys
+from gateway.kvevents.blocks import ADOPT_MIN_TOKENS
 from gateway.prefix.hashing import MAX_CHUNKS
 from gateway.tokenizers import RequestTokenizer
 
@@ -74,6 +76,29 @@ class TokenPrefixHasher:
         self.cpu_s += time.perf_counter() - t0
         self.calls += 1
         return out
+
+    def keys_before(self, ns: str, run: Sequence[int], block_size: int) -> list[int] | None:
+        """The keys in namespace `ns` of the pages before `run` in a recent request (the memo) that holds `run` from
+        a page boundary past its first page (to its end, where the run goes on with generated tokens): where an
+        engine's BlockStored under a parent this gateway never saw belongs (kvevents/blocks.py). The requests of
+        `ns` are searched, or for events with no namespace (<= 0.5.13, every tenant's pages in one tree) those of
+        every namespace. None when no request holds it, or two place it after different tokens."""
+        if block_size != self.block_size or not len(run):
+            return None
+        with self._lock:
+            past = [e for k in ([ns] if ns else list(self._memo)) for e in self._memo.get(k, ())]
+        r = np.asarray(run, dtype=np.uint32)
+        found: np.ndarray | None = None
+        for ids, _ in past:
+            for s in np.flatnonzero(ids == r[0]).tolist():
+                m = min(len(r), len(ids) - s)
+                if s % block_size or s == 0 or m < min(len(r), ADOPT_MIN_TOKENS) \
+                        or not np.array_equal(ids[s:s + m], r[:m]):
+                    continue
+                if found is not None and not np.array_equal(found, ids[:s]):
+                    return None
+                found = ids[:s]
+        return keys.chain(keys.seed(ns), found, block_size) if found is not None else None
 
     def _chain(self, ns: str, ids: np.ndarray) -> list[int]:
         """Every page key of `ids` in namespace `ns`, reusing the longest chain the memo shares a prefix with."""

@@ -43,23 +43,48 @@ CHECKED_RENDERS = 8  # requests whose generation prompt is checked to be a plain
 NAMESPACE_ENTRIES = 64  # one tenant's conversations cannot take more of the cache than this, so none evicts the rest
 
 
-def engine_tools(tools: Any) -> list[Any] | None:
-    """The tools as SGLang 0.5.23 hands them to the chat template: each the dump of its request model, the client's
-    keys first, then the fields it left out at their defaults (`function.description` and `.parameters` None, the
-    tool's `defer_loading` None), so the template writes them as `null`. Seen against a real server's /v1/tokenize
-    (tests/engines/test_tier.py); rendered as sent, a request with tools got other ids than the engine's, and
-    precise routing never matched its pages."""
+# How an engine hands a request's tools to the chat template (each its request model's dump). The gateway cannot
+# know it from the model files: it learns it from the engine's /v1/tokenize of TOOLS_PROBE (learn_tool_layout).
+# - client_order: the client's keys in its order, then the fields it left out at their defaults (`function.description`
+#   and `.parameters` None, the tool's `defer_loading` None), so the template writes them as `null` (SGLang 0.5.23,
+#   whose `Function` keeps the client's key order and drops an unset `strict`);
+# - declared_order: the model's fields in declaration order, `strict` false when unset, the client's other keys
+#   dropped (SGLang 0.5.13: `{type, function: {description, name, parameters, strict}, defer_loading}`);
+# - as_sent: the tools exactly as the client sent them.
+TOOL_LAYOUTS = ("client_order", "declared_order", "as_sent")
+TOOLS_PROBE: dict[str, Any] = {
+    "messages": [{"role": "user", "content": "weather in Paris?"}],
+    "tools": [{"type": "function", "function": {
+        "name": "get_weather", "description": "Weather of a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]}
+
+
+def engine_tools(tools: Any, layout: str = "client_order") -> list[Any] | None:
+    """The tools as an engine hands them to the chat template, in one of TOOL_LAYOUTS. Rendered as sent against an
+    engine that renders its dump, a request with tools gets other ids than the engine's, and precise routing never
+    matches its pages (seen against real servers' /v1/tokenize: tests/engines/test_tier.py)."""
     if not isinstance(tools, list) or not tools:
         return None
+    if layout == "as_sent":
+        return tools
     out: list[Any] = []
     for t in tools:
         if not isinstance(t, dict) or not isinstance(t.get("function"), dict):
             out.append(t)
             continue
-        fn = dict(t["function"])
+        fn = t["function"]
+        if layout == "declared_order":
+            f2 = {"description": fn.get("description"), "name": fn.get("name"), "parameters": fn.get("parameters"),
+                  "strict": fn.get("strict", False)}
+            defer = fn.get("defer_loading") if fn.get("defer_loading") is not None else t.get("defer_loading")
+            if defer is not None:  # the tool's flag is copied onto its function; None is left out of the dump
+                f2["defer_loading"] = defer
+            out.append({"type": t.get("type", "function"), "function": f2, "defer_loading": t.get("defer_loading")})
+            continue
+        f2 = dict(fn)
         for k in ("description", "parameters"):
-            fn.setdefault(k, None)
-        tool = {**t, "function": fn}
+            f2.setdefault(k, None)
+        tool = {**t, "function": f2}
         tool.setdefault("defer_loading", None)
         out.append(tool)
     return out
@@ -97,6 +122,7 @@ class HfTokenizer:
         self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
+        self.tool_layout = "client_order"  # how the engine dumps tools for its template (learn_tool_layout)
 
     @classmethod
     def from_dir(cls, path: str) -> HfTokenizer:
@@ -133,6 +159,21 @@ class HfTokenizer:
         except jinja2.TemplateError as e:  # the template's own raise_exception too: a refusal the caller can name
             raise TemplateRefused(str(e)) from e
 
+    def learn_tool_layout(self, engine_ids: list[int], body: dict[str, Any] = TOOLS_PROBE) -> str | None:
+        """The layout in which `body`'s tools render to the engine's own ids for `body` (its /v1/tokenize), adopted
+        for every later request; None (and the layout kept) when none does. The ids, not the engine's release, decide:
+        a release that changes its request model is learned the same way."""
+        messages = body.get("messages") or []
+        for layout in (self.tool_layout, *(x for x in TOOL_LAYOUTS if x != self.tool_layout)):
+            try:
+                ids = self.encode_text(self.render(messages, engine_tools(body.get("tools"), layout)))
+            except TemplateRefused:
+                continue
+            if ids.tolist() == list(engine_ids):
+                self.tool_layout = layout
+                return layout
+        return None
+
     def encode_text(self, text: str) -> np.ndarray:
         return np.asarray(self._encode_ids([text], add_special_tokens=False)[0].ids, dtype=np.uint32)
 
@@ -145,7 +186,7 @@ class HfTokenizer:
                 return np.asarray(self.tok.encode(prompt, add_special_tokens=True).ids, dtype=np.uint32)
             return token_ids_of(prompt)
         messages = body.get("messages") or []
-        tools = engine_tools(body.get("tools"))
+        tools = engine_tools(body.get("tools"), self.tool_layout)
         text = self.render(messages, tools)
         ids, found = self._from_cache(text, namespace)
         # what the next turn will extend: this conversation without the generation prompt

@@ -15,7 +15,7 @@ import pytest
 
 from gateway.config import parse_config
 from gateway.preflight import check_config
-from gateway.tokenizers.real import HfTokenizer
+from gateway.tokenizers.real import TOOL_LAYOUTS, TOOLS_PROBE, HfTokenizer
 from gateway.upstreams import release
 from gateway_lab.engines.envs import EngineEnv
 from gateway_lab.engines.servers import Fleet
@@ -154,6 +154,7 @@ def test_precise_mode_routes_from_real_kv_events(precise_gateway: ServerThread, 
     manager = precise_gateway.app.app.app.state.gateway.kv_events  # type: ignore[attr-defined]
     wait_until(lambda: manager.health()["healthy"] == 2, timeout=60, what="both subscriptions healthy")
     assert set(manager.health()["tokenizer"].values()) == {"ok"}, manager.health()
+    assert set(manager.health()["tools"].values()) <= set(TOOL_LAYOUTS), manager.health()  # learned, one each
     sessions = [Session(f"precise-{i}") for i in range(2)]
 
     def held() -> int:
@@ -208,8 +209,14 @@ def test_tokenizer_parity_with_the_engine(two_sglang: Fleet, model_dir: Path) ->
         r = httpx.post(f"{two_sglang.urls[0]}/v1/tokenize", json={"model": "tiny", **body}, timeout=30)
         assert r.status_code == 200, r.text
         assert tok.encode_request("chat/completions", body).tolist() == r.json()["tokens"], body
-    # with tools: the engine's prompt count of the rendered template equals ours
-    body = {"messages": [{"role": "user", "content": "weather in Paris?"}], "tools": [WEATHER]}
+    # with tools: how the engine hands them to its template differs by release, so the tokenizer learns it from the
+    # engine's ids for a probe (as the precise gateway's check does); then the engine's prompt count of other tools
+    # rendered by the template equals ours
+    r = httpx.post(f"{two_sglang.urls[0]}/v1/tokenize", json={"model": "tiny", **TOOLS_PROBE}, timeout=30)
+    assert r.status_code == 200, r.text
+    assert tok.learn_tool_layout(r.json()["tokens"]) in TOOL_LAYOUTS, tok.tool_layout
+    body = {"messages": [{"role": "user", "content": "weather in Paris?"}],
+            "tools": [WEATHER, {"type": "function", "function": {"name": "now", "strict": True}}]}
     r = httpx.post(f"{two_sglang.urls[0]}/v1/chat/completions", timeout=60,
                    json={"model": "tiny", "max_tokens": 1, **body})
     assert r.status_code == 200, r.text
