@@ -216,7 +216,8 @@ def test_tokenizer_parity_with_the_engine(two_sglang: Fleet, model_dir: Path) ->
     assert r.status_code == 200, r.text
     assert tok.learn_tool_layout(r.json()["tokens"]) in TOOL_LAYOUTS, tok.tool_layout
     body = {"messages": [{"role": "user", "content": "weather in Paris?"}],
-            "tools": [WEATHER, {"type": "function", "function": {"name": "now", "strict": True}}]}
+            "tools": [WEATHER, {"type": "function", "function": {"name": "now"}}]}  # (a strict tool ends 0.5.13 on
+    # the CPU: it constrains decoding with xgrammar, whose CPU mask raises in the scheduler; docs/engines.md)
     r = httpx.post(f"{two_sglang.urls[0]}/v1/chat/completions", timeout=60,
                    json={"model": "tiny", "max_tokens": 1, **body})
     assert r.status_code == 200, r.text

@@ -6,7 +6,6 @@ expected texts are what real servers' /v1/tokenize rendered for these tools (tes
 from __future__ import annotations
 
 import json
-
 from pathlib import Path
 
 from gateway.tokenizers.real import TOOLS_PROBE, HfTokenizer, engine_tools
