@@ -27,7 +27,8 @@ class TokenizerSettings(_Strict):
     kind: Literal["sim", "hf"] = Field(default="sim", description="sim: the simulator's token rule (no files); hf: "
                                        "the model's tokenizer.json and chat template from `path`")
     path: str | None = Field(default=None, description="directory holding tokenizer.json and tokenizer_config.json")
-    check_engine: bool = Field(default=True, description="compare a sample with the engine's /v1/tokenize at start")
+    check_engine: bool = Field(default=True, description="compare a sample with the engine's /v1/tokenize at start, "
+                               "and learn how it renders tools")
 
     @model_validator(mode="after")
     def _path(self) -> TokenizerSettings:
