@@ -130,8 +130,8 @@ class RankBlocks:
             return None
         self.adoptions += 1
         self.by_engine[ev.parent] = before[-1]
-        self.adopted[ev.parent] = before[:-1]
         new = [k for k in before if k not in self.held]
+        self.adopted[ev.parent] = [k for k in new if k != before[-1]]  # not those held on their own events' account
         self.held.update(new)
         out.added.extend(new)
         return before[-1]

@@ -76,3 +76,15 @@ def test_whole_pages_and_a_salted_namespace() -> None:
     other = RankBlocks(page=16, adopt=h.keys_before)
     other.apply([Stored([31, 32, 33, 34], 555, prompt[32:], 16, "u")])  # another tenant's salt: not placed
     assert other.orphans == 1 and other.adoptions == 0
+
+
+def test_ancestors_seen_in_their_own_events_stay_when_the_adopted_parent_goes() -> None:
+    h = _hasher()
+    prompt = SHARED + list(range(100, 140))
+    h("completions", {"prompt": prompt}, "m", "", chunk_tokens=8)
+    blocks = RankBlocks(page=1, adopt=h.keys_before)
+    blocks.apply([Stored([50], None, [SHARED[0]], 1)])  # the first page was seen; the next two were not
+    blocks.apply(_per_page(prompt[len(SHARED):], 1000, parent=777))
+    first = keys.chain(keys.seed(""), np.asarray(prompt[:1]), 1)[0]
+    blocks.apply([Removed([777])])
+    assert first in blocks.held and blocks.by_engine[50] == first
