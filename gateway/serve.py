@@ -40,6 +40,9 @@ async def serve_gateway(app: Any, host: str, port: int, drain_timeout: float, dr
     def stop_now() -> None:
         for h in pending:
             h.cancel()
+        if not server.should_exit:  # each step of a shutdown is a line on-call can find (a hang shows where)
+            log_event("listener_closing", logging.INFO, connections=len(server.server_state.connections),
+                      requests_in_flight=len(server.server_state.tasks), drain_timeout_s=drain_timeout)
         server.should_exit = True
         loop.call_later(drain_timeout, cut_streams, app)
 
@@ -60,6 +63,7 @@ async def serve_gateway(app: Any, host: str, port: int, drain_timeout: float, dr
             on_started()
 
     await serve_all([server] + (extra or []), on_started=started, on_signal=on_signal)
+    log_event("stopped", logging.INFO, connections_left=len(server.server_state.connections))
 
 
 def freeze_heap() -> None:

@@ -162,7 +162,13 @@ def test_two_workers_share_limits_metrics_and_drain_together(redis_server, tmp_p
         proc.send_signal(signal.SIGTERM)
         t.join(60)
         assert got["status"] == 200 and "data: [DONE]" in got["chunks"]  # the whole stream, not a cut one
-        assert proc.wait(60) == 0
+        try:
+            code = proc.wait(60)
+        except subprocess.TimeoutExpired:  # say which process is where in its shutdown
+            events = [x for x in lines(log) if x.get("event") not in ("request", None)]
+            raise AssertionError(f"the supervisor did not exit within 60 s of SIGTERM; workers alive: "
+                                 f"{sorted(p for p in pids if os.path.exists(f'/proc/{p}'))}; events: {events}") from None
+        assert code == 0
         assert not any(os.path.exists(f"/proc/{p}") for p in pids)  # both workers ended (and were reaped)
     finally:
         stop_processes([proc])
