@@ -46,17 +46,16 @@ agent-drift: setup
 
 .PHONY: agent-clis agent-compat agent-drift
 
-# The engine tier (tests/engines, docs/engines.md): real SGLang 0.5.23 (and vLLM 0.32) on the CPU behind the
-# gateway, and the simulator compared with SGLang. Installs the engine environment into ~/.cache/inference-gateway/engines on first use
-# (minutes; cached by version), then runs the tier; a missing environment is a
-# failure here, never a skip. `make engine-test ENGINE=sglang==0.5.13.post1` runs it against the older release
-# (its servers start with 1-token pages, the page its CPU path serves with; the tier reads the page size from the
-# servers: docs/engines.md).
-ENGINE ?= sglang==0.5.23
+# The engine tier (tests/engines, docs/engines.md): real SGLang 0.5.23 and 0.5.13.post1 (and vLLM 0.32) on the CPU
+# behind the gateway, and the simulator compared with SGLang; every SGLang test runs once per release. Installs the
+# engine environments into ~/.cache/inference-gateway/engines on first use (minutes; cached by version), then runs
+# the tier; a missing environment is a failure here, never a skip. `make engine-test ENGINE=sglang==0.5.13.post1`
+# runs it against one release (each starts with the page size its CPU path serves, read back from the servers:
+# docs/engines.md).
+comma := ,
+ENGINE ?= sglang==0.5.23,sglang==0.5.13.post1
 VLLM ?= vllm==0.32.0
 engine-test: setup
-	$(BIN)/python -m gateway_lab.engines install $(ENGINE) $(VLLM)
+	$(BIN)/python -m gateway_lab.engines install $(subst $(comma), ,$(ENGINE)) $(VLLM)
 	GATEWAY_ENGINE_TESTS=1 GATEWAY_ENGINE_SGLANG=$(ENGINE) GATEWAY_ENGINE_VLLM=$(VLLM) \
 		$(BIN)/python -m pytest -q tests/engines
-
-.PHONY: engine-test
