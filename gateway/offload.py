@@ -36,11 +36,11 @@ import sys
 from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar, cast
 
 from gateway.config import Offload
 from gateway.errors import NoCapacity
-from gateway.pipeline.json_body import MAX_JSON_DEPTH, parse_json, parse_sliced
+from gateway.pipeline.json_body import MAX_JSON_DEPTH, as_is, run_front, run_front_sliced
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -74,29 +74,37 @@ class CpuPool:
         return await self._wait(self._pool.submit(contextvars.copy_context().run, functools.partial(fn, *args, **kwargs)))
 
     async def parse(self, raw: bytes, max_depth: int = MAX_JSON_DEPTH) -> dict[str, Any]:
-        """`parse_json(raw, max_depth)`: inline when small; a large body in a worker process, rebuilt here a slice
-        at a time with the event loop free in between (on a thread when `offload.processes` is 0). 503 when full."""
+        """`parse_json(raw, max_depth)`, as `front` runs it (a large body in a worker process). 503 when full."""
+        body: dict[str, Any] = await self.front(raw, max_depth, as_is)
+        return body
+
+    async def front(self, raw: bytes, max_depth: int, job: Callable[..., T], *args: Any) -> T:
+        """A request's front half, `job(parse_json(raw, max_depth), *args)` (`run_front`): inline when the body is
+        small; a large body's whole in a worker process, its result rebuilt here a slice at a time with the event
+        loop free in between (on a thread when `offload.processes` is 0, or the worker died). `job` is a module-level
+        function and `args` plain data (they are pickled to the worker). 503 when full; the job's own errors (a 400
+        for the JSON) are raised as inline."""
         if len(raw) < self.cfg.min_body_bytes:
-            return parse_json(raw, max_depth)
+            return cast(T, run_front(raw, max_depth, job, args))
         if not self.cfg.processes:
-            return await self.run(len(raw), parse_json, raw, max_depth)
+            return cast(T, await self.run(len(raw), run_front, raw, max_depth, job, args))
         self._admit()
         try:
-            future = self._processes().submit(parse_sliced, raw, max_depth)
+            future = self._processes().submit(run_front_sliced, raw, max_depth, job, args)
         except (BrokenProcessPool, RuntimeError):  # found broken since the last body (a new one next time), or closed
             self._drop_processes()
             self._done()
-            return await self.run(len(raw), parse_json, raw, max_depth)
+            return cast(T, await self.run(len(raw), run_front, raw, max_depth, job, args))
         try:
             sliced = await self._wait(future)
-        except BrokenProcessPool:  # the worker died (killed, out of memory) while parsing this body
+        except BrokenProcessPool:  # the worker died (killed, out of memory) while working on this body
             self._drop_processes()
-            return await self.run(len(raw), parse_json, raw, max_depth)
+            return cast(T, await self.run(len(raw), run_front, raw, max_depth, job, args))
         rebuilt = sliced.rebuilding()
-        body = next(rebuilt)  # its head: the long arrays still empty
-        for _ in rebuilt:  # each step adds one slice to `body`
+        value = next(rebuilt)  # its head: the long lists still empty
+        for _ in rebuilt:  # each step adds one slice to `value`
             await asyncio.sleep(0)  # whatever else is ready runs between two slices
-        return body
+        return cast(T, value)
 
     def _processes(self) -> ProcessPoolExecutor:
         if self._procs is None:

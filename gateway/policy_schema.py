@@ -8,6 +8,7 @@ models (`gateway policies schema`) for editors.
 from __future__ import annotations
 
 import fnmatch
+from collections.abc import Sequence
 from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -61,6 +62,21 @@ class ModelAlias(Strict):
 
     def matches(self, name: str) -> bool:
         return name == self.match or (self.is_glob and fnmatch.fnmatchcase(name, self.match))
+
+
+def alias_for(name: str, models: Sequence[str], aliases: Sequence[ModelAlias]) -> ModelAlias | None:
+    """The alias answering `name` for a tenant serving `models` with `aliases`: none for a model it serves itself;
+    else the first exact match, then the first glob that matches. (A function of plain data: a large body's front
+    half resolves names with it in a worker process, pipeline/front.py.)"""
+    if name in models:
+        return None
+    exact = next((a for a in aliases if a.match == name), None)
+    return exact or next((a for a in aliases if a.is_glob and a.matches(name)), None)
+
+
+def cache_namespace(cache_salt: str, client_salt: object = None) -> str:
+    """A tenant's cache namespace (`cache_salt`: its own) subdivided by a client's salt, if it sent one."""
+    return f"{cache_salt}:{client_salt}" if isinstance(client_salt, str) and client_salt else cache_salt
 
 
 class _PolicyFields(Strict):
@@ -134,12 +150,8 @@ class Tenant(_PolicyFields):
     def cache_namespace(self, client_salt: object = None) -> str:
         """The namespace sent to SGLang as `cache_salt` and mixed into the prefix hash — one rule for both, so the
         index predicts what the engine will reuse. A client's own salt only subdivides its tenant's namespace."""
-        return f"{self.cache_salt}:{client_salt}" if isinstance(client_salt, str) and client_salt else self.cache_salt
+        return cache_namespace(self.cache_salt, client_salt)
 
     def alias_for(self, name: str) -> ModelAlias | None:
-        """The alias answering `name`: none for a model the tenant serves itself; else the first exact match, then
-        the first glob that matches."""
-        if name in self.models:
-            return None
-        exact = next((a for a in self.model_aliases if a.match == name), None)
-        return exact or next((a for a in self.model_aliases if a.is_glob and a.matches(name)), None)
+        """The alias answering `name` (`alias_for`)."""
+        return alias_for(name, self.models, self.model_aliases)

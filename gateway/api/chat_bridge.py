@@ -15,7 +15,7 @@ one after it becomes the API's in-band error event (`StreamEncoder.error`).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 from starlette.requests import Request
@@ -26,7 +26,10 @@ from gateway.errors import GatewayError
 from gateway.offload import CpuPool
 from gateway.pipeline.body import read_body
 from gateway.pipeline.call import Call, StreamEncoder
+from gateway.pipeline.json_body import MAX_JSON_DEPTH
 from gateway.routing.request import MAX_SESSION_CHARS
+
+T = TypeVar("T")
 
 
 def note_refusal(request: Request, model: object, err: GatewayError, served: str | None = None) -> None:
@@ -45,6 +48,14 @@ async def read_json(request: Request, limit: int, cpu: CpuPool) -> tuple[dict[st
     in bytes (a large body is parsed off the event loop, and so are its later steps)."""
     raw = await read_body(request, limit)
     return await cpu.parse(raw), len(raw)
+
+
+async def read_front(request: Request, limit: int, cpu: CpuPool, job: Callable[..., T], *args: Any) -> tuple[T, int]:
+    """The client's body, bounded like the chat path's (413 past `limit`), parsed (400 if it is no JSON object) and
+    run through `job(body, *args)`, the API's front half (a large body's all of it in a worker process:
+    `CpuPool.front`); and its size in bytes."""
+    raw = await read_body(request, limit)
+    return await cpu.front(raw, MAX_JSON_DEPTH, job, *args), len(raw)
 
 
 def with_bearer(request: Request, api_key: str | None) -> Request:

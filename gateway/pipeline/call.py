@@ -42,6 +42,9 @@ class Call:
     encoder: StreamEncoder | None = None
     # the size of the client's body the adapter parsed: a large one's CPU steps run off the event loop (offload.py)
     body_bytes: int = 0
+    # the front half of the body the pipeline validates (front.py `Front`: validated, rendered, hashed ahead, in a
+    # worker process for a large body); None: the pipeline runs those stages itself
+    front: Any = None
 
     def api_for(self, endpoint: str) -> str:
         return self.api or ENDPOINT_APIS.get(endpoint, "other")

@@ -1,18 +1,19 @@
 """A request body's JSON, parsed at the edge: one object, nested at most `max_depth` levels (400 otherwise).
 
 A large body's parse runs in a worker process (gateway/offload.py): orjson holds the GIL for the whole of it
-(~30 ms for 8 MB), so in a thread it would hold the event loop just as long. The worker sends the object back in
-slices (`parse_sliced`): the body without its long top-level arrays, then those arrays a few hundred KiB at a time,
-each a pickle the event loop loads in well under a millisecond (`Sliced.add`), with other work in between. The
-object rebuilt is equal to `parse_json`'s, keys in the same order; an error is the same InvalidRequest.
+(~30 ms for 8 MB), so in a thread it would hold the event loop just as long. The worker sends what it made of the
+body (the body itself, or its front half's result, pipeline/front.py) back in slices (`slice_value`): the value with
+its long lists emptied, then those lists a few hundred KiB at a time, each a pickle the event loop loads in well
+under a millisecond (`Sliced.rebuilding`), with other work in between. The object rebuilt is equal to the worker's,
+keys in the same order; an error is the same InvalidRequest.
 
-This module imports orjson and the error tree only: it is all a worker process loads.
+This module imports orjson and the error tree only; a worker process loads it, and the module of whatever job it runs.
 """
 
 from __future__ import annotations
 
 import pickle
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,39 +64,75 @@ def _deeper_than(obj: Any, limit: int) -> bool:
     return False
 
 
+def bulk_lists(value: Any) -> list[list[Any]]:
+    """The long lists a value carries at its top: a JSON object's top-level arrays, or what an object with a
+    `bulk_lists()` method names (a large body's front half, pipeline/front.py: the chat body's arrays, a Responses
+    turn's items). Each list once, in a fixed order (the same for the value and for its pickled copy)."""
+    lists = value.bulk_lists() if hasattr(value, "bulk_lists") else \
+        [v for v in value.values() if type(v) is list] if isinstance(value, dict) else []
+    out: list[list[Any]] = []
+    for v in lists:
+        if not any(v is o for o in out):
+            out.append(v)
+    return out
+
+
 @dataclass
 class Sliced:
-    """A parsed body in pickled slices: `head`, the object with each long top-level array emptied, and `parts`,
-    (key, a run of that array's items) in order. Pickles of plain JSON values (dicts, lists, strings, numbers)."""
+    """A value in pickled slices: `head`, the value with each of its long lists (`bulk_lists`) emptied, and `parts`,
+    (which list, a run of its items) in order. Pickles of plain values (JSON values, the front half's dataclasses)."""
 
     head: bytes
-    parts: list[tuple[str, bytes]] = field(default_factory=list)
+    parts: list[tuple[int, bytes]] = field(default_factory=list)
 
-    def rebuilding(self) -> Iterator[dict[str, Any]]:
-        """The body, loaded one slice at a time: the same object is yielded once its head is loaded and again after
+    def rebuilding(self) -> Iterator[Any]:
+        """The value, loaded one slice at a time: the same object is yielded once its head is loaded and again after
         each part is added (a caller may let other work run in between); once exhausted, it is whole."""
-        body: dict[str, Any] = pickle.loads(self.head)
-        yield body
-        for key, blob in self.parts:
-            body[key].extend(pickle.loads(blob))
-            yield body
+        value = pickle.loads(self.head)
+        yield value
+        lists = bulk_lists(value) if self.parts else []
+        for i, blob in self.parts:
+            lists[i].extend(pickle.loads(blob))
+            yield value
 
-    def whole(self) -> dict[str, Any]:
-        *_, body = self.rebuilding()
-        return body
+    def whole(self) -> Any:
+        *_, value = self.rebuilding()
+        return value
+
+
+def slice_value(value: Any, size: int, slice_bytes: int = SLICE_BYTES) -> Sliced:
+    """`value` as `Sliced`: each of its long lists cut into runs of about `slice_bytes` of a `size`-byte body each
+    (its items' count in proportion to the body's size). The lists are emptied in place: `value` is the caller's to
+    give away (a worker process's own)."""
+    parts: list[tuple[int, bytes]] = []
+    for i, items in enumerate(bulk_lists(value)):
+        run = max(1, slice_bytes * len(items) // max(size, 1))
+        if run >= len(items):
+            continue
+        whole = items[:]
+        items.clear()
+        parts += [(i, pickle.dumps(whole[j:j + run], pickle.HIGHEST_PROTOCOL)) for j in range(0, len(whole), run)]
+    return Sliced(pickle.dumps(value, pickle.HIGHEST_PROTOCOL), parts)
 
 
 def parse_sliced(raw: bytes, max_depth: int = MAX_JSON_DEPTH, slice_bytes: int = SLICE_BYTES) -> Sliced:
     """`parse_json(raw, max_depth)` (raising what it raises), as `Sliced`: a top-level array is cut into runs of
-    about `slice_bytes` of the body each (its items' count in proportion to the body's size)."""
-    body = parse_json(raw, max_depth)
-    head: dict[str, Any] = {}
-    parts: list[tuple[str, bytes]] = []
-    for key, value in body.items():
-        run = max(1, slice_bytes * len(value) // max(len(raw), 1)) if isinstance(value, list) else 0
-        if not run or run >= len(value):
-            head[key] = value
-            continue
-        head[key] = []
-        parts += [(key, pickle.dumps(value[i:i + run], pickle.HIGHEST_PROTOCOL)) for i in range(0, len(value), run)]
-    return Sliced(pickle.dumps(head, pickle.HIGHEST_PROTOCOL), parts)
+    about `slice_bytes` of the body each."""
+    return slice_value(parse_json(raw, max_depth), len(raw), slice_bytes)
+
+
+def as_is(body: dict[str, Any]) -> dict[str, Any]:
+    """The parsed body itself: the front half of a request whose later steps run elsewhere."""
+    return body
+
+
+def run_front(raw: bytes, max_depth: int, job: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+    """`job(parse_json(raw, max_depth), *args)`: a request's front half, the same function inline, on a thread or in
+    a worker process (gateway/offload.py `CpuPool.front`). `job` and `args` are plain data: a module-level function
+    and values that pickle."""
+    return job(parse_json(raw, max_depth), *args)
+
+
+def run_front_sliced(raw: bytes, max_depth: int, job: Callable[..., Any], args: tuple[Any, ...]) -> Sliced:
+    """`run_front` in a worker process, its result sent back in slices (`slice_value`)."""
+    return slice_value(run_front(raw, max_depth, job, args), len(raw))

@@ -30,6 +30,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Coroutine
+from dataclasses import replace
 from typing import Any
 
 from starlette.requests import ClientDisconnect, Request
@@ -44,12 +45,15 @@ from gateway.pipeline.body import read_body
 from gateway.pipeline.call import PLAIN, Call
 from gateway.pipeline.entitlements import Entitlements
 from gateway.pipeline.exchange import Exchange, RecentDecision
+from gateway.pipeline.front import Hashing, Names, prepare
 from gateway.pipeline.outcome import Outcome
 from gateway.pipeline.refusal import Edge, reason_for
 from gateway.pipeline.relay import Relay, cut_by_shutdown, stalled
 from gateway.pipeline.telemetry import start_span
 from gateway.pipeline.validation import check_limits, limits_for, refuse_images, validate
 from gateway.policy_schema import Tenant
+from gateway.prefix.hashing import prefix_hashes
+from gateway.routing import registry
 from gateway.routing.request import RoutingRequest
 from gateway.state import AppState
 from gateway.tenancy.concurrency import Slot
@@ -131,16 +135,24 @@ class Pipeline:
                         edge: Edge, pools: Callable[[ModelRoute], ModelRoute] | None) -> Exchange:
         st = self.state
         body_bytes = edge.call.body_bytes  # an adapter's parsed body: the size of the client's
+        front = edge.call.front  # an adapter's front half of its translated body (front.py), if it ran one
         if body is None:
             edge.stage = "read_body"
             raw = await read_body(request, st.config.body_limit(endpoint), st.config.timeouts.body_read)
             edge.stage = "parse"
             body_bytes = len(raw)
-            body = await st.cpu.parse(raw, st.config.max_json_depth)
+            # parse, validate, render, hash: one function, in a worker process for a large body (offload.py)
+            front = await st.cpu.front(raw, st.config.max_json_depth, prepare, endpoint, self.hashing(tenant))
+            edge.call = replace(edge.call, front=front)
         edge.stage = "validate"
-        edge.model = self.accounting.model_label(body.get("model"))
-        edge.stream = body.get("stream") is True
-        parsed = await st.cpu.run(body_bytes, validate, body, endpoint)
+        if front is not None:
+            edge.model, edge.stream = self.accounting.model_label(front.model), front.stream
+            parsed = front.validated()
+        else:
+            assert body is not None
+            edge.model = self.accounting.model_label(body.get("model"))
+            edge.stream = body.get("stream") is True
+            parsed = await st.cpu.run(body_bytes, validate, body, endpoint)
         edge.stage = "entitlements"
         route = self.entitlements.resolve(tenant, parsed.model, request.headers.get("x-gateway-pool"))
         if pools is not None:
@@ -149,11 +161,19 @@ class Pipeline:
         edge.model = route.name  # an alias's served model
         edge.stage = "validate"
         if not route.vision:
-            refuse_images(parsed.body, route.name)
+            refuse_images(parsed.body, route.name, front.image_at if front is not None else "")
         check_limits(parsed, endpoint, limits_for(st.config, route.pools, st.registry))  # n and context caps of these pools
         return Exchange(edge.request_id, tenant, endpoint, parsed, route, edge.started,
                         edge.started + st.config.timeouts.total, headers={"x-request-id": edge.request_id}, call=edge.call,
                         flow_band=request.headers.get("x-gateway-band"), body_bytes=body_bytes)
+
+    def hashing(self, tenant: Tenant) -> Hashing | None:
+        """What the front half needs to hash a prompt as the decide stage would (front.py), as plain data; None when
+        that stage hashes no text chunks (a policy without prefixes, or precise/hybrid mode's token-page keys)."""
+        st, r = self.state, self.state.config.routing
+        if st.prefix_hasher is not prefix_hashes or not registry.spec(r.policy.type).uses_prefix:
+            return None
+        return Hashing(Names.of(tenant), r.chunk_tokens)
 
     async def admit(self, ex: Exchange, decided: Callable[[Exchange], None] | None = None) -> None:
         """The stages before dispatch — fleet slot, rate limits, span, routing decision (then `decided`, the native
@@ -202,10 +222,18 @@ class Pipeline:
             raise
 
     async def _routing(self, ex: Exchange) -> RoutingRequest:
-        """The request as the router sees it (a large body's hashing off the event loop)."""
+        """The request as the router sees it: with the hashes the front half computed (front.py) when they are this
+        request's, else a large body's hashing off the event loop."""
         st = self.state
-        return await st.cpu.run(ex.body_bytes, decide.routing_request, st.config.routing, ex.id, ex.tenant, ex.endpoint,
-                                ex.parsed, ex.route.name, ex.call, st.prefix_hasher)
+        hasher, size = st.prefix_hasher, ex.body_bytes
+        front = ex.call.front
+        if front is not None and front.hashed is not None:
+            hasher = front.hasher(st.prefix_hasher)
+            ns = ex.tenant.cache_namespace(ex.parsed.body.get("cache_salt"))
+            if front.covers(ex.endpoint, ex.parsed.body, ex.route.name, ns, st.config.routing.chunk_tokens):
+                size = 0  # nothing left to compute: inline
+        return await st.cpu.run(size, decide.routing_request, st.config.routing, ex.id, ex.tenant, ex.endpoint,
+                                ex.parsed, ex.route.name, ex.call, hasher)
 
     async def _serve(self, request: Request, ex: Exchange) -> Response:
         st = self.state

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from starlette.requests import ClientDisconnect
 
-from gateway.errors import GatewayError, RequestTimeout, RequestTooLarge
+from gateway.errors import GatewayError, NoCapacity, RequestTimeout, RequestTooLarge
 from gateway.pipeline.call import PLAIN, Call
 
 
@@ -42,6 +42,8 @@ def reason_for(stage: str, err: BaseException) -> tuple[str, str]:
         return status, "body_too_large"
     if isinstance(err, RequestTimeout):
         return status, "body_timeout"
+    if isinstance(err, NoCapacity) and stage in ("parse", "validate"):  # the large-body pool is full (offload.py)
+        return status, "no_capacity"
     by_stage = {"http": "invalid_http", "headers_too_large": "headers_too_large", "header_timeout": "header_timeout",
                 "connections": "too_many_connections", "identify": "auth", "read_body": "invalid_body", "parse": "malformed_json", "validate": "invalid_request",
                 "concurrency": "concurrency_limit", "rate_limit": "rate_limit", "decide": "shed", "budget": "budget"}

@@ -301,15 +301,23 @@ def validate(body: dict[str, Any], endpoint: str, limits: RequestLimits | None =
 IMAGE_PARTS = frozenset({"image_url", "input_image"})
 
 
-def refuse_images(body: dict[str, Any], model: str) -> None:
-    """400 naming the first image part of a chat body sent to a model configured `vision: false`: OpenAI and the
-    engines (SGLang, vLLM) refuse image input to a text-only model too, and here no replica spends a prefill on it."""
+def first_image(body: dict[str, Any]) -> str | None:
+    """Where a chat body's first image part is (`messages[i].content[j]`), or None."""
     for i, m in enumerate(body.get("messages") or ()):
         content = m.get("content") if isinstance(m, dict) else None
         if not isinstance(content, list):
             continue
         for j, part in enumerate(content):
             if isinstance(part, dict) and part.get("type") in IMAGE_PARTS:
-                raise InvalidRequest(f"The model '{model}' does not take image input; send text only.",
-                                     param=f"messages[{i}].content[{j}]", code="image_input_not_supported")
+                return f"messages[{i}].content[{j}]"
+    return None
 
+
+def refuse_images(body: dict[str, Any], model: str, where: str | None = "") -> None:
+    """400 naming the first image part of a chat body sent to a model configured `vision: false`: OpenAI and the
+    engines (SGLang, vLLM) refuse image input to a text-only model too, and here no replica spends a prefill on it.
+    `where`: that part as `first_image` found it ahead (the front half of a large body); "": look now."""
+    where = first_image(body) if where == "" else where
+    if where is not None:
+        raise InvalidRequest(f"The model '{model}' does not take image input; send text only.",
+                             param=where, code="image_input_not_supported")

@@ -19,16 +19,19 @@ from gateway.api.chat_bridge import (
     json_body,
     note_refusal,
     passthrough_headers,
+    read_front,
     read_json,
     session_of,
     with_bearer,
 )
-from gateway.api.dropped import HEADER, Dropped
+from gateway.api.dropped import HEADER
+from gateway.api.messages.front import MessagesPolicy, messages_front
 from gateway.api.messages.output import error_body, error_status, from_chat, from_gateway_error
 from gateway.api.messages.stream import MessagesStream
-from gateway.api.messages.translate import input_tokens, to_chat
+from gateway.api.messages.translate import to_chat
 from gateway.errors import GatewayError, ModelNotFound
 from gateway.pipeline.call import Call
+from gateway.pipeline.front import Names
 from gateway.policy_schema import Tenant
 from gateway.state import AppState
 from gateway.tokenizers import prompt_tokens
@@ -69,20 +72,6 @@ def _tenant(st: AppState, request: Request) -> Tenant:
     return st.policies.index.identify(f"Bearer {key}" if key else request.headers.get("authorization"))
 
 
-def _session(request: Request, body: dict[str, Any]) -> str | None:
-    """Claude Code's session id: its `x-claude-code-session-id` header, else the `session_id` it puts in
-    `metadata.user_id` (a JSON string). The cold-placement key of the session's requests, subagents included."""
-    meta = body.get("metadata")
-    inner: object = None
-    if isinstance(meta, dict) and isinstance(meta.get("user_id"), str) and meta["user_id"].startswith("{"):
-        try:
-            parsed = orjson.loads(meta["user_id"])
-        except orjson.JSONDecodeError:
-            parsed = None
-        inner = parsed.get("session_id") if isinstance(parsed, dict) else None
-    return session_of(request.headers.get("x-claude-code-session-id"), inner)
-
-
 def _served(tenant: Tenant, model: object) -> str | None:
     if not isinstance(model, str):
         return None
@@ -101,31 +90,42 @@ def _takes_images(request: Request, tenant: Tenant, model: object) -> bool:
         return True
 
 
+def _policy(st: AppState, request: Request, tenant: Tenant) -> MessagesPolicy:
+    """What the translation needs of this tenant and its routes, as plain data: whether each model it serves takes
+    images (`_takes_images`, worked out here: the route is live state)."""
+    names = Names.of(tenant)
+    vision = {m: _takes_images(request, tenant, m) for m in names.models}
+    return MessagesPolicy(names, tenant.hosted_tools, tenant.client_metadata, vision,
+                          request.app.state.proxy.hashing(st.control.effective(tenant)))
+
+
 @router.post("/v1/messages")
 async def create_message(request: Request) -> Response:
     st: AppState = request.app.state.gateway
-    body: dict[str, Any] = {}
+    model: str | None = None
     tenant: Tenant | None = None
-    dropped = Dropped()
     try:
         tenant = _tenant(st, request)
-        body, size = await read_json(request, st.config.body_limit("messages"), st.cpu)
-        chat = await st.cpu.run(size, to_chat, body, dropped=dropped, hosted_tools=tenant.hosted_tools,
-                                client_metadata=tenant.client_metadata,
-                                images=_takes_images(request, tenant, body.get("model")))
-        stops = chat.get("stop")
-        # message_start's estimate, before the chat path runs: once it has, nothing may fail before the stream
-        estimate = await st.cpu.run(size, input_tokens, chat) if chat["stream"] else 0
+        # translate, estimate, validate, hash: one function, in a worker process for a large body (messages/front.py)
+        res, size = await read_front(request, st.config.body_limit("messages"), st.cpu, messages_front,
+                                     _policy(st, request, tenant))
+        model = res.model
+        if res.error is not None:
+            raise res.error
     except GatewayError as e:
-        note_refusal(request, body.get("model"), e, _served(tenant, body.get("model")) if tenant else None)
+        note_refusal(request, model, e, _served(tenant, model) if tenant else None)
         return _error(e, request)
+    chat, dropped = res.chat, res.dropped
+    assert chat is not None
+    stops = chat.get("stop")
     rid = request.scope.get("state", {}).get("request_id")
     dropped.report(st.metrics, "messages", rid)
     # streamed: the relay writes Anthropic events from each chunk
-    encoder = Ending(MessagesStream(chat["model"], estimate, stops)) if chat["stream"] else None
+    encoder = Ending(MessagesStream(chat["model"], res.estimate, stops)) if chat["stream"] else None
+    session = session_of(request.headers.get("x-claude-code-session-id"), res.session)
     try:
         out = await call_chat(request.app.state.proxy, with_bearer(request, _api_key(request)), chat,
-                              Call(api="messages", session=_session(request, body), body_bytes=size, encoder=encoder))
+                              Call(api="messages", session=session, body_bytes=size, encoder=encoder, front=res.front))
     except GatewayError as e:  # accounted by the chat path
         return _error(e, request)
     if encoder is not None:

@@ -23,15 +23,19 @@ from gateway.api.chat_bridge import (
     read_json,
     session_of,
 )
-from gateway.api.dropped import HEADER, Dropped
-from gateway.api.responses.affinity import affinity_of, served_by
+from gateway.api.dropped import HEADER
+from gateway.api.responses.affinity import served_by
+from gateway.api.responses.front import ResponsesPolicy, responses_front
 from gateway.api.responses.native import NativeResponses, is_native
 from gateway.api.responses.output import from_chat, history_of
 from gateway.api.responses.store import ResponseStore
 from gateway.api.responses.stream import ResponsesStream
 from gateway.api.responses.translate import ResponsesRequest, new_id, parse_request
 from gateway.errors import GatewayError, InvalidRequest, ModelNotFound, UpgradeRequired
+from gateway.pipeline.body import read_body
 from gateway.pipeline.call import Call
+from gateway.pipeline.front import Names
+from gateway.pipeline.json_body import MAX_JSON_DEPTH
 from gateway.policy_schema import Tenant
 from gateway.state import AppState
 from gateway.tokenizers import prompt_tokens
@@ -82,12 +86,17 @@ def _check_id(resp_id: str, param: str | None = None) -> None:
         raise ResponseNotFound(f"No response found with id '{resp_id[:128]}'.", param=param)
 
 
-async def _load(store: ResponseStore, tenant: str, resp_id: str, param: str | None = None) -> dict[str, Any]:
+async def _load_raw(store: ResponseStore, tenant: str, resp_id: str, param: str | None = None) -> bytes:
+    """The store's record of a turn, as stored (404 for an id this tenant has none under)."""
     _check_id(resp_id, param)
     raw = await store.get(tenant, resp_id)
     if raw is None:
         raise ResponseNotFound(f"No response found with id '{resp_id}'.", param=param)
-    rec: dict[str, Any] = orjson.loads(raw)
+    return raw
+
+
+async def _load(store: ResponseStore, tenant: str, resp_id: str, param: str | None = None) -> dict[str, Any]:
+    rec: dict[str, Any] = orjson.loads(await _load_raw(store, tenant, resp_id, param))
     return rec
 
 
@@ -123,45 +132,54 @@ async def websocket_handshake(request: Request) -> Response:
 async def create_response(request: Request) -> Response:
     st, proxy, store, tenant = _ctx(request)
     policy = st.policies.index.tenants[tenant]
-    body: dict[str, Any] = {}
+    seen: dict[str, Any] = {}  # the body's model, once read
     try:
-        return await _create(request, st, proxy, store, policy, body)
+        return await _create(request, st, proxy, store, policy, seen)
     except GatewayError as e:
         if not request.scope.get("state", {}).get("accounted"):  # refused before the chat path: log what was read
-            note_refusal(request, body.get("model"), e, _served(policy, body.get("model")))
+            note_refusal(request, seen.get("model"), e, _served(policy, seen.get("model")))
         raise
 
 
+def _policy(st: AppState, proxy: Any, request: Request, policy: Tenant) -> ResponsesPolicy:
+    """What the translation needs of this tenant, the config and the request's pool pin, as plain data."""
+    pin = request.headers.get("x-gateway-pool")
+    return ResponsesPolicy(Names.of(policy), policy.hosted_tools, policy.client_metadata,
+                           st.config.responses.auto_truncate_input_tokens,
+                           {m.name: pool_kinds(st, m.name, pin) for m in st.config.models},
+                           frozenset(m.name for m in st.config.models if is_native(st, m.name)),
+                           proxy.hashing(st.control.effective(policy)))
+
+
 async def _create(request: Request, st: AppState, proxy: Any, store: ResponseStore, policy: Tenant,
-                  body: dict[str, Any]) -> Response:
+                  seen: dict[str, Any]) -> Response:
     tenant = policy.name
-    parsed, size = await read_json(request, st.config.body_limit("responses"), st.cpu)
-    body.update(parsed)
-    prev = body.get("previous_response_id")
-    history: list[dict[str, Any]] = []
-    stored = None
-    if prev is not None:
-        if not isinstance(prev, str) or not prev:
-            raise InvalidRequest("'previous_response_id' must be a non-empty string.", param="previous_response_id")
-        stored = await _load(store, tenant, prev, "previous_response_id")
-        history = history_of(stored)
+    plain = _policy(st, proxy, request, policy)
+    # the stored turn parsed, translated, validated, hashed: one function, in a worker process for a large body
+    # (responses/front.py); run again with the stored turn when the body continues one
+    raw = await read_body(request, st.config.body_limit("responses"))
+    size = len(raw)
+    res = await st.cpu.front(raw, MAX_JSON_DEPTH, responses_front, None, plain)
+    seen["model"] = res.model
+    if res.need_history:
+        assert res.previous is not None
+        stored = await _load_raw(store, tenant, res.previous, "previous_response_id")
+        res = await st.cpu.front(raw, MAX_JSON_DEPTH, responses_front, stored, plain)
+    if res.error is not None:
+        raise res.error
     # the API label; the agent session (Codex sends its session id as prompt_cache_key and in headers): one cold
     # placement; the replica that served the stored turn: routing's floor
-    call = Call(api="responses", affinity=affinity_of(stored), body_bytes=size,
-                session=session_of(body.get("prompt_cache_key"), *(request.headers.get(h) for h in SESSION_HEADERS)))
-    served = _served(policy, body.get("model"))
-    if is_native(st, served):
-        if "input" not in body:
-            raise InvalidRequest("'input' is required.", param="input")
-        return await NativeResponses(request, proxy, store, tenant, body, history, call).handle()
-    dropped = Dropped()
-    req = await st.cpu.run(size, parse_request, body, history, st.config.responses.auto_truncate_input_tokens,
-                           pool_kinds=pool_kinds(st, served, request.headers.get("x-gateway-pool")),
-                           dropped=dropped, hosted_tools=policy.hosted_tools, client_metadata=policy.client_metadata)
+    call = Call(api="responses", affinity=res.affinity, body_bytes=size,
+                session=session_of(res.session, *(request.headers.get(h) for h in SESSION_HEADERS)))
+    if res.native is not None:
+        return await NativeResponses(request, proxy, store, tenant, res.native, res.history, call).handle()
+    req, history, dropped = res.req, res.history, res.dropped
+    assert req is not None
     dropped.report(st.metrics, "responses", request.scope.get("state", {}).get("request_id"))
     resp_id, created = new_id("resp"), int(time.time())
     translator = ResponsesStream(resp_id, req)
     encoder = Ending(translator)  # streamed: the relay writes Responses events from each chunk
+    call = replace(call, front=res.front)
     out: Response = await proxy.handle(request, "chat/completions", body=req.chat,
                                        call=replace(call, encoder=encoder) if req.stream else call)
     if req.stream:
