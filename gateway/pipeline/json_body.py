@@ -134,5 +134,10 @@ def run_front(raw: bytes, max_depth: int, job: Callable[..., Any], args: tuple[A
 
 
 def run_front_sliced(raw: bytes, max_depth: int, job: Callable[..., Any], args: tuple[Any, ...]) -> Sliced:
-    """`run_front` in a worker process, its result sent back in slices (`slice_value`)."""
-    return slice_value(run_front(raw, max_depth, job, args), len(raw))
+    """`run_front` in a worker process, its result sent back in slices (`slice_value`); a result with an
+    `encode_bulk()` method (pipeline/front.py) first encodes there what the event loop would otherwise serialise."""
+    value = run_front(raw, max_depth, job, args)
+    encode = getattr(value, "encode_bulk", None)
+    if encode is not None:
+        encode()
+    return slice_value(value, len(raw))

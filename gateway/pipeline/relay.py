@@ -97,7 +97,8 @@ class Relay:
         # detach an OTel context on every request, tracing on or off
         try:
             d = await self.dispatcher.open(ex.decision, ex.rreq, ex.parsed.body, ex.deadline, ex.tenant,
-                                           parent=ex.span, boost=ex.engine_boost)
+                                           parent=ex.span, boost=ex.engine_boost,
+                                           encoded=ex.call.front.encoded if ex.call.front is not None else None)
         except GatewayError as e:
             raise self.control.name_override(ex.tenant.name, e) from None
         out.dispatched = d

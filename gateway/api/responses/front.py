@@ -7,7 +7,7 @@ large one (gateway/offload.py `CpuPool.front`). A body that continues a stored t
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import orjson
@@ -47,7 +47,7 @@ class ResponsesFront:
     affinity: tuple[str, int] | None = None  # the replica that served the stored turn
     native: dict[str, Any] | None = None  # the body, for a model served natively (api/responses/native.py)
     history: list[dict[str, Any]] = field(default_factory=list)  # a native turn's, or a stored bridged turn's
-    req: ResponsesRequest | None = None
+    req: ResponsesRequest | None = None  # its input_items only for a turn that is stored
     dropped: Dropped = field(default_factory=Dropped)
     front: Front | None = None
 
@@ -58,6 +58,10 @@ class ResponsesFront:
         if self.req is not None:
             lists += bulk_lists(self.req.chat) + [self.req.input_items]
         return lists
+
+    def encode_bulk(self) -> None:
+        if self.front is not None:
+            self.front.encode_bulk()
 
 
 def responses_front(body: dict[str, Any], stored: bytes | None, policy: ResponsesPolicy) -> ResponsesFront:
@@ -90,6 +94,7 @@ def responses_front(body: dict[str, Any], stored: bytes | None, policy: Response
     except GatewayError as e:
         out.error = e
         return out
-    out.req, out.history = req, history if req.store else []
+    # what only the store reads goes back only for a turn that is stored (input_items is as long as the history)
+    out.req, out.history = (req, history) if req.store else (replace(req, input_items=[]), [])
     out.front = prepare(req.chat, "chat/completions", policy.hashing)
     return out
