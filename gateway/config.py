@@ -220,16 +220,19 @@ class BodyLimits(_Strict):
 
 
 class Offload(_Strict):
-    """Large bodies' CPU-heavy steps (parse, translate, validate, count, prefix-hash, tokenize) run on a small thread
-    pool, not on the event loop: one 8 MB body then delays other requests by a GIL switch interval at a time instead
-    of holding every one of them for the whole of its processing (gateway/offload.py)."""
+    """Large bodies' CPU-heavy steps run off the event loop: the whole front half (parse, translate, validate, render,
+    count, prefix-hash) in a worker process, what needs the gateway's own state (a loaded tokenizer) on a small thread
+    pool: one 8 MB body then does not hold every other request for the whole of its processing (gateway/offload.py)."""
 
     min_body_bytes: int = Field(default=256 * 1024, ge=0, description="bodies at least this large are processed "
                                 "off the event loop; smaller ones inline (a hop to a thread costs more than they do)")
-    threads: int = Field(default=2, ge=1, le=64, description="threads processing large bodies")
-    processes: int = Field(default=1, ge=0, le=64, description="worker processes parsing large bodies' JSON (one "
-                           "C call that holds the GIL throughout, ~30 ms for 8 MB: on a thread it would hold the event "
-                           "loop as long); spawned on the first large body; 0: parsed on the threads")
+    threads: int = Field(default=2, ge=1, le=64, description="threads for large bodies' steps that stay in the "
+                         "gateway's process (a loaded tokenizer's, the count endpoints'; the front half when "
+                         "`processes` is 0)")
+    processes: int = Field(default=1, ge=0, le=64, description="worker processes running large bodies' front half "
+                           "(parse, translate, validate, render, hash: on a thread it shares the gateway's GIL, and "
+                           "orjson's parse holds it ~30 ms for 8 MB); spawned on the first large body; 0: on the "
+                           "threads")
     process_niceness: int = Field(default=10, ge=0, le=19, description="added to the worker processes' nice value: "
                                   "where cores are short, the event loop (every other request) gets the CPU before a "
                                   "large body's parse")

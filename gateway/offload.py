@@ -12,16 +12,21 @@ While a step runs, the event loop thread gives the GIL up at every socket call a
 interval to get it back, so serving one small request costs several intervals; the pool shortens the interval to
 `offload.switch_interval_ms` while it has work, and restores the interpreter's own when it is idle.
 
-A C call that holds the GIL holds the loop for its whole length, whatever thread makes it. The largest is a large
-body's JSON parse (orjson, ~30 ms for 8 MB): `CpuPool.parse` runs it in a worker process instead
-(`offload.processes`, spawned on first use; niced by `offload.process_niceness`, so where cores are short the event
-loop runs first), which sends the object back in slices the event loop loads one at a time (pipeline/json_body.py).
-A worker that died is replaced; the body it was parsing is parsed on a thread. The other is the cyclic garbage
-collector: a full collection walks every tracked object with the GIL held, so `gateway serve` freezes the heap it
-starts with (serve.freeze_heap).
+A thread still shares the GIL and the gateway's CPU with the event loop, and a C call that holds the GIL holds the
+loop for its whole length, whatever thread makes it (orjson's parse of 8 MB: ~30 ms). So `CpuPool.front` runs a
+large body's whole front half in a worker process (`offload.processes`, spawned on first use; niced by
+`offload.process_niceness`, so where cores are short the event loop runs first): `job(parse_json(raw), *args)`, a
+module-level function of the body and plain data — the chat path's `pipeline/front.py prepare` (validate, render,
+count, hash), after the API's translation for Responses and Messages (`api/*/front.py`) — the same function a small
+body runs inline. The worker also encodes the prompt's long lists as the upstream body will carry them
+(`Front.encode_bulk`), and sends the typed result back in slices the event loop loads one at a time
+(pipeline/json_body.py). A worker that died is replaced; the body it held is worked on a thread. The other GIL holder
+is the cyclic garbage collector: a full collection walks every tracked object with the GIL held, so `gateway serve`
+freezes the heap it starts with (serve.freeze_heap).
 
-The pool is bounded: at most `offload.max_queued` large-body steps run or wait at once; one more is refused at once
-with a 503 (`NoCapacity`, Retry-After) rather than queued behind minutes of work. A step whose request was cancelled
+The pool is bounded: at most `offload.max_queued` large-body steps (a front half is one) run or wait at once; one
+more is refused at once with a 503 (`NoCapacity`, Retry-After; counted with reason `no_capacity`) rather than queued
+behind minutes of work. A step whose request was cancelled
 (the client left) still runs to its end in its thread, and still counts until it has.
 """
 
