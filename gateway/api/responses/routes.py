@@ -141,13 +141,23 @@ async def create_response(request: Request) -> Response:
         raise
 
 
+# (id(config), pool pin) -> (config, each model's pool kinds, the models served natively): a config is immutable
+# once loaded, so these are worked out once per config and pin, not per request
+_BY_CONFIG: dict[tuple[int, str | None], tuple[Any, dict[str, frozenset[str]], frozenset[str]]] = {}
+
+
 def _policy(st: AppState, proxy: Any, request: Request, policy: Tenant) -> ResponsesPolicy:
     """What the translation needs of this tenant, the config and the request's pool pin, as plain data."""
     pin = request.headers.get("x-gateway-pool")
+    hit = _BY_CONFIG.get((id(st.config), pin))
+    if hit is None or hit[0] is not st.config:
+        if len(_BY_CONFIG) > 256:  # pins are the client's to send: start again
+            _BY_CONFIG.clear()
+        hit = _BY_CONFIG[(id(st.config), pin)] = (
+            st.config, {m.name: pool_kinds(st, m.name, pin) for m in st.config.models},
+            frozenset(m.name for m in st.config.models if is_native(st, m.name)))
     return ResponsesPolicy(Names.of(policy), policy.hosted_tools, policy.client_metadata,
-                           st.config.responses.auto_truncate_input_tokens,
-                           {m.name: pool_kinds(st, m.name, pin) for m in st.config.models},
-                           frozenset(m.name for m in st.config.models if is_native(st, m.name)),
+                           st.config.responses.auto_truncate_input_tokens, hit[1], hit[2],
                            proxy.hashing(st.control.effective(policy)))
 
 
