@@ -31,6 +31,7 @@ from gateway.pipeline.refusal import reason_for
     ("read_body", RequestTooLarge("big"), ("413", "body_too_large")),
     ("read_body", RequestTimeout("slow"), ("408", "body_timeout")),
     ("parse", InvalidRequest("not JSON"), ("400", "malformed_json")),
+    ("parse", NoCapacity("large-body pool full"), ("503", "no_capacity")),  # offload.max_queued: not the body's fault
     ("validate", InvalidRequest("bad n", param="n"), ("400", "invalid_request")),
     ("entitlements", ModelNotFound("no such model"), ("404", "model_not_found")),
     ("entitlements", PermissionDenied("pin"), ("403", "pool_not_allowed")),
