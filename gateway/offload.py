@@ -83,28 +83,30 @@ class CpuPool:
         body: dict[str, Any] = await self.front(raw, max_depth, as_is)
         return body
 
-    async def front(self, raw: bytes, max_depth: int, job: Callable[..., T], *args: Any) -> T:
+    async def front(self, raw: bytes, max_depth: int, job: Callable[..., T], *args: Any, size: int = 0) -> T:
         """A request's front half, `job(parse_json(raw, max_depth), *args)` (`run_front`): inline when the body is
         small; a large body's whole in a worker process, its result rebuilt here a slice at a time with the event
         loop free in between (on a thread when `offload.processes` is 0, or the worker died). `job` is a module-level
-        function and `args` plain data (they are pickled to the worker). 503 when full; the job's own errors (a 400
-        for the JSON) are raised as inline."""
-        if len(raw) < self.cfg.min_body_bytes:
+        function and `args` plain data (they are pickled to the worker). `size`: the bytes the job works on when more
+        than the body's (a small Responses body continuing a large stored turn). 503 when full; the job's own errors
+        (a 400 for the JSON) are raised as inline."""
+        size = max(size, len(raw))
+        if size < self.cfg.min_body_bytes:
             return cast(T, run_front(raw, max_depth, job, args))
         if not self.cfg.processes:
-            return cast(T, await self.run(len(raw), run_front, raw, max_depth, job, args))
+            return cast(T, await self.run(size, run_front, raw, max_depth, job, args))
         self._admit()
         try:
-            future = self._processes().submit(run_front_sliced, raw, max_depth, job, args)
+            future = self._processes().submit(run_front_sliced, raw, max_depth, job, args, size)
         except (BrokenProcessPool, RuntimeError):  # found broken since the last body (a new one next time), or closed
             self._drop_processes()
             self._done()
-            return cast(T, await self.run(len(raw), run_front, raw, max_depth, job, args))
+            return cast(T, await self.run(size, run_front, raw, max_depth, job, args))
         try:
             sliced = await self._wait(future)
         except BrokenProcessPool:  # the worker died (killed, out of memory) while working on this body
             self._drop_processes()
-            return cast(T, await self.run(len(raw), run_front, raw, max_depth, job, args))
+            return cast(T, await self.run(size, run_front, raw, max_depth, job, args))
         rebuilt = sliced.rebuilding()
         value = next(rebuilt)  # its head: the long lists still empty
         for _ in rebuilt:  # each step adds one slice to `value`

@@ -205,3 +205,24 @@ def test_the_refusal_is_counted_at_the_same_stage(sides):
     for s in sides:
         assert s.post("/v1/chat/completions", raw).status_code == 400
     wait_until(lambda: [invalid(s) for s in sides] == [c + 1 for c in counts], what="both counted as invalid_request")
+
+
+def test_a_small_body_continuing_a_large_stored_turn_is_worked_on_in_the_worker(sides):
+    """The stored turn counts toward the size: a short follow-up (what an agent sends) to a long stored conversation
+    is parsed, translated and hashed with its history in the worker process, and answered as inline."""
+    first = orjson.dumps(body("/v1/responses", False, n=300, store=True))
+    a, b = ask_both(sides, "/v1/responses", first)
+    same_answer(a, b)
+    answers = []
+    for side, prev in zip(sides, (a.json()["id"], b.json()["id"]), strict=True):
+        side.fake.bodies.clear()
+        before = side.offloaded()
+        small = orjson.dumps({"model": "glm-5.2", "max_output_tokens": 4, "store": False, "input": "and then?",
+                              "previous_response_id": prev})
+        assert len(small) < WORKER["min_body_bytes"]
+        answers.append(side.post("/v1/responses", small))
+        if side is sides[0]:
+            assert side.offloaded() == before + 1  # asked for the stored turn inline, then worked on it there
+    assert answers[0].status_code == 200, answers[0].text
+    same_answer(*answers)
+    assert sides[0].fake.bodies == sides[1].fake.bodies and len(sides[0].fake.bodies[-1]["messages"]) > 300
