@@ -213,6 +213,10 @@ def test_a_small_body_continuing_a_large_stored_turn_is_worked_on_in_the_worker(
     first = orjson.dumps(body("/v1/responses", False, n=300, store=True))
     a, b = ask_both(sides, "/v1/responses", first)
     same_answer(a, b)
+    stored = [httpx.get(f"{s.gw.urls[0]}/v1/responses/{r.json()['id']}/input_items?limit=100&order=asc", headers=AUTH)
+              for s, r in zip(sides, (a, b), strict=True)]  # the items as stored (encoded in the worker on one side)
+    assert stored[0].status_code == 200 and len(stored[0].json()["data"]) == 100
+    same_answer(*stored)
     answers = []
     for side, prev in zip(sides, (a.json()["id"], b.json()["id"]), strict=True):
         side.fake.bodies.clear()

@@ -48,6 +48,9 @@ class ResponsesFront:
     native: dict[str, Any] | None = None  # the body, for a model served natively (api/responses/native.py)
     history: list[dict[str, Any]] = field(default_factory=list)  # a native turn's, or a stored bridged turn's
     req: ResponsesRequest | None = None  # its input_items only for a turn that is stored
+    # a stored turn's items (history + input_items) as the store's JSON, encoded in the worker process; the lists
+    # themselves then stay there (`encode_bulk`)
+    items_json: bytes | None = None
     dropped: Dropped = field(default_factory=Dropped)
     front: Front | None = None
 
@@ -62,6 +65,12 @@ class ResponsesFront:
     def encode_bulk(self) -> None:
         if self.front is not None:
             self.front.encode_bulk()
+        if self.req is not None and self.req.store:
+            try:
+                self.items_json = orjson.dumps(self.history + self.req.input_items)
+            except orjson.JSONEncodeError:  # not expected of parsed JSON; the route encodes them as before
+                return
+            self.history, self.req = [], replace(self.req, input_items=[])
 
 
 def responses_front(body: dict[str, Any], stored: bytes | None, policy: ResponsesPolicy) -> ResponsesFront:

@@ -101,10 +101,12 @@ async def _load(store: ResponseStore, tenant: str, resp_id: str, param: str | No
 
 
 async def _store(store: ResponseStore, tenant: str, req: ResponsesRequest, history: list[dict[str, Any]],
-                 response: dict[str, Any], replica: str | None) -> None:
+                 response: dict[str, Any], replica: str | None, items_json: bytes | None = None) -> None:
+    """`items_json`: the turn's items (history, then this turn's input) as JSON, encoded in the worker process that
+    worked on a large body (responses/front.py): spliced in as they are, the same bytes."""
     if req.store:
-        await store.put(tenant, response["id"], orjson.dumps({"response": response,
-                                                              "input_items": history + req.input_items,
+        items: Any = orjson.Fragment(items_json) if items_json is not None else history + req.input_items
+        await store.put(tenant, response["id"], orjson.dumps({"response": response, "input_items": items,
                                                               "served_by": served_by(replica, response)}))
 
 
@@ -197,7 +199,8 @@ async def _create(request: Request, st: AppState, proxy: Any, store: ResponseSto
 
         async def on_end() -> None:
             if translator.final is not None:
-                await _store(store, tenant, req, history, translator.final, stream.header(b"x-gateway-replica"))
+                await _store(store, tenant, req, history, translator.final, stream.header(b"x-gateway-replica"),
+                             res.items_json)
 
         stream = TranslatedStream(out, encoder, _openai_error, on_end)
         if dropped:
@@ -207,7 +210,7 @@ async def _create(request: Request, st: AppState, proxy: Any, store: ResponseSto
     if chat is None:
         return out  # 499: the client is gone
     response = from_chat(chat, resp_id, created, int(time.time()), req)
-    await _store(store, tenant, req, history, response, out.headers.get("x-gateway-replica"))
+    await _store(store, tenant, req, history, response, out.headers.get("x-gateway-replica"), res.items_json)
     headers = passthrough_headers(out)
     if dropped:
         headers[HEADER] = dropped.header()
