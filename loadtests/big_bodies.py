@@ -10,7 +10,8 @@ phases of `--seconds` each against the stub upstream (loadtests/stub_upstream.py
   long text) are sent back to back, one of each at a time; `--truncation` sends the Responses one with
   `truncation: "auto"`.
 Reported: `/healthz` p50/p99/max, the normal streams' TTFT p50/p99 (first content chunk), how many big bodies were
-answered and their status codes.
+answered and their status codes, and the CPU time the gateway's own process and its child processes (the large-body
+worker) used in the phase (procfs; the quiet phase's is the streams' own cost).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import multiprocessing
+import os
 import sys
 import tempfile
 import time
@@ -31,6 +33,8 @@ import yaml
 from gateway.config import hash_key
 from loadtests.procs import Proc
 from loadtests.report import table
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 KEY = "sk-bench"
 DEFAULT_VARIANTS = ["offload on (default)={}",
@@ -145,6 +149,27 @@ async def phase(port: int, seconds: float, big: list[tuple[str, bytes]], streams
     return {"health": health, "ttft": ttft, "stream_errors": stream_errors, "statuses": statuses, "big_s": big_s}
 
 
+def cpu_s(pid: int) -> tuple[float, float]:
+    """(CPU seconds of process `pid`, of its live descendants): user + system time from procfs."""
+    def own(p: int) -> float:
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            return 0.0
+        return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime, stime
+
+    def children(p: int) -> list[int]:
+        out: list[int] = []
+        for task in Path(f"/proc/{p}/task").glob("*"):
+            try:
+                out += [int(c) for c in (task / "children").read_text().split()]
+            except OSError:
+                continue
+        return out + [g for c in out for g in children(c)]
+
+    return own(pid), sum(own(c) for c in children(pid))
+
+
 def start_gateway(name: str, port: int, stub_urls: list[str], work: Path, cwd: str | None,
                   extra: dict[str, Any] | None = None) -> Proc:
     cfg = {**(extra or {}), "models": [{"name": "glm-5.2", "pools": ["sim"]}],
@@ -178,15 +203,18 @@ async def main_async(a: argparse.Namespace) -> None:
     try:
         for _, proc, _ in targets:
             proc.wait_ready(120)
-        for name, _, port in targets:
+        for name, proc, port in targets:
             await phase(port, 1.0, [], 4)  # warm-up
             for label, bodies in (("quiet", []), ("big bodies", big)):
+                before = cpu_s(proc.pid)
                 r = await phase(port, a.seconds, bodies, a.streams)
+                after = cpu_s(proc.pid)
                 rows.append([name, label, f"{pct(r['health'], 0.5):.1f}", f"{pct(r['health'], 0.99):.1f}",
                              f"{max(r['health']) * 1000:.1f}", f"{pct(r['ttft'], 0.5):.1f}", f"{pct(r['ttft'], 0.99):.1f}",
                              len(r["ttft"]), r["stream_errors"],
                              ", ".join(f"{k}: {v}" for k, v in sorted(r["statuses"].items())) or "-",
-                             f"{pct(r['big_s'], 0.5) / 1000:.2f}" if r["big_s"] else "-"])
+                             f"{pct(r['big_s'], 0.5) / 1000:.2f}" if r["big_s"] else "-",
+                             f"{after[0] - before[0]:.2f}", f"{after[1] - before[1]:.2f}"])
     finally:
         for _, proc, _ in targets:
             proc.stop()
@@ -195,7 +223,8 @@ async def main_async(a: argparse.Namespace) -> None:
     print(f"\n{a.streams} normal streams (16 chunks, one every 50 ms) + /healthz every 20 ms, {a.seconds:g} s a phase; "
           f"big bodies: {sizes}{' (truncation: auto)' if a.truncation else ''}")
     print(table(["target", "phase", "healthz p50 ms", "healthz p99 ms", "healthz max ms", "TTFT p50 ms", "TTFT p99 ms",
-                 "streams", "stream errors", "big bodies answered", "big body s (p50)"], rows))
+                 "streams", "stream errors", "big bodies answered", "big body s (p50)", "gateway CPU s",
+                 "workers' CPU s"], rows))
 
 
 def main() -> None:
