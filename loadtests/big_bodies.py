@@ -7,7 +7,8 @@ Per target (this checkout's gateway with large-body offload on, the same with ev
 phases of `--seconds` each against the stub upstream (loadtests/stub_upstream.py, one chunk every 50 ms):
 - quiet: 50 normal streams (chat, 16 tokens, closed loop) and a `/healthz` probe every 20 ms;
 - big: the same, while an 8 MB `/v1/responses` body and a 5 MB `/v1/messages` body (many turns, each turn a
-  long text) are sent back to back, one of each at a time; `--truncation` sends the Responses one with
+  long text) are sent back to back, one of each at a time, by a process of their own (the streams' client measures
+  TTFT on an event loop that is not writing megabytes); `--truncation` sends the Responses one with
   `truncation: "auto"`.
 Reported: `/healthz` p50/p99/max, the normal streams' TTFT p50/p99 (first content chunk), how many big bodies were
 answered and their status codes, and the CPU time the gateway's own process and its child processes (the large-body
@@ -111,15 +112,39 @@ def probe(port: int, seconds: float, out: Any) -> None:
     out.put(asyncio.run(run()))
 
 
+def send_big(port: int, seconds: float, big: list[tuple[str, bytes]], out: Any) -> None:
+    """The big bodies, one of each at a time, in a process of their own: the normal streams' TTFT is measured by a
+    client whose own event loop is not busy writing megabytes."""
+    statuses: Counter[str] = Counter()
+    big_s: list[float] = []
+
+    async def sender(path: str, raw: bytes) -> None:
+        stop = time.perf_counter() + seconds
+        while time.perf_counter() < stop:
+            try:
+                status, _, t = await http(port, "POST", path, raw)
+                statuses[f"{path.rsplit('/', 1)[1]} {status}"] += 1
+                big_s.append(t)
+            except OSError as e:
+                statuses[f"{path.rsplit('/', 1)[1]} {type(e).__name__}"] += 1
+
+    async def run() -> None:
+        await asyncio.gather(*(sender(p, b) for p, b in big))
+
+    asyncio.run(run())
+    out.put((dict(statuses), big_s))
+
+
 async def phase(port: int, seconds: float, big: list[tuple[str, bytes]], streams: int) -> dict[str, Any]:
     ttft: list[float] = []
     stream_errors = 0
-    statuses: Counter[str] = Counter()
-    big_s: list[float] = []
     ctx = multiprocessing.get_context("spawn")
-    q = ctx.Queue()
+    q, bq = ctx.Queue(), ctx.Queue()
     prober = ctx.Process(target=probe, args=(port, seconds, q))
+    senders = ctx.Process(target=send_big, args=(port, seconds, big, bq)) if big else None
     prober.start()
+    if senders is not None:
+        senders.start()
     stop = time.perf_counter() + seconds
 
     async def normal() -> None:
@@ -134,18 +159,15 @@ async def phase(port: int, seconds: float, big: list[tuple[str, bytes]], streams
             else:
                 ttft.append(first)
 
-    async def sender(path: str, raw: bytes) -> None:
-        while time.perf_counter() < stop:
-            try:
-                status, _, t = await http(port, "POST", path, raw)
-                statuses[f"{path.rsplit('/', 1)[1]} {status}"] += 1
-                big_s.append(t)
-            except OSError as e:
-                statuses[f"{path.rsplit('/', 1)[1]} {type(e).__name__}"] += 1
-
-    await asyncio.gather(*(normal() for _ in range(streams)), *(sender(p, b) for p, b in big))
+    await asyncio.gather(*(normal() for _ in range(streams)))
     health = await asyncio.to_thread(q.get)
     prober.join()
+    statuses: Counter[str] = Counter()
+    big_s: list[float] = []
+    if senders is not None:
+        got, big_s = await asyncio.to_thread(bq.get)
+        statuses.update(got)
+        senders.join()
     return {"health": health, "ttft": ttft, "stream_errors": stream_errors, "statuses": statuses, "big_s": big_s}
 
 
