@@ -18,8 +18,7 @@ large body's whole front half in a worker process (`offload.processes`, spawned 
 `offload.process_niceness`, so where cores are short the event loop runs first): `job(parse_json(raw), *args)`, a
 module-level function of the body and plain data — the chat path's `pipeline/front.py prepare` (validate, render,
 count, hash), after the API's translation for Responses and Messages (`api/*/front.py`) — the same function a small
-body runs inline. The worker also encodes the prompt's long lists as the upstream body will carry them
-(`Front.encode_bulk`), and sends the typed result back in slices the event loop loads one at a time
+body runs inline. The worker sends the typed result back in slices the event loop loads one at a time
 (pipeline/json_body.py). A worker that died is replaced; the body it held is worked on a thread. The other GIL holder
 is the cyclic garbage collector: a full collection walks every tracked object with the GIL held, so `gateway serve`
 freezes the heap it starts with (serve.freeze_heap).

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
-
-import orjson
 
 from gateway.routing.request import RoutingRequest
 from gateway.upstreams import Target
@@ -54,18 +52,6 @@ class UpstreamCall:
     first_byte_timeout: float
     headers: dict[str, str] = field(default_factory=dict)  # extra request headers (W3C traceparent)
     routing: RoutingRequest | None = None  # the request as routed (a PD pool's pair decision reads its prefix data)
-    # a large body's long lists as JSON, encoded in the worker process that parsed it (pipeline/front.py):
-    # key -> (the list encoded, its JSON); `json()` splices one in while `body` still holds that very list
-    encoded: Mapping[str, tuple[Any, bytes]] = field(default_factory=dict)
-
-    def json(self) -> bytes:
-        """`body` as JSON, the same bytes `orjson.dumps(body)` makes, with what was encoded ahead spliced in as it
-        is (a copy, not a walk of millions of objects on the event loop)."""
-        if not self.encoded:
-            return orjson.dumps(self.body)
-        enc = self.encoded
-        return orjson.dumps({k: orjson.Fragment(e[1]) if (e := enc.get(k)) is not None and e[0] is v else v
-                             for k, v in self.body.items()})
 
 
 class Backend(Protocol):

@@ -67,7 +67,7 @@ class HttpBackend:
         if target.api_key:
             headers["authorization"] = f"Bearer {target.api_key}"
         headers.update(target.pin_headers())  # DP rank pinning by header (SGLang 0.5.13+), when so configured
-        content = call.json()
+        content = orjson.dumps(call.body)
         url = target.url(call.endpoint)
         # A pooled keep-alive connection may be closed by the server just as we reuse it (SGLang's 5 s idle
         # timeout): that fails before any byte of a response, so the same replica is retried after a short backoff.

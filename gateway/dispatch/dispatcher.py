@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -92,10 +92,8 @@ class Dispatcher:
         self._creds_logged: dict[str, float] = {}
 
     async def open(self, decision: Decision[Target], req: RoutingRequest, body: dict[str, Any], deadline: float,
-                   tenant: Tenant | None = None, parent: Any = None, boost: int = 0,
-                   encoded: Mapping[str, tuple[Any, bytes]] | None = None) -> Dispatched:
+                   tenant: Tenant | None = None, parent: Any = None, boost: int = 0) -> Dispatched:
         """`parent`: the request's span (or an OTel Context) the attempt spans hang under; default the current one.
-        `encoded`: the body's long lists as JSON, encoded ahead (`UpstreamCall.encoded`).
         `boost`: flow control's addition to the request's engine priority (`FlowController.engine_boost`), sent with
         its class and prefill level only where the target schedules by priority (`Target.priority_for`)."""
         endpoint, stream, request_id = req.endpoint, req.stream, req.request_id
@@ -137,7 +135,7 @@ class Dispatcher:
             attempt = Attempt(req, target, decision)
             level = self.feedback.engine.prefill_level(attempt) + boost
             call = UpstreamCall(endpoint, adapt_body(body, target, stream, tenant, level), stream, request_id,
-                                first_byte, routing=req, encoded=encoded or {})
+                                first_byte, routing=req)
             try:
                 await self.feedback.dispatched(attempt)
                 opened = await self._attempt(target, call, attempt, bp, tries.count, parent)

@@ -14,10 +14,8 @@ otherwise they are computed there as before.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
-
-import orjson
 
 from gateway.errors import GatewayError
 from gateway.pipeline.json_body import bulk_lists
@@ -78,9 +76,6 @@ class Front:
     error: GatewayError | None = None
     image_at: str | None = None
     hashed: Hashed | None = None
-    # the body's long lists as JSON (key -> (the list, its JSON)), encoded in the worker process only
-    # (`encode_bulk`): the upstream body is then not serialised on the event loop (backends/base.py UpstreamCall)
-    encoded: dict[str, tuple[Any, bytes]] = field(default_factory=dict)
 
     def validated(self) -> ParsedRequest:
         """The validate stage's result, or its error raised (at that stage, as inline)."""
@@ -91,18 +86,6 @@ class Front:
 
     def bulk_lists(self) -> list[list[Any]]:
         return bulk_lists(self.parsed.body) if self.parsed is not None else []
-
-    def encode_bulk(self) -> None:
-        """In the worker process, before the result is sent back (json_body.run_front_sliced): the prompt's long
-        lists as the JSON the upstream body will carry (orjson, as `UpstreamCall.json` would encode them)."""
-        body = self.parsed.body if self.parsed is not None else {}
-        for k in PROMPT_FIELDS:
-            v = body.get(k)
-            if type(v) is list and v:
-                try:
-                    self.encoded[k] = (v, orjson.dumps(v))
-                except orjson.JSONEncodeError:  # not expected of a parsed body; the loop encodes it as before
-                    continue
 
     def hasher(self, fallback: Callable[..., list[int]]) -> Callable[..., list[int]]:
         """`fallback` (prefix_hashes), answered from the hashes computed ahead when asked about what they were

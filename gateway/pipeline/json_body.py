@@ -136,8 +136,8 @@ def run_front(raw: bytes, max_depth: int, job: Callable[..., Any], args: tuple[A
 def run_front_sliced(raw: bytes, max_depth: int, job: Callable[..., Any], args: tuple[Any, ...],
                      size: int = 0) -> Sliced:
     """`run_front` in a worker process, its result sent back in slices (`slice_value`; `size`: the bytes the job
-    worked on, if more than the body's); a result with an `encode_bulk()` method (pipeline/front.py) first encodes
-    there what the event loop would otherwise serialise."""
+    worked on, if more than the body's); a result with an `encode_bulk()` method (api/responses/front.py) first
+    encodes there what the event loop would otherwise serialise."""
     value = run_front(raw, max_depth, job, args)
     encode = getattr(value, "encode_bulk", None)
     if encode is not None:

@@ -97,8 +97,7 @@ class Relay:
         # detach an OTel context on every request, tracing on or off
         try:
             d = await self.dispatcher.open(ex.decision, ex.rreq, ex.parsed.body, ex.deadline, ex.tenant,
-                                           parent=ex.span, boost=ex.engine_boost,
-                                           encoded=ex.call.front.encoded if ex.call.front is not None else None)
+                                           parent=ex.span, boost=ex.engine_boost)
         except GatewayError as e:
             raise self.control.name_override(ex.tenant.name, e) from None
         out.dispatched = d

@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import pickle
 
-import orjson
 import pytest
 
-from gateway.backends.base import UpstreamCall
 from gateway.errors import InvalidRequest
 from gateway.pipeline.front import Front, Hashing, Names, prepare
 from gateway.pipeline.json_body import Sliced, slice_value
@@ -86,17 +84,3 @@ def test_no_hashing_asked_none_computed_and_a_name_not_the_tenants_none_either()
     img = chat(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}])
     assert prepare(img, "chat/completions", None).image_at == "messages[0].content[0]"
 
-
-def test_the_upstream_body_with_lists_encoded_ahead_is_the_same_bytes():
-    """What the worker process encodes (`encode_bulk`) is spliced into the upstream body only while that body still
-    holds the very list encoded: the bytes are `orjson.dumps(body)`'s either way."""
-    front = prepare(chat(), "chat/completions", None)
-    front.encode_bulk()
-    back = pickle.loads(pickle.dumps(slice_value(front, 200_000, slice_bytes=16_384))).whole()
-    assert set(back.encoded) == {"messages"} and back.encoded["messages"][0] is back.validated().body["messages"]
-    assert back.validated().body == chat()
-    adapted = {**back.validated().body, "model": "upstream-name", "stream_options": {"include_usage": True}}
-    call = UpstreamCall("chat/completions", adapted, True, "r", 1.0, encoded=back.encoded)
-    assert call.json() == orjson.dumps(adapted)
-    other = {**adapted, "messages": [{"role": "user", "content": "changed"}]}  # not the list encoded: encoded now
-    assert UpstreamCall("chat/completions", other, True, "r", 1.0, encoded=back.encoded).json() == orjson.dumps(other)

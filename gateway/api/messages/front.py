@@ -44,10 +44,6 @@ class MessagesFront:
     def bulk_lists(self) -> list[list[Any]]:
         return bulk_lists(self.chat) if self.chat is not None else []
 
-    def encode_bulk(self) -> None:
-        if self.front is not None:
-            self.front.encode_bulk()
-
 
 def metadata_session(body: dict[str, Any]) -> object:
     """The `session_id` Claude Code puts in `metadata.user_id` (a JSON string), if any."""

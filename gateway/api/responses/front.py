@@ -63,8 +63,8 @@ class ResponsesFront:
         return lists
 
     def encode_bulk(self) -> None:
-        if self.front is not None:
-            self.front.encode_bulk()
+        """In the worker process, before the result is sent back (json_body.run_front_sliced): a stored turn's
+        items as the store's JSON, in place of the lists themselves (the event loop only stores them)."""
         if self.req is not None and self.req.store:
             try:
                 self.items_json = orjson.dumps(self.history + self.req.input_items)
