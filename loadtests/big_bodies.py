@@ -135,13 +135,15 @@ def send_big(port: int, seconds: float, big: list[tuple[str, bytes]], out: Any) 
     out.put((dict(statuses), big_s))
 
 
-async def phase(port: int, seconds: float, big: list[tuple[str, bytes]], streams: int) -> dict[str, Any]:
+async def phase(port: int, seconds: float, big: list[tuple[str, bytes]], streams: int,
+                big_port: int | None = None) -> dict[str, Any]:
+    """`big_port`: where the big bodies go, when not to the gateway the streams and `/healthz` measure."""
     ttft: list[float] = []
     stream_errors = 0
     ctx = multiprocessing.get_context("spawn")
     q, bq = ctx.Queue(), ctx.Queue()
     prober = ctx.Process(target=probe, args=(port, seconds, q))
-    senders = ctx.Process(target=send_big, args=(port, seconds, big, bq)) if big else None
+    senders = ctx.Process(target=send_big, args=(big_port or port, seconds, big, bq)) if big else None
     prober.start()
     if senders is not None:
         senders.start()
@@ -210,26 +212,33 @@ async def main_async(a: argparse.Namespace) -> None:
                          "--chunk-interval-ms", "50"], f"http://127.0.0.1:{a.stub_port + 1}/health", log=work / "stub.log")
     stub.wait_ready()
     stub_urls = [f"http://127.0.0.1:{a.stub_port + i}" for i in range(2)]
-    targets = []
+    targets: list[tuple[str, Proc, int, int | None]] = []
+    other: Proc | None = None
     for i, variant in enumerate(a.variant or DEFAULT_VARIANTS):
         label, _, extra = variant.partition("=")
         port = a.port + 2 * i  # each gateway's admin listener takes the port after its own
         targets.append((label, start_gateway(f"gateway-{i}", port, stub_urls, work, None,
-                                             orjson.loads(extra or "{}")), port))
+                                             orjson.loads(extra or "{}")), port, None))
     if a.baseline:
         targets.append((f"gateway @ {a.baseline_label}",
-                        start_gateway("baseline", a.port + 20, stub_urls, work, a.baseline), a.port + 20))
+                        start_gateway("baseline", a.port + 20, stub_urls, work, a.baseline), a.port + 20, None))
+    if a.control:  # the machine's own share: the big bodies to a second gateway, the streams to this one
+        other = start_gateway("control-other", a.port + 32, stub_urls, work, None)
+        targets.append(("control: big bodies to another gateway", start_gateway("control", a.port + 30, stub_urls,
+                                                                                   work, None), a.port + 30, a.port + 32))
     big = [("/v1/responses", responses_body(int(a.responses_mb * 1_000_000), a.truncation)),
            ("/v1/messages", messages_body(int(a.messages_mb * 1_000_000)))]
     rows = []
     try:
-        for _, proc, _ in targets:
+        for _, proc, _, _ in targets:
             proc.wait_ready(120)
-        for name, proc, port in targets:
+        if other is not None:
+            other.wait_ready(120)
+        for name, proc, port, big_port in targets:
             await phase(port, 1.0, [], 4)  # warm-up
             for label, bodies in (("quiet", []), ("big bodies", big)):
                 before = cpu_s(proc.pid)
-                r = await phase(port, a.seconds, bodies, a.streams)
+                r = await phase(port, a.seconds, bodies, a.streams, big_port)
                 after = cpu_s(proc.pid)
                 rows.append([name, label, f"{pct(r['health'], 0.5):.1f}", f"{pct(r['health'], 0.99):.1f}",
                              f"{max(r['health']) * 1000:.1f}", f"{pct(r['ttft'], 0.5):.1f}", f"{pct(r['ttft'], 0.99):.1f}",
@@ -238,8 +247,10 @@ async def main_async(a: argparse.Namespace) -> None:
                              f"{pct(r['big_s'], 0.5) / 1000:.2f}" if r["big_s"] else "-",
                              f"{after[0] - before[0]:.2f}", f"{after[1] - before[1]:.2f}"])
     finally:
-        for _, proc, _ in targets:
+        for _, proc, _, _ in targets:
             proc.stop()
+        if other is not None:
+            other.stop()
         stub.stop()
     sizes = ", ".join(f"{p} {len(b) / 1e6:.1f} MB" for p, b in big)
     print(f"\n{a.streams} normal streams (16 chunks, one every 50 ms) + /healthz every 20 ms, {a.seconds:g} s a phase; "
@@ -262,6 +273,8 @@ def main() -> None:
                    "default: offload on, and every step inline")
     p.add_argument("--baseline", default=None, help="a checkout of an earlier revision: its gateway joins the run")
     p.add_argument("--baseline-label", default="baseline")
+    p.add_argument("--control", action="store_true", help="one more target: this checkout's gateway measured while "
+                   "the big bodies go to a second one (the share of the rise that is the machine's, not the gateway's)")
     asyncio.run(main_async(p.parse_args()))
 
 
