@@ -40,7 +40,8 @@ class Call:
     # a stream in another API's shape: the relay hands this encoder each upstream chunk as a dict (parsed once) and
     # sends what it writes; None: the chat path's own SSE, relayed as bytes
     encoder: StreamEncoder | None = None
-    # the size of the client's body the adapter parsed: a large one's CPU steps run off the event loop (offload.py)
+    # the size of the client's body the adapter parsed (with the stored turn it continues): a large one's CPU steps
+    # run off the event loop (offload.py)
     body_bytes: int = 0
     # the front half of the body the pipeline validates (front.py `Front`: validated, rendered, hashed ahead, in a
     # worker process for a large body); None: the pipeline runs those stages itself

@@ -176,8 +176,10 @@ async def _create(request: Request, st: AppState, proxy: Any, store: ResponseSto
     if res.need_history:
         assert res.previous is not None
         stored = await _load_raw(store, tenant, res.previous, "previous_response_id")
-        # the stored turn counts: a small body continuing a long conversation is large work
-        res = await st.cpu.front(raw, MAX_JSON_DEPTH, responses_front, stored, plain, size=size + len(stored))
+        # the stored turn counts: a small body continuing a long conversation is large work (here and in the
+        # pipeline's later steps: a tokenizer's hashing)
+        size += len(stored)
+        res = await st.cpu.front(raw, MAX_JSON_DEPTH, responses_front, stored, plain, size=size)
     if res.error is not None:
         raise res.error
     # the API label; the agent session (Codex sends its session id as prompt_cache_key and in headers): one cold
