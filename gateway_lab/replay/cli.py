@@ -85,6 +85,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bands", action="store_true", help="the priority scenario: TRACE split into three tenants, "
                    "one per band (critical, standard, sheddable), at --speed, without and with flow control")
     p.add_argument("--window-s", type=float, default=1200.0, help="with --noisy/--bands: arrivals replayed (s)")
+    p.add_argument("--capacity", action="store_true", help="with --bands: only find the fleet's capacity at SLA, the "
+                   "highest speed at which the whole trace, split as --bands splits it, in one class and without flow "
+                   "control, keeps >= 99%% of the requests that can meet the SLA within it (gateway_lab/replay/capacity.py)")
+    p.add_argument("--overload", type=float, default=None, metavar="X", help="with --bands: find the capacity as "
+                   "--capacity does, then run the bands at X times it (instead of --speed)")
+    p.add_argument("--capacity-step", type=float, default=0.25, help="with --capacity/--overload: the sweep's step "
+                   "up; then the interval is halved down to --capacity-resolution")
+    p.add_argument("--capacity-resolution", type=float, default=0.05, help="with --capacity/--overload: how close "
+                   "the capacity is found")
     p.add_argument("--flow-set", action="append", default=[], metavar="FIELD=VALUE", help="with --noisy/--bands: "
                    "what-if a flow: field (VALUE as JSON, else a string), e.g. under_share_priority=0; repeatable")
     p.add_argument("--json", dest="json_out", help="write the results as JSON here")
@@ -189,6 +198,10 @@ def _run(args: argparse.Namespace) -> int:
                                                                             "recompute_weight": args.recompute_weight}})
     if args.fcfs:
         routing = routing.model_copy(update={"shortest_prefill_first": False})
+    if (args.capacity or args.overload is not None) and not args.bands:
+        raise ValueError("--capacity and --overload go with --bands")
+    if args.overload is not None and args.overload <= 0:
+        raise ValueError("--overload must be > 0")
     if args.noisy or args.bands:
         return _scenario(args, trace, targets, routing, fleet_label)
     if args.compare:
@@ -310,6 +323,24 @@ def flow_what_if(pairs: list[str]) -> FlowControl:
         raise SystemExit(f"--flow-set: {e}") from None
 
 
+def _capacity(args: argparse.Namespace, trace: list[Any], targets: list[Any], routing: Routing,
+              fleet_label: str) -> float:
+    """--capacity / --overload: the sweep's table and the capacity speed (0: even the first step misses)."""
+    from gateway_lab.replay import capacity
+
+    def progress(p: capacity.Point) -> None:
+        print(f"  speed {p.speed:g}: {p.within_sla_possible * 100:.1f}% of those possible within SLA", file=sys.stderr)
+
+    cap, points = capacity.sweep(trace, targets, routing, args.capacity_step, args.capacity_resolution,
+                                 progress=None if args.no_progress else progress)
+    print(f"\ncapacity at SLA on {fleet_label}, the whole of {args.trace}: the three bands' requests in one class, "
+          f"no flow control; target >= {capacity.TARGET * 100:.0f}% of those possible within "
+          f"the TTFT SLA {routing.ttft_sla_ms / 1000:.2f} s")
+    print(_table(capacity.HEADERS, [p.row(capacity.TARGET) for p in points]))
+    print(f"capacity: speed {cap:g}" if cap > 0 else "capacity: none (the first step already misses the target)")
+    return cap
+
+
 def _scenario(args: argparse.Namespace, trace: list[Any], targets: list[Any], routing: Routing, fleet_label: str) -> int:
     """--noisy / --bands: multi-tenant runs through flow control (gateway_lab/replay/mix.py), one table."""
     from gateway_lab.replay import mix
@@ -330,9 +361,17 @@ def _scenario(args: argparse.Namespace, trace: list[Any], targets: list[Any], ro
               f"{x['aggressor_speed']:.2f}, {x['a_demand'] / 1000:.1f}k units/s); equal weights; TTFT SLA "
               f"{routing.ttft_sla_ms / 1000:.2f} s; units: prefill-weighted tokens (docs/flow-control.md)")
     else:
-        results = mix.priority_bands(trace, targets, routing, flow, args.speed, args.window_s,
+        speed = args.speed
+        if args.capacity or args.overload is not None:
+            cap = _capacity(args, trace, targets, routing, fleet_label)
+            if args.capacity or cap <= 0:
+                return 0 if cap > 0 else 1
+            speed = round(args.overload * cap, 6)
+            print(f"\n{args.overload:g}x overload: speed {args.overload:g} x {cap:g} = {speed:g}")
+        results = mix.priority_bands(trace, targets, routing, flow, speed, args.window_s,
                                      progress=None if args.no_progress else progress)
-        print(f"\nthree bands on {fleet_label}, first {args.window_s:.0f} s of {args.trace} at speed {args.speed:g}: "
+        window = min(args.window_s, trace[-1].timestamp_ms / 1000 / speed)
+        print(f"\nthree bands on {fleet_label}, first {window:.0f} s of {args.trace} at speed {speed:g}: "
               f"tenant-1 critical, tenant-2 standard, tenant-3 sheddable; TTFT SLA {routing.ttft_sla_ms / 1000:.2f} s")
     if args.flow_set:
         print(f"what-if flow: {', '.join(args.flow_set)}")

@@ -253,6 +253,7 @@ def priority_bands(trace: Sequence[TraceRecord], targets: Sequence[tuple[TargetI
     three without flow control, with it, and with it and preemption (gateway/flow/preempt.py). Their policies' engine
     priority follows the band (high, normal, low) in every run: what a deployment sets today, so the comparison is
     flow control against engine priorities alone."""
+    window_s = min(window_s, trace[-1].timestamp_ms / 1000 / speed) if trace else window_s  # past it: the whole trace
     mixed = [r for r in split_bands(trace, speed) if r.timestamp_ms <= window_s * 1000]
     pol = {tenant_name(k + 1): FlowPolicy(band=b) for k, b in enumerate(BANDS)}
     sla = {t: routing.ttft_sla_ms / 1000 for t in pol}
