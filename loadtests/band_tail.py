@@ -56,21 +56,37 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     tenant_of_rid = {f"t{i}": tenant_name(r.tenant) for i, r in enumerate(mixed)}
     ahead: dict[int, Ahead] = {}
 
-    def on_decision(inst: Any, req: Any, decision: Any) -> None:
-        if decision.chosen is None or tenant_of_rid.get(req.request_id) != tenant_name(1):
-            return
-        rank = fleet.ranks[decision.chosen.name].rank
+    mine = prio[tenant_name(1)]
+
+    def snapshot(name: str, floor: int | None) -> Ahead:
+        """What is ahead on rank `name`: started prefills, and waiting requests at or above `floor` (None: all)."""
+        rank = fleet.ranks[name].rank
         a = Ahead(decoding=sum(1 for r in rank.running if r.done_prefill and not r.finished))
-        mine = prio[tenant_name(1)]
         for r in rank.waiting:
             band = band_of.get(tenant_of_rid.get(r.rid, ""), "?")
             left = max(0, r.prompt_len - r.cached - r.prefilled) if r.started else r.prompt_len
             if r.started:
                 a.started[band] = a.started.get(band, 0) + left
-            elif r.priority >= mine:
+            elif floor is None or r.priority >= floor:
                 a.waiting[band] = a.waiting.get(band, 0) + left
-        ahead[len(fleet.records)] = a
+        return a
 
+    at_arrival: dict[str, dict[str, Ahead]] = {}  # critical request -> every rank's queue when it arrived
+    rid_of: dict[int, tuple[str, str]] = {}  # record index -> (request id, rank)
+    arrive = fleet._arrive
+
+    def on_arrive(k: int, job: Any) -> None:
+        if tenant_of_rid.get(job.req.request_id) == tenant_name(1):
+            at_arrival[job.req.request_id] = {n: snapshot(n, None) for n in fleet.ranks}
+        arrive(k, job)
+
+    def on_decision(inst: Any, req: Any, decision: Any) -> None:
+        if decision.chosen is None or tenant_of_rid.get(req.request_id) != tenant_name(1):
+            return
+        ahead[len(fleet.records)] = snapshot(decision.chosen.name, mine)
+        rid_of[len(fleet.records)] = (req.request_id, decision.chosen.name)
+
+    fleet._arrive = on_arrive  # type: ignore[method-assign]
     fleet.on_decision = on_decision
     page = nodes_targets(1)[0][1].page_size
 
@@ -101,8 +117,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if cold and parts[cause] < (r.ttft - sla):
             cause = "cold placement"
         causes[cause] = causes.get(cause, 0) + 1
+        rid, rank = rid_of.get(i, ("", ""))
+        then = at_arrival.get(rid, {}).get(rank, Ahead())
         rows.append((r.arrival, r.ttft, r.queued_s, own, engine, r.cached, r.best_cached, dict(a.started),
-                     dict(a.waiting), a.decoding, cause))
+                     dict(a.waiting), a.decoding, cause, rank, dict(then.started), dict(then.waiting)))
     return {"top": len(top), "possible": len(possible), "late": len(late), "causes": causes, "rows": rows}
 
 
@@ -121,7 +139,8 @@ def main() -> None:
     for k, v in sorted(out["causes"].items(), key=lambda kv: -kv[1]):
         print(f"  {k}: {v}")
     if args.rows:
-        print("arrival ttft queued own engine cached best_cached started_ahead waiting_ahead decoding cause")
+        print("arrival ttft queued own engine cached best_cached | at dispatch on its rank: started, waiting >= its "
+              "priority, decoding | cause | rank | on that rank when it arrived: started, every waiting")
         for row in out["rows"]:
             print(" ".join(f"{x:.2f}" if isinstance(x, float) else str(x) for x in row))
 

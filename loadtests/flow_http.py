@@ -9,8 +9,16 @@ demand (gateway_lab/replay/mix.py: the same mixer and demand unit as `gateway re
 instances share one Redis; each tenant's requests alternate between them as a load balancer would spread them
 (`--split`: B only on the first, A only on the second — each instance's queue then holds one tenant, and only the
 shared tags tell it about the other). The simulators and the arrivals run `--time-scale` times faster
-than real time; the gateways' SLA, timing and flow-control times are stated in wall seconds accordingly, and TTFTs are
-reported in simulated seconds. A refusal (429/503 from flow control) is counted with its status, never as lost.
+than real time (below 1: slower); the gateways' SLA, timing and flow-control times are stated in wall seconds
+accordingly, and TTFTs are reported in simulated seconds. A refusal (429/503 from flow control) is counted with its
+status, never as lost.
+
+The columns are those of `gateway replay --noisy`: within SLA of every request and of those that could meet it at all
+(TTFT alone on an idle simulated rank holding the prefix it was reported to have cached), goodput (prefill-weighted
+tokens per simulated second of the requests within their SLA, over the window), Jain's index over goodput normalised
+by the weighted max-min fair share. `--alone` adds the B-alone and A-alone runs the goodput bar compares against.
+*Send lag p95*: how late the client sent requests against their trace time, in wall seconds — a harness that keeps
+up sends on time; B alone against `gateway replay --noisy`'s B alone says whether the simulators and gateways do.
 """
 
 from __future__ import annotations
@@ -28,7 +36,9 @@ from gateway.config import hash_key
 from gateway.flow.settings import FlowControl
 from gateway.recording.trace import TraceRecord, read_trace
 from gateway_lab.replay.http import HttpResult, run_http
-from gateway_lab.replay.mix import Part, demand, mix
+from gateway_lab.replay.mix import Part, demand, fair_shares, jain, mix
+from gateway_lab.sim.fleet import idle_ttft
+from gateway_lab.sim.profiles import profile
 from gateway_lab.sim.stats import nearest_rank
 from loadtests.fleet_http import MI355X_PRICE, MI355X_TIMING, redis_proc, start_sims, wall_timing
 from loadtests.procs import Proc
@@ -56,20 +66,53 @@ def gateway_config(a: argparse.Namespace, mi: list[str], redis_url: str, flow: b
             "timeouts": {"first_byte": 600, "total": 3000, "idle": 120}}
 
 
-def tenant_row(label: str, tenant: str, res: list[HttpResult], sla: float) -> list[Any]:
-    ok = [r for r in res if r.ok and r.ttft is not None]
-    ttft = sorted(r.ttft for r in ok if r.ttft is not None)
+def tenant_row(label: str, tenant: str, trace: list[TraceRecord], res: list[HttpResult], sla: float,
+               window_s: float) -> dict[str, Any]:
+    """One tenant's measures (`res` in `trace`'s order); TTFTs in simulated seconds."""
+    fc, cfg = FlowControl(), profile("mi355x-glm52-tp4")
+    ok = [(t, r) for t, r in zip(trace, res) if r.ok and r.ttft is not None]
+    ttft = sorted(r.ttft for _, r in ok if r.ttft is not None)
     refused: dict[str, int] = {}
     for r in res:
         if not r.ok:
             refused[r.error] = refused.get(r.error, 0) + 1
     lost = sum(n for e, n in refused.items() if e not in ("HTTP 429", "HTTP 503"))
-    return [label, tenant, len(res), f"{sum(x <= sla for x in ttft) / max(1, len(res)) * 100:.1f}%",
-            f"{nearest_rank(ttft, 0.95):.2f}", ", ".join(f"{k} {v}" for k, v in sorted(refused.items())) or "0", lost]
+
+    def possible(t: TraceRecord, r: HttpResult) -> bool:  # a refused request counts as possible, as on the clock
+        return not r.ok or idle_ttft(cfg, t.input_length, r.cached_tokens) <= sla
+
+    def unit(t: TraceRecord, r: HttpResult) -> float:
+        prompt = r.prompt_tokens or t.input_length
+        return ((prompt - r.cached_tokens) * fc.prefill_weight + r.cached_tokens * fc.cached_weight
+                + t.output_length * fc.output_weight)
+
+    within = [(t, r) for t, r in ok if r.ttft is not None and r.ttft <= sla]
+    n_possible = sum(possible(t, r) for t, r in zip(trace, res))
+    return {"label": label, "tenant": tenant, "requests": len(res), "within": len(within) / max(1, len(res)),
+            "possible": sum(possible(t, r) for t, r in within) / max(1, n_possible),
+            "p95": nearest_rank(ttft, 0.95), "refused": refused, "lost": lost,
+            "goodput": sum(unit(t, r) for t, r in within) / window_s, "demand": demand(trace, fc, window_s),
+            "lag": nearest_rank(sorted(r.lag for r in res), 0.95)}
+
+
+def rows_of(run: list[dict[str, Any]]) -> list[list[Any]]:
+    """A run's rows with its fleet goodput and Jain's index (equal weights; a tenant asking for less than its
+    share is owed its demand)."""
+    total = sum(t["goodput"] for t in run)
+    fair = fair_shares(total, {t["tenant"]: t["demand"] for t in run}, {t["tenant"]: 1.0 for t in run})
+    j = jain([t["goodput"] / fair[t["tenant"]] for t in run if fair[t["tenant"]] > 0])
+    return [[t["label"], t["tenant"], t["requests"], f"{t['within'] * 100:.1f}%", f"{t['possible'] * 100:.1f}%",
+             f"{t['p95']:.2f}", ", ".join(f"{k} {v}" for k, v in sorted(t["refused"].items())) or "0",
+             f"{t['goodput'] / 1000:.1f}k", f"{t['demand'] / 1000:.1f}k", f"{total / 1000:.1f}k", f"{j:.3f}",
+             f"{t['lag']:.2f}", t["lost"]] for t in run]
+
+
+HEADERS = ["run", "tenant", "requests", "within SLA", "of those possible", "TTFT p95", "refused / failed", "goodput",
+           "demand", "fleet goodput", "Jain", "send lag p95", "lost"]
 
 
 async def run(a: argparse.Namespace, work: Path, label: str, flow: bool, b: list[TraceRecord],
-              aggr: list[TraceRecord]) -> list[list[Any]]:
+              aggr: list[TraceRecord]) -> list[dict[str, Any]]:
     sims, mi, _ = start_sims(a, work, label.replace(" ", "_"))
     procs: list[Proc] = []
     try:
@@ -85,19 +128,30 @@ async def run(a: argparse.Namespace, work: Path, label: str, flow: bool, b: list
             urls.append(f"http://127.0.0.1:{port}/v1")
         for p in procs:
             p.wait_ready(120)
+        # the trace's clock starts at 0 for both tenants: an empty tenant's slice is sent nothing
+        origin = min((tr[0].timestamp_ms for tr in (b, aggr) if tr), default=0.0)
         if a.split:  # each tenant on its own instance: the shared tags alone carry the other's service
-            rb, ra = await asyncio.gather(run_http(b, urls[0], MODEL, KEYS["B"], a.time_scale, a.concurrency),
-                                          run_http(aggr, urls[1], MODEL, KEYS["A"], a.time_scale, a.concurrency))
+            parts = await asyncio.gather(*(_send(tr, urls[i], KEYS[t], a, origin)
+                                           for i, (t, tr) in enumerate((("B", b), ("A", aggr)))))
+            rb, ra = parts
+            ob, oa = b, aggr
         else:  # a load balancer's spread: every other request of each tenant to each instance
-            parts = await asyncio.gather(*(run_http(tr[i::2], urls[i], MODEL, KEYS[t], a.time_scale, a.concurrency)
+            parts = await asyncio.gather(*(_send(tr[i::2], urls[i], KEYS[t], a, origin)
                                            for t, tr in (("B", b), ("A", aggr)) for i in (0, 1)))
             rb, ra = parts[0] + parts[1], parts[2] + parts[3]
+            ob, oa = b[0::2] + b[1::2], aggr[0::2] + aggr[1::2]
     finally:
         for p in procs + sims:
             p.stop()
     for r in rb + ra:  # wall seconds -> simulated seconds
         r.ttft = None if r.ttft is None else r.ttft * a.time_scale
-    return [tenant_row(label, "B", rb, a.sla), tenant_row(label, "A", ra, a.sla)]
+    return [tenant_row(label, t, tr, res, a.sla, a.window_s) for t, tr, res in (("B", ob, rb), ("A", oa, ra)) if tr]
+
+
+async def _send(trace: list[TraceRecord], url: str, key: str, a: argparse.Namespace,
+                origin_ms: float) -> list[HttpResult]:
+    """`trace` open-loop against `url`, timed from `origin_ms` (the run's first arrival, whoever's it is)."""
+    return await run_http(trace, url, MODEL, key, a.time_scale, a.concurrency, origin_ms=origin_ms) if trace else []
 
 
 async def main_async(a: argparse.Namespace) -> None:
@@ -111,9 +165,13 @@ async def main_async(a: argparse.Namespace) -> None:
     redis = redis_proc(a.redis_port, work)
     await asyncio.sleep(0.5)
     rows: list[list[Any]] = []
+    arms: list[tuple[str, bool, list[TraceRecord], list[TraceRecord]]] = []
+    if a.alone:
+        arms += [("B alone", True, b, []), ("A alone", True, [], aggr)]
+    arms += [("no flow control", False, b, aggr), ("flow control", True, b, aggr)]
     try:
-        for label, flow in (("no flow control", False), ("flow control", True)):
-            rows += await run(a, work, label, flow, b, aggr)
+        for label, flow, tb, ta in arms:
+            rows += rows_of(await run(a, work, label, flow, tb, ta))
             print(f"  {label}: done (logs in {work})", file=sys.stderr, flush=True)
     finally:
         redis.stop()
@@ -124,7 +182,7 @@ async def main_async(a: argparse.Namespace) -> None:
           f"TTFT in simulated s, SLA {a.sla} s; engines {'' if a.priority_scheduling else 'not '}scheduling by "
           f"priority, flow.under_share_priority "
           f"{a.under_share_priority if a.under_share_priority is not None else FlowControl().under_share_priority}")
-    print(table(["run", "tenant", "requests", "within SLA", "TTFT p95", "refused / failed", "lost"], rows))
+    print(table(HEADERS, rows))
 
 
 def main() -> None:
@@ -149,6 +207,8 @@ def main() -> None:
                    "gateway then sends each request's priority, flow control's raise included")
     p.add_argument("--under-share-priority", type=int, default=None, help="flow.under_share_priority (default: the "
                    "config's default)")
+    p.add_argument("--alone", action="store_true", help="also B alone and A alone (flow control on, as `gateway "
+                   "replay --noisy` runs them): what the goodput bar compares against")
     p.add_argument("--sim-port", type=int, default=24100)
     p.add_argument("--port", type=int, default=24300)
     p.add_argument("--redis-port", type=int, default=24390)

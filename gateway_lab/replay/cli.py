@@ -365,7 +365,7 @@ def _scenario(args: argparse.Namespace, trace: list[Any], targets: list[Any], ro
         if args.capacity or args.overload is not None:
             cap = _capacity(args, trace, targets, routing, fleet_label)
             if args.capacity or cap <= 0:
-                return 0 if cap > 0 else 1
+                return 0 if args.capacity else 1  # --overload of no capacity: nothing to run
             speed = round(args.overload * cap, 6)
             print(f"\n{args.overload:g}x overload: speed {args.overload:g} x {cap:g} = {speed:g}")
         results = mix.priority_bands(trace, targets, routing, flow, speed, args.window_s,

@@ -88,14 +88,16 @@ async def _one(client: httpx.AsyncClient, base: str, model: str, r: TraceRecord,
 
 
 async def run_http(trace: Sequence[TraceRecord], base: str, model: str, api_key: str, speed: float,
-                   concurrency: int, progress: Callable[[], None] | None = None) -> list[HttpResult]:
-    """`progress`: called as each request finishes (a progress bar's update)."""
+                   concurrency: int, progress: Callable[[], None] | None = None,
+                   origin_ms: float | None = None) -> list[HttpResult]:
+    """`progress`: called as each request finishes (a progress bar's update); `origin_ms`: the trace time sent at
+    the start (default the trace's first arrival; several streams of one run share theirs)."""
     sem = asyncio.Semaphore(concurrency)
     headers = {"Authorization": f"Bearer {api_key}", "Content-Type": "application/json"}
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     async with httpx.AsyncClient(timeout=httpx.Timeout(600.0, connect=10.0), limits=limits, trust_env=False) as client:
         t0 = time.perf_counter()
-        first = trace[0].timestamp_ms if trace else 0.0
+        first = origin_ms if origin_ms is not None else trace[0].timestamp_ms if trace else 0.0
 
         async def fire(r: TraceRecord) -> HttpResult:
             due = (r.timestamp_ms - first) / 1000 / speed

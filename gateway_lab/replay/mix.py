@@ -253,8 +253,9 @@ def priority_bands(trace: Sequence[TraceRecord], targets: Sequence[tuple[TargetI
     three without flow control, with it, and with it and preemption (gateway/flow/preempt.py). Their policies' engine
     priority follows the band (high, normal, low) in every run: what a deployment sets today, so the comparison is
     flow control against engine priorities alone."""
-    window_s = min(window_s, trace[-1].timestamp_ms / 1000 / speed) if trace else window_s  # past it: the whole trace
-    mixed = [r for r in split_bands(trace, speed) if r.timestamp_ms <= window_s * 1000]
+    span = trace[-1].timestamp_ms / 1000 / speed if trace else 0.0
+    mixed = [r for r in split_bands(trace, speed) if window_s >= span or r.timestamp_ms <= window_s * 1000]
+    window_s = min(window_s, span) if trace else window_s  # a window past the trace's end: the whole trace
     pol = {tenant_name(k + 1): FlowPolicy(band=b) for k, b in enumerate(BANDS)}
     sla = {t: routing.ttft_sla_ms / 1000 for t in pol}
     dem = {t: demand([r for r in mixed if tenant_name(r.tenant) == t], flow, window_s) for t in pol}
