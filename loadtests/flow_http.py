@@ -63,6 +63,7 @@ def gateway_config(a: argparse.Namespace, mi: list[str], redis_url: str, flow: b
             "routing": {"redis_url": redis_url, "redis_prefix": prefix, "ttft_sla_ms": a.sla * 1000 / ts,
                         "policy": {"type": "prefix_sla_cost", "stickiness_penalty_ms": 1000 / ts}},
             "flow": fc, "observability": {"log_requests": False},
+            "outlier_detection": {"enabled": not a.no_outlier_detection},
             "timeouts": {"first_byte": 600, "total": 3000, "idle": 120}}
 
 
@@ -76,7 +77,8 @@ def tenant_row(label: str, tenant: str, trace: list[TraceRecord], res: list[Http
     for r in res:
         if not r.ok:
             refused[r.error] = refused.get(r.error, 0) + 1
-    lost = sum(n for e, n in refused.items() if e not in ("HTTP 429", "HTTP 503"))
+    # a refusal is a 429/503 naming its reason (the error body's code, flow_...); anything else is lost
+    lost = sum(n for e, n in refused.items() if not e.startswith(("HTTP 429 ", "HTTP 503 ")))
 
     def possible(t: TraceRecord, r: HttpResult) -> bool:  # a refused request counts as possible, as on the clock
         return not r.ok or idle_ttft(cfg, t.input_length, r.cached_tokens) <= sla
@@ -169,6 +171,8 @@ async def main_async(a: argparse.Namespace) -> None:
     if a.alone:
         arms += [("B alone", True, b, []), ("A alone", True, [], aggr)]
     arms += [("no flow control", False, b, aggr), ("flow control", True, b, aggr)]
+    if a.arms:
+        arms = [arm for arm in arms if arm[0] in a.arms.split(",")]
     try:
         for label, flow, tb, ta in arms:
             rows += rows_of(await run(a, work, label, flow, tb, ta))
@@ -179,7 +183,8 @@ async def main_async(a: argparse.Namespace) -> None:
           f"{a.window_s:.0f} s; B = {a.victim} ({len(b)} requests), A = {a.aggressor} at "
           f"{a.aggressor_x:g}x B's demand (speed {speed:.2f}, {len(aggr)} requests), "
           f"{'B on instance 1 and A on instance 2' if a.split else 'each spread over two instances'}, one Redis; "
-          f"TTFT in simulated s, SLA {a.sla} s; engines {'' if a.priority_scheduling else 'not '}scheduling by "
+          f"TTFT in simulated s, SLA {a.sla} s; latency outlier ejection {'off' if a.no_outlier_detection else 'on'}; "
+          f"engines {'' if a.priority_scheduling else 'not '}scheduling by "
           f"priority, flow.under_share_priority "
           f"{a.under_share_priority if a.under_share_priority is not None else FlowControl().under_share_priority}")
     print(table(HEADERS, rows))
@@ -209,6 +214,10 @@ def main() -> None:
                    "config's default)")
     p.add_argument("--alone", action="store_true", help="also B alone and A alone (flow control on, as `gateway "
                    "replay --noisy` runs them): what the goodput bar compares against")
+    p.add_argument("--arms", default=None, help="only these runs, comma-separated (B alone, A alone, no flow "
+                   "control, flow control)")
+    p.add_argument("--no-outlier-detection", action="store_true", help="outlier_detection.enabled: false in the "
+                   "gateways (latency outlier ejection off: dispatch/outliers.py)")
     p.add_argument("--sim-port", type=int, default=24100)
     p.add_argument("--port", type=int, default=24300)
     p.add_argument("--redis-port", type=int, default=24390)

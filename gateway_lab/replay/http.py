@@ -58,7 +58,13 @@ async def _one(client: httpx.AsyncClient, base: str, model: str, r: TraceRecord,
                                  headers=headers) as resp:
             if resp.status_code != 200:
                 res.error = f"HTTP {resp.status_code}"
-                await resp.aread()
+                raw = await resp.aread()
+                try:  # the error's code says why (a flow control refusal: flow_queue_timeout, ...)
+                    code = (orjson.loads(raw).get("error") or {}).get("code")
+                except (orjson.JSONDecodeError, AttributeError):
+                    code = None
+                if isinstance(code, str) and code:
+                    res.error += f" {code}"
                 return res
             buf, done = b"", False
             async for chunk in resp.aiter_raw():
