@@ -122,7 +122,7 @@ async def run(a: argparse.Namespace, work: Path, label: str, flow: bool, b: list
         path.write_text(yaml.safe_dump(gateway_config(a, mi, f"redis://127.0.0.1:{a.redis_port}/0", flow,
                                                       f"flow{int(flow)}:")))
         urls = []
-        for i in range(2):
+        for i in range(1 if a.one_instance else 2):
             port = a.port + 2 * i
             procs.append(Proc(f"gateway-{i}", [sys.executable, "-m", "gateway.cli", "serve", "--config", str(path),
                                                "--port", str(port)], f"http://127.0.0.1:{port}/healthz",
@@ -137,11 +137,12 @@ async def run(a: argparse.Namespace, work: Path, label: str, flow: bool, b: list
                                            for i, (t, tr) in enumerate((("B", b), ("A", aggr)))))
             rb, ra = parts
             ob, oa = b, aggr
-        else:  # a load balancer's spread: every other request of each tenant to each instance
-            parts = await asyncio.gather(*(_send(tr[i::2], urls[i], KEYS[t], a, origin)
-                                           for t, tr in (("B", b), ("A", aggr)) for i in (0, 1)))
-            rb, ra = parts[0] + parts[1], parts[2] + parts[3]
-            ob, oa = b[0::2] + b[1::2], aggr[0::2] + aggr[1::2]
+        else:  # a load balancer's spread: every other request of each tenant to each instance (--one-instance: one)
+            n = len(urls)
+            parts = await asyncio.gather(*(_send(tr[i::n], urls[i], KEYS[t], a, origin)
+                                           for t, tr in (("B", b), ("A", aggr)) for i in range(n)))
+            rb, ra = [r for p in parts[:n] for r in p], [r for p in parts[n:] for r in p]
+            ob, oa = [r for i in range(n) for r in b[i::n]], [r for i in range(n) for r in aggr[i::n]]
     finally:
         for p in procs + sims:
             p.stop()
@@ -182,7 +183,7 @@ async def main_async(a: argparse.Namespace) -> None:
     print(f"\nnoisy neighbour over HTTP: {2 * a.nodes} MI355X TP4 ranks, time scale {a.time_scale:g}, first "
           f"{a.window_s:.0f} s; B = {a.victim} ({len(b)} requests), A = {a.aggressor} at "
           f"{a.aggressor_x:g}x B's demand (speed {speed:.2f}, {len(aggr)} requests), "
-          f"{'B on instance 1 and A on instance 2' if a.split else 'each spread over two instances'}, one Redis; "
+          f"{'B on instance 1 and A on instance 2' if a.split else 'one instance' if a.one_instance else 'each spread over two instances'}, one Redis; "
           f"TTFT in simulated s, SLA {a.sla} s; latency outlier ejection {'off' if a.no_outlier_detection else 'on'}; "
           f"engines {'' if a.priority_scheduling else 'not '}scheduling by "
           f"priority, flow.under_share_priority "
@@ -214,6 +215,8 @@ def main() -> None:
                    "config's default)")
     p.add_argument("--alone", action="store_true", help="also B alone and A alone (flow control on, as `gateway "
                    "replay --noisy` runs them): what the goodput bar compares against")
+    p.add_argument("--one-instance", action="store_true", help="one gateway instance (no --split): the virtual "
+                   "clock's setting, one queue")
     p.add_argument("--arms", default=None, help="only these runs, comma-separated (B alone, A alone, no flow "
                    "control, flow control)")
     p.add_argument("--no-outlier-detection", action="store_true", help="outlier_detection.enabled: false in the "
@@ -221,7 +224,10 @@ def main() -> None:
     p.add_argument("--sim-port", type=int, default=24100)
     p.add_argument("--port", type=int, default=24300)
     p.add_argument("--redis-port", type=int, default=24390)
-    asyncio.run(main_async(p.parse_args()))
+    args = p.parse_args()
+    if args.split and args.one_instance:
+        p.error("--split needs two instances")
+    asyncio.run(main_async(args))
 
 
 if __name__ == "__main__":
