@@ -46,3 +46,12 @@ def test_a_point_replays_the_whole_trace_as_one_tenant():
     trace = [TraceRecord(i * 2000.0, 1024, 20, (0, 100 + i, 200 + i)) for i in range(12)]
     p = capacity.point(trace, nodes_targets(1), Routing(), 1.0)
     assert p.requests == 12 and p.within_sla_possible == 1.0 and p.passes(capacity.TARGET)
+
+
+def test_a_bands_window_past_the_traces_end_replays_every_request():
+    from gateway.flow.settings import FlowControl
+    from gateway_lab.replay.mix import priority_bands
+
+    trace = [TraceRecord(i * 1000.0 / 3, 1024, 20, (0, 100 + i, 200 + i)) for i in range(9)]
+    runs = priority_bands(trace, nodes_targets(1), Routing(), FlowControl(), 1.0, 1e9)
+    assert [sum(t.requests for t in r.tenants) for r in runs[1:]] == [9, 9, 9]  # the last one too
