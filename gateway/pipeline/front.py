@@ -23,6 +23,7 @@ from gateway.pipeline.validation import ParsedRequest, first_image, validate
 from gateway.policy_schema import ModelAlias, Tenant, alias_for, cache_namespace
 from gateway.prefix.hashing import prefix_hashes
 
+MODEL_CHARS = 256  # a longer `model` names nothing a tenant serves: only its head is kept, for the log line
 PROMPT_FIELDS = ("messages", "tools", "prompt")  # what the canonical text is rendered from (prefix/hashing.py)
 
 
@@ -110,6 +111,11 @@ class Front:
             (endpoint, model, namespace, chunk_tokens) == \
             (hashed.endpoint, hashed.model, hashed.namespace, hashed.chunk_tokens) and \
             all(body.get(k) is parsed.body.get(k) for k in PROMPT_FIELDS)
+
+
+def bounded_model(model: Any) -> str | None:
+    """The body's `model` as a refusal's log line names it: its head, or None when it is not a string."""
+    return model[:MODEL_CHARS] if isinstance(model, str) else None
 
 
 def prepare(body: dict[str, Any], endpoint: str, hashing: Hashing | None) -> Front:

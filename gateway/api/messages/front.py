@@ -14,10 +14,8 @@ import orjson
 from gateway.api.dropped import Dropped
 from gateway.api.messages.translate import input_tokens, to_chat
 from gateway.errors import GatewayError
-from gateway.pipeline.front import Front, Hashing, Names, prepare
+from gateway.pipeline.front import Front, Hashing, Names, bounded_model, prepare
 from gateway.pipeline.json_body import bulk_lists
-
-MODEL_CHARS = 256  # a longer `model` names nothing a tenant serves: only its head is kept, for the log line
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,7 +57,7 @@ def metadata_session(body: dict[str, Any]) -> object:
 
 def messages_front(body: dict[str, Any], policy: MessagesPolicy) -> MessagesFront:
     model = body.get("model")
-    out = MessagesFront(model[:MODEL_CHARS] if isinstance(model, str) else None)
+    out = MessagesFront(bounded_model(model))
     served = policy.names.served(model)
     try:
         chat = to_chat(body, dropped=out.dropped, hosted_tools=policy.hosted_tools,

@@ -18,10 +18,8 @@ from gateway.api.responses.affinity import affinity_of
 from gateway.api.responses.output import history_of
 from gateway.api.responses.translate import ResponsesRequest, parse_request
 from gateway.errors import GatewayError, InvalidRequest
-from gateway.pipeline.front import Front, Hashing, Names, prepare
+from gateway.pipeline.front import Front, Hashing, Names, bounded_model, prepare
 from gateway.pipeline.json_body import bulk_lists
-
-MODEL_CHARS = 256  # a longer `model` names nothing a tenant serves: only its head is kept, for the log line
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,7 +74,7 @@ class ResponsesFront:
 def responses_front(body: dict[str, Any], stored: bytes | None, policy: ResponsesPolicy) -> ResponsesFront:
     """`stored`: the store's record of the turn `previous_response_id` names (None: not loaded yet)."""
     model = body.get("model")
-    out = ResponsesFront(model[:MODEL_CHARS] if isinstance(model, str) else None)
+    out = ResponsesFront(bounded_model(model))
     try:
         prev = body.get("previous_response_id")
         history: list[dict[str, Any]] = []
