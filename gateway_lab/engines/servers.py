@@ -30,7 +30,9 @@ class StartError(RuntimeError):
     pass
 
 
-PORT_FLOOR = 20000  # engines' ports are drawn from here up to the kernel's ephemeral range (free_port_pair)
+# engines' ports are drawn from here (free_port_pair): below the kernel's ephemeral range, and below the test suite's
+# own ports (tests/support.py free_port, 24000 up to the ephemeral range)
+PORT_FLOOR, PORT_CEILING = 20000, 24000
 
 
 @dataclass
@@ -106,7 +108,7 @@ def free_port_pair(taken: set[int], n: int = 2, below: int = 65536) -> int:
     Drawn below the kernel's ephemeral range: an engine binds its ports only when it has loaded (a minute or two on
     this CPU), and until then a port from that range can be taken by any outgoing connection or bind(0) on the
     machine, the test suite's own included."""
-    top = min(_ephemeral_floor(), below)
+    top = min(_ephemeral_floor(), below, PORT_CEILING)
     for _ in range(500):
         p = random.randrange(PORT_FLOOR, top - n) if top - n > PORT_FLOOR else _kernel_port()
         run = set(range(p, p + n))
