@@ -21,59 +21,10 @@ from gateway_lab.sim.replica import Replica
 from gateway_lab.sim.server import create_sim_app
 
 
-def _ephemeral_floor() -> int:
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-            return int(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768
-
-
-def _band() -> range:
-    """This process's ports: a slice of the range below the kernel's ephemeral ports, one slice per xdist worker.
-
-    A port from bind(0) is free only until the socket closes; before the server it is for binds it (a `gateway serve`
-    process takes a second or two), any bind(0) on the machine can be handed it, and the other xdist worker's
-    simulators and clients make plenty (a `gateway serve` of test_multi_instance once exited 2, its port taken). Below
-    the ephemeral floor the kernel hands out nothing on its own; the engine kit's servers take 20000-23999
-    (gateway_lab/engines/servers.py), the tests the rest, each worker its own slice, so only this process can take
-    a port it was given back before it is bound."""
-    lo, hi = PORT_BAND_FLOOR, _ephemeral_floor()
-    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
-    index = int(worker[2:]) if worker.startswith("gw") and worker[2:].isdigit() else 0
-    size = (hi - lo) // max(1, workers)
-    return range(lo + index * size, lo + (index + 1) * size)
-
-
-PORT_BAND_FLOOR = 24000
-_next: list[int] = []  # this process's next port to try, in its band (sequential: a port given out is not given
-# again until the whole band has been)
-
-
-def _bindable(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-            return True
-        except OSError:
-            return False
-
-
 def free_port() -> int:
-    band = _band()
-    if len(band) < 100:  # no room below the ephemeral range on this machine: the kernel's choice
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            return int(s.getsockname()[1])
-    if not _next:
-        _next.append(band.start + (os.getpid() % len(band)))
-    for _ in range(len(band)):
-        port = _next[0]
-        _next[0] = band.start + (port + 1 - band.start) % len(band)
-        if _bindable(port):
-            return port
-    raise RuntimeError(f"no free port in {band}")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def free_port_base(offsets: tuple[int, ...] = (0, 1, 2, 3, 50, 51, 52, 53)) -> int:

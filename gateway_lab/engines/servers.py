@@ -30,8 +30,7 @@ class StartError(RuntimeError):
     pass
 
 
-# engines' ports are drawn from here (free_port_pair): below the kernel's ephemeral range, and below the test suite's
-# own ports (tests/support.py free_port, 24000 up to the ephemeral range)
+# engines' ports are drawn from here (free_port_pair), below the kernel's ephemeral range
 PORT_FLOOR, PORT_CEILING = 20000, 24000
 
 
