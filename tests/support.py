@@ -212,6 +212,28 @@ def stop_processes(procs: list[subprocess.Popen[Any]], grace_s: float = 20.0) ->
             p.kill()
 
 
+def start_serves(n: int, argv: Callable[[int, int, int], list[str]], env: Callable[[int], dict[str, str]],
+                 attempts: int = 3) -> tuple[list[subprocess.Popen[Any]], list[int], list[int]]:
+    """`n` `gateway serve` processes, `argv(i, port, admin_port)`, each on free ports and up (/healthz) before this
+    returns (processes, ports, admin ports). free_port() cannot hold a port for another process: one the kernel hands
+    to someone else before the server binds it makes `gateway serve` refuse to start (exit 2, the port named). Then
+    every process is stopped and all start again on other ports; any other exit fails at once."""
+    for attempt in range(attempts):
+        ports, admin = [free_port() for _ in range(n)], [free_port() for _ in range(n)]
+        procs = [subprocess.Popen(argv(i, ports[i], admin[i]), env=env(i), stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL) for i in range(n)]
+        try:
+            for port, proc in zip(ports, procs):
+                wait_http(f"http://127.0.0.1:{port}/healthz", proc=proc)
+            return procs, ports, admin
+        except RuntimeError:
+            exited = [p.returncode for p in procs if p.poll() is not None]  # before this stops the others
+            stop_processes(procs)
+            if attempt + 1 == attempts or not exited or any(code != 2 for code in exited):
+                raise
+    raise AssertionError("unreachable")
+
+
 def wait_until(pred: Callable[[], bool], timeout: float = 5.0, what: str = "condition") -> None:
     """Poll `pred` until it holds. For effects the server commits after the client saw its last byte (a stream's
     accounting runs when the response closes), so a test asserts on them without racing the server."""

@@ -14,7 +14,7 @@ from openai import OpenAI
 
 from gateway.config import hash_key
 from tests.gateway_fixtures import KEY_A, config, sglang_pool
-from tests.support import env_without_proxies, free_port, start_sims, stop_processes, wait_http, wait_until
+from tests.support import env_without_proxies, start_serves, start_sims, stop_processes, wait_until
 
 
 def test_three_serve_processes_share_placement_through_redis(redis_server, tmp_path):
@@ -23,17 +23,16 @@ def test_three_serve_processes_share_placement_through_redis(redis_server, tmp_p
                  routing={"redis_url": redis_server.url, "redis_prefix": f"mi{time.monotonic_ns()}:"})
     path = tmp_path / "gw.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    ports = [free_port() for _ in range(3)]
-    admin_ports = [free_port() for _ in range(3)]
-    procs = []
+
+    def argv(i: int, port: int, admin_port: int) -> list[str]:
+        return [sys.executable, "-m", "gateway.cli", "serve", "--config", str(path), "--port", str(port),
+                "--admin-port", str(admin_port)]
+
+    procs: list[subprocess.Popen[bytes]] = []
     try:
-        for i, port in enumerate(ports):
-            env = {**env_without_proxies(), "PYTHONHASHSEED": str(100 + i)}  # Python's own hash differs per process
-            procs.append(subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", "--config", str(path),
-                                           "--port", str(port), "--admin-port", str(admin_ports[i])], env=env, stdout=subprocess.DEVNULL,
-                                          stderr=subprocess.DEVNULL))
-        for port, proc in zip(ports, procs):
-            wait_http(f"http://127.0.0.1:{port}/healthz", proc=proc)
+        # Python's own hash differs per process
+        procs, ports, admin_ports = start_serves(3, argv, lambda i: {**env_without_proxies(),
+                                                                     "PYTHONHASHSEED": str(100 + i)})
         clients = [OpenAI(base_url=f"http://127.0.0.1:{p}/v1", api_key=KEY_A, max_retries=0) for p in ports]
 
         def ask(c: OpenAI, group: int, question: str):
