@@ -48,6 +48,7 @@ from gateway.routing.registry import build_engine
 from gateway.secrets import resolve as resolve_secrets
 from gateway.shared_redis import RedisGuard, build_client, default_max_connections
 from gateway.state import AppState
+from gateway.teardown import Step, run_steps
 from gateway.tenancy.concurrency import ConcurrencyLimiter
 from gateway.tenancy.fallback import build_limits
 from gateway.tenancy.idempotency import MemoryIdempotencyStore, RedisIdempotencyStore
@@ -56,6 +57,7 @@ from gateway.tenancy.policy_store import PolicyStore
 from gateway.upstreams import UpstreamRegistry
 
 FIRST_POLL_S = 3.0  # how long the start waits for the replicas' first preflight (a hung one must not hold it)
+SHUTDOWN_STEP_S = 15.0  # each shutdown step's bound (gateway/teardown.py): past it the step is abandoned and named
 
 def create_app(config: GatewayConfig, *, span_exporter: Any = None, transport: httpx.AsyncBaseTransport | None = None) -> Any:
     """The ASGI app: the hot OpenAI routes as plain ASGI (`api/fastpath.py`), everything else through FastAPI;
@@ -181,29 +183,21 @@ def create_app(config: GatewayConfig, *, span_exporter: Any = None, transport: h
         try:
             yield
         finally:
-            await control.stop()
-            await policies.stop()
-            if state.flow is not None:
-                await state.flow.stop()
-            await app.state.proxy.drain()
-            await state.concurrency.stop()
-            await health.stop()
-            await poller.stop()
-            if precise is not None:
-                await precise.manager.stop()
-            await feedback.drain()
-            recorder.close()
-            await budget.stop()  # after the pipeline's settlements: a last replay of anything still queued
-            await state.dispatcher.quarantine.drain()
-            if redis_loads is not None:
-                await redis_loads.stop()
-            if redis_client is not None:
-                await redis_client.aclose()
-            await http.aclose()
-            sglang_backend.close()
-            state.cpu.close()
-            if provider is not None:
-                provider.shutdown()
+            steps: list[Step] = [
+                ("control", control.stop), ("policies", policies.stop),
+                *([("flow", state.flow.stop)] if state.flow is not None else []),
+                ("pipeline drain", app.state.proxy.drain), ("concurrency", state.concurrency.stop),
+                ("health", health.stop), ("engine poller", poller.stop),
+                *([("kv events", precise.manager.stop)] if precise is not None else []),
+                ("feedback", feedback.drain), ("recorder", recorder.close),
+                ("budget", budget.stop),  # after the pipeline's settlements: a last replay of anything still queued
+                ("quarantine", state.dispatcher.quarantine.drain),
+                *([("redis loads", redis_loads.stop)] if redis_loads is not None else []),
+                *([("redis", redis_client.aclose)] if redis_client is not None else []),
+                ("http client", http.aclose), ("sglang backend", sglang_backend.close), ("cpu pool", state.cpu.close),
+                *([("tracing", provider.shutdown)] if provider is not None else []),
+            ]
+            await run_steps(steps, SHUTDOWN_STEP_S)
 
     app = FastAPI(title="inference-gateway", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.include_router(openai_routes.router)
