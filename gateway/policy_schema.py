@@ -74,6 +74,15 @@ def alias_for(name: str, models: Sequence[str], aliases: Sequence[ModelAlias]) -
     return exact or next((a for a in aliases if a.is_glob and a.matches(name)), None)
 
 
+def served_model(name: object, models: Sequence[str], aliases: Sequence[ModelAlias]) -> str | None:
+    """The model `name` reaches for a tenant serving `models` with `aliases` (an alias's served model), or None (not
+    one of its names)."""
+    if not isinstance(name, str):
+        return None
+    alias = alias_for(name, models, aliases)
+    return alias.model if alias is not None else (name if name in models else None)
+
+
 def cache_namespace(cache_salt: str, client_salt: object = None) -> str:
     """A tenant's cache namespace (`cache_salt`: its own) subdivided by a client's salt, if it sent one."""
     return f"{cache_salt}:{client_salt}" if isinstance(client_salt, str) and client_salt else cache_salt
@@ -155,3 +164,7 @@ class Tenant(_PolicyFields):
     def alias_for(self, name: str) -> ModelAlias | None:
         """The alias answering `name` (`alias_for`)."""
         return alias_for(name, self.models, self.model_aliases)
+
+    def served(self, name: object) -> str | None:
+        """The model `name` reaches for this tenant (`served_model`)."""
+        return served_model(name, self.models, self.model_aliases)

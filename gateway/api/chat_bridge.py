@@ -50,12 +50,13 @@ async def read_json(request: Request, limit: int, cpu: CpuPool) -> tuple[dict[st
     return await cpu.parse(raw), len(raw)
 
 
-async def read_front(request: Request, limit: int, cpu: CpuPool, job: Callable[..., T], *args: Any) -> tuple[T, int]:
+async def read_front(request: Request, limit: int, cpu: CpuPool, job: Callable[..., T],
+                     plain: Callable[[int], Any]) -> tuple[T, int]:
     """The client's body, bounded like the chat path's (413 past `limit`), parsed (400 if it is no JSON object) and
-    run through `job(body, *args)`, the API's front half (a large body's all of it in a worker process:
-    `CpuPool.front`); and its size in bytes."""
+    run through `job(body, plain(size))`, the API's front half (a large body's all of it in a worker process:
+    `CpuPool.front`; `plain(size)`: what it needs of live state for a body of that size); and its size in bytes."""
     raw = await read_body(request, limit)
-    return await cpu.front(raw, MAX_JSON_DEPTH, job, *args), len(raw)
+    return await cpu.front(raw, MAX_JSON_DEPTH, job, plain(len(raw))), len(raw)
 
 
 def with_bearer(request: Request, api_key: str | None) -> Request:

@@ -6,7 +6,7 @@ process with the parse and the API's translation before it (gateway/offload.py `
 decide stage's hashes; the event loop then does O(1) work per body where it did O(body) (pipeline.py).
 
 What needs live state is passed in as plain data: the tenant's names and cache salt (`Names`), the routing chunk
-size (`Hashing`). The hashes are used only if the request reached the decide stage with what they were computed
+size (`Hashing`, given for a large body only: a small one is hashed by the decide stage, after admission). The hashes are used only if the request reached the decide stage with what they were computed
 from — the same endpoint, served model, namespace and chunk size, and the very prompt objects (`Front.hasher`);
 otherwise they are computed there as before.
 """
@@ -20,7 +20,7 @@ from typing import Any
 from gateway.errors import GatewayError
 from gateway.pipeline.json_body import bulk_lists
 from gateway.pipeline.validation import ParsedRequest, first_image, validate
-from gateway.policy_schema import ModelAlias, Tenant, alias_for, cache_namespace
+from gateway.policy_schema import ModelAlias, Tenant, cache_namespace, served_model
 from gateway.prefix.hashing import prefix_hashes
 
 MODEL_CHARS = 256  # a longer `model` names nothing a tenant serves: only its head is kept, for the log line
@@ -41,10 +41,7 @@ class Names:
 
     def served(self, model: object) -> str | None:
         """The model a name reaches for this tenant (an alias's served model), or None (not one of its names)."""
-        if not isinstance(model, str):
-            return None
-        alias = alias_for(model, self.models, self.aliases)
-        return alias.model if alias is not None else (model if model in self.models else None)
+        return served_model(model, self.models, self.aliases)
 
 
 @dataclass(frozen=True, slots=True)

@@ -142,7 +142,8 @@ class Pipeline:
             edge.stage = "parse"
             body_bytes = len(raw)
             # parse, validate, render, hash: one function, in a worker process for a large body (offload.py)
-            front = await st.cpu.front(raw, st.config.max_json_depth, prepare, endpoint, self.hashing(tenant))
+            front = await st.cpu.front(raw, st.config.max_json_depth, prepare, endpoint,
+                                       self.hashing(tenant, body_bytes))
             edge.call = replace(edge.call, front=front)
         edge.stage = "validate"
         if front is not None:
@@ -167,11 +168,14 @@ class Pipeline:
                         edge.started + st.config.timeouts.total, headers={"x-request-id": edge.request_id}, call=edge.call,
                         flow_band=request.headers.get("x-gateway-band"), body_bytes=body_bytes)
 
-    def hashing(self, tenant: Tenant) -> Hashing | None:
-        """What the front half needs to hash a prompt as the decide stage would (front.py), as plain data; None when
-        that stage hashes no text chunks (a policy without prefixes, or precise/hybrid mode's token-page keys)."""
+    def hashing(self, tenant: Tenant, size: int) -> Hashing | None:
+        """What the front half needs to hash a prompt as the decide stage would (front.py), as plain data, for a body
+        of `size` bytes (with any stored turn it continues). None for a small body: hashing ahead pays only off the
+        event loop, and the decide stage hashes it after admission, so a refused request is never hashed; None too
+        when that stage hashes no text chunks (a policy without prefixes, or precise/hybrid mode's token-page keys)."""
         st, r = self.state, self.state.config.routing
-        if st.prefix_hasher is not prefix_hashes or not registry.spec(r.policy.type).uses_prefix:
+        if not st.cpu.large(size) or st.prefix_hasher is not prefix_hashes or \
+                not registry.spec(r.policy.type).uses_prefix:
             return None
         return Hashing(Names.of(tenant), r.chunk_tokens)
 

@@ -72,13 +72,6 @@ def _tenant(st: AppState, request: Request) -> Tenant:
     return st.policies.index.identify(f"Bearer {key}" if key else request.headers.get("authorization"))
 
 
-def _served(tenant: Tenant, model: object) -> str | None:
-    if not isinstance(model, str):
-        return None
-    alias = tenant.alias_for(model)
-    return alias.model if alias is not None else (model if model in tenant.models else None)
-
-
 def _takes_images(request: Request, tenant: Tenant, model: object) -> bool:
     """Whether the model this key reaches by `model` takes images (its route's `vision`); a name it cannot reach
     answers true here and is refused by the chat path with its own 404."""
@@ -90,13 +83,13 @@ def _takes_images(request: Request, tenant: Tenant, model: object) -> bool:
         return True
 
 
-def _policy(st: AppState, request: Request, tenant: Tenant) -> MessagesPolicy:
-    """What the translation needs of this tenant and its routes, as plain data: whether each model it serves takes
-    images (`_takes_images`, worked out here: the route is live state)."""
+def _policy(st: AppState, request: Request, tenant: Tenant, size: int) -> MessagesPolicy:
+    """What the translation of a `size`-byte body needs of this tenant and its routes, as plain data: whether each
+    model it serves takes images (`_takes_images`, worked out here: the route is live state)."""
     names = Names.of(tenant)
     vision = {m: _takes_images(request, tenant, m) for m in names.models}
     return MessagesPolicy(names, tenant.hosted_tools, tenant.client_metadata, vision,
-                          request.app.state.proxy.hashing(st.control.effective(tenant)))
+                          request.app.state.proxy.hashing(st.control.effective(tenant), size))
 
 
 @router.post("/v1/messages")
@@ -105,15 +98,15 @@ async def create_message(request: Request) -> Response:
     model: str | None = None
     tenant: Tenant | None = None
     try:
-        tenant = _tenant(st, request)
+        tenant = identified = _tenant(st, request)
         # translate, estimate, validate, hash: one function, in a worker process for a large body (messages/front.py)
         res, size = await read_front(request, st.config.body_limit("messages"), st.cpu, messages_front,
-                                     _policy(st, request, tenant))
+                                     lambda n: _policy(st, request, identified, n))
         model = res.model
         if res.error is not None:
             raise res.error
     except GatewayError as e:
-        note_refusal(request, model, e, _served(tenant, model) if tenant else None)
+        note_refusal(request, model, e, tenant.served(model) if tenant else None)
         return _error(e, request)
     chat, dropped = res.chat, res.dropped
     assert chat is not None
@@ -155,10 +148,10 @@ async def count_tokens(request: Request) -> Response:
         body, size = await read_json(request, st.config.body_limit("messages"), st.cpu)
         chat = await st.cpu.run(size, to_chat, body, count_only=True, hosted_tools=tenant.hosted_tools,
                                 images=_takes_images(request, tenant, body.get("model")))
-        if _served(tenant, chat["model"]) is None:
+        if tenant.served(chat["model"]) is None:
             raise ModelNotFound(f"model: {chat['model']}", param="model")
         n = await st.cpu.run(size, prompt_tokens, st.kv_events.tokenizer if st.kv_events is not None else None, chat)
     except GatewayError as e:
-        note_refusal(request, body.get("model"), e, _served(tenant, body.get("model")) if tenant else None)
+        note_refusal(request, body.get("model"), e, tenant.served(body.get("model")) if tenant else None)
         return _error(e, request)
     return _json({"input_tokens": n})

@@ -63,13 +63,6 @@ def _ctx(request: Request) -> tuple[AppState, Any, ResponseStore, str]:
     return st, request.app.state.proxy, request.app.state.responses_store, tenant.name
 
 
-def _served(tenant: Tenant, model: object) -> str | None:
-    if not isinstance(model, str):
-        return None
-    alias = tenant.alias_for(model)
-    return alias.model if alias is not None else (model if model in tenant.models else None)
-
-
 def pool_kinds(st: AppState, model: Any, pin: str | None) -> frozenset[str]:
     """The kinds of the pools that may serve `model`: its route's, or only the pinned one (empty: unknown model,
     which the chat path refuses anyway)."""
@@ -139,7 +132,7 @@ async def create_response(request: Request) -> Response:
         return await _create(request, st, proxy, store, policy, seen)
     except GatewayError as e:
         if not request.scope.get("state", {}).get("accounted"):  # refused before the chat path: log what was read
-            note_refusal(request, seen.get("model"), e, _served(policy, seen.get("model")))
+            note_refusal(request, seen.get("model"), e, policy.served(seen.get("model")))
         raise
 
 
@@ -148,8 +141,9 @@ async def create_response(request: Request) -> Response:
 _BY_CONFIG: dict[tuple[int, str | None], tuple[Any, dict[str, frozenset[str]], frozenset[str]]] = {}
 
 
-def _policy(st: AppState, proxy: Any, request: Request, policy: Tenant) -> ResponsesPolicy:
-    """What the translation needs of this tenant, the config and the request's pool pin, as plain data."""
+def _policy(st: AppState, proxy: Any, request: Request, policy: Tenant, size: int) -> ResponsesPolicy:
+    """What the translation of `size` bytes (the body and any stored turn it continues) needs of this tenant, the
+    config and the request's pool pin, as plain data."""
     pin = request.headers.get("x-gateway-pool")
     hit = _BY_CONFIG.get((id(st.config), pin))
     if hit is None or hit[0] is not st.config:
@@ -160,18 +154,17 @@ def _policy(st: AppState, proxy: Any, request: Request, policy: Tenant) -> Respo
             frozenset(m.name for m in st.config.models if is_native(st, m.name)))
     return ResponsesPolicy(Names.of(policy), policy.hosted_tools, policy.client_metadata,
                            st.config.responses.auto_truncate_input_tokens, hit[1], hit[2],
-                           proxy.hashing(st.control.effective(policy)))
+                           proxy.hashing(st.control.effective(policy), size))
 
 
 async def _create(request: Request, st: AppState, proxy: Any, store: ResponseStore, policy: Tenant,
                   seen: dict[str, Any]) -> Response:
     tenant = policy.name
-    plain = _policy(st, proxy, request, policy)
     # the stored turn parsed, translated, validated, hashed: one function, in a worker process for a large body
     # (responses/front.py); run again with the stored turn when the body continues one
     raw = await read_body(request, st.config.body_limit("responses"))
     size = len(raw)
-    res = await st.cpu.front(raw, MAX_JSON_DEPTH, responses_front, None, plain)
+    res = await st.cpu.front(raw, MAX_JSON_DEPTH, responses_front, None, _policy(st, proxy, request, policy, size))
     seen["model"] = res.model
     if res.need_history:
         assert res.previous is not None
@@ -179,7 +172,8 @@ async def _create(request: Request, st: AppState, proxy: Any, store: ResponseSto
         # the stored turn counts: a small body continuing a long conversation is large work (here and in the
         # pipeline's later steps: a tokenizer's hashing)
         size += len(stored)
-        res = await st.cpu.front(raw, MAX_JSON_DEPTH, responses_front, stored, plain, size=size)
+        res = await st.cpu.front(raw, MAX_JSON_DEPTH, responses_front, stored,
+                                 _policy(st, proxy, request, policy, size), size=size)
     if res.error is not None:
         raise res.error
     # the API label; the agent session (Codex sends its session id as prompt_cache_key and in headers): one cold
@@ -234,7 +228,7 @@ async def count_input_tokens(request: Request) -> Response:
         history = history_of(await _load(store, tenant, prev, "previous_response_id"))
     req = await st.cpu.run(size, parse_request, {"input": [], **body, "stream": False}, history,
                            st.config.responses.auto_truncate_input_tokens, allow_empty_input=True)
-    if _served(st.policies.index.tenants[tenant], req.model) is None:  # a model (or alias) this key may use
+    if st.policies.index.tenants[tenant].served(req.model) is None:  # a model (or alias) this key may use
         raise ModelNotFound(f"The model '{req.model}' does not exist or you do not have access to it.", param="model")
     tokenizer = st.kv_events.tokenizer if st.kv_events is not None else None
     return _json({"object": "response.input_tokens",
