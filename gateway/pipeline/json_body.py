@@ -115,12 +115,6 @@ def slice_value(value: Any, size: int, slice_bytes: int = SLICE_BYTES) -> Sliced
     return Sliced(pickle.dumps(value, pickle.HIGHEST_PROTOCOL), parts)
 
 
-def parse_sliced(raw: bytes, max_depth: int = MAX_JSON_DEPTH, slice_bytes: int = SLICE_BYTES) -> Sliced:
-    """`parse_json(raw, max_depth)` (raising what it raises), as `Sliced`: a top-level array is cut into runs of
-    about `slice_bytes` of the body each."""
-    return slice_value(parse_json(raw, max_depth), len(raw), slice_bytes)
-
-
 def as_is(body: dict[str, Any]) -> dict[str, Any]:
     """The parsed body itself: the front half of a request whose later steps run elsewhere."""
     return body

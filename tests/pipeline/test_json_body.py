@@ -7,7 +7,7 @@ import orjson
 import pytest
 
 from gateway.errors import InvalidRequest
-from gateway.pipeline.json_body import MAX_JSON_DEPTH, Sliced, parse_json, parse_sliced
+from gateway.pipeline.json_body import MAX_JSON_DEPTH, Sliced, as_is, parse_json, run_front_sliced, slice_value
 
 TURN = {"role": "user", "content": [{"type": "text", "text": "lorem ipsum " * 40}]}
 
@@ -28,7 +28,7 @@ def bodies() -> list[bytes]:
 def test_the_slices_rebuild_the_parsed_body(raw):
     """Through pickles, as the process pool carries them: equal, key order included, and cut into several slices
     wherever a top-level array is long (never one load of the whole body)."""
-    sliced = pickle.loads(pickle.dumps(parse_sliced(raw, slice_bytes=64 * 1024)))
+    sliced = pickle.loads(pickle.dumps(slice_value(parse_json(raw), len(raw), slice_bytes=64 * 1024)))
     body = sliced.whole()
     assert body == parse_json(raw)
     assert list(body) == list(parse_json(raw))
@@ -38,7 +38,7 @@ def test_the_slices_rebuild_the_parsed_body(raw):
 
 def test_a_body_without_long_arrays_is_one_slice():
     raw = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
-    sliced = parse_sliced(raw)
+    sliced = run_front_sliced(raw, MAX_JSON_DEPTH, as_is, ())  # what the worker process runs
     assert sliced.parts == [] and Sliced(sliced.head).whole() == parse_json(raw)
 
 
@@ -48,7 +48,7 @@ def test_an_unparseable_body_raises_the_same_400_after_a_trip_through_pickle(raw
     with pytest.raises(InvalidRequest) as direct:
         parse_json(raw)
     with pytest.raises(InvalidRequest) as sliced:
-        parse_sliced(raw)
+        run_front_sliced(raw, MAX_JSON_DEPTH, as_is, ())
     back = pickle.loads(pickle.dumps(sliced.value))
     assert type(back) is InvalidRequest and back.body() == direct.value.body() and back.status == 400
     assert back.headers() == direct.value.headers()
