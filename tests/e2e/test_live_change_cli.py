@@ -15,7 +15,7 @@ import yaml
 
 from gateway.config import hash_key
 from tests.gateway_fixtures import KEY_A, config, sglang_pool
-from tests.support import env_without_proxies, free_port, start_sims, stop_processes, wait_http, wait_until
+from tests.support import env_without_proxies, start_serves, start_sims, stop_processes, wait_until
 
 
 def cli(base: str, *args: str) -> dict:
@@ -45,16 +45,13 @@ def test_rate_limit_raised_and_undone_through_the_cli_reaches_the_other_instance
                            "rate_limits": {"requests_per_minute": 2}}])
     path = tmp_path / "gw.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    ports, admin_ports = [free_port(), free_port()], [free_port(), free_port()]
-    procs = [subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", "--config", str(path), "--port", str(p),
-                               "--admin-port", str(ap)],
-                              env=env_without_proxies(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-             for p, ap in zip(ports, admin_ports)]
-    b = f"http://127.0.0.1:{ports[1]}"  # B's client port: what its clients see
-    admin_a, admin_b = (f"http://127.0.0.1:{p}" for p in admin_ports)
+    procs: list[subprocess.Popen[bytes]] = []
     try:
-        for port, proc in zip(ports, procs):
-            wait_http(f"http://127.0.0.1:{port}/healthz", proc=proc)
+        procs, ports, admin_ports = start_serves(2, lambda i, p, ap: [
+            sys.executable, "-m", "gateway.cli", "serve", "--config", str(path), "--port", str(p), "--admin-port", str(ap)],
+            lambda i: env_without_proxies())
+        b = f"http://127.0.0.1:{ports[1]}"  # B's client port: what its clients see
+        admin_a, admin_b = (f"http://127.0.0.1:{p}" for p in admin_ports)
         wait_until(lambda: enforcing(b, 2, admitted=False), timeout=30, what="B refusing past 2 requests/min")
 
         raised = cli(admin_a, "tenant", "tenant-a", "--rpm", "600")
