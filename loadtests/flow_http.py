@@ -30,6 +30,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import orjson
 import yaml
 
 from gateway.config import hash_key
@@ -109,6 +110,22 @@ def rows_of(run: list[dict[str, Any]]) -> list[list[Any]]:
              f"{t['lag']:.2f}", t["lost"]] for t in run]
 
 
+def dump_rows(a: argparse.Namespace, label: str, tenants: Any, where: dict[int, int]) -> None:
+    """One JSON line per request of the run (`--dump`): what the client saw and what the gateway's headers said
+    (replica, routing branch, time held by flow control), times in simulated seconds; read by
+    loadtests/flow_tail.py."""
+    cfg = profile("mi355x-glm52-tp4")
+    with open(a.dump, "ab") as f:
+        for tenant, trace, res in tenants:
+            for t, r in zip(trace, res):
+                f.write(orjson.dumps({
+                    "run": label, "tenant": tenant, "instance": where.get(id(r), 0), "at": t.timestamp_ms / 1000,
+                    "sent": r.sent * a.time_scale, "input": t.input_length, "output": t.output_length,
+                    "cached": r.cached_tokens, "ok": r.ok, "error": r.error, "ttft": r.ttft, "wait": r.flow_wait,
+                    "replica": r.replica, "route": r.route,
+                    "idle_ttft": idle_ttft(cfg, t.input_length, r.cached_tokens)}) + b"\n")
+
+
 HEADERS = ["run", "tenant", "requests", "within SLA", "of those possible", "TTFT p95", "refused / failed", "goodput",
            "demand", "fleet goodput", "Jain", "send lag p95", "lost"]
 
@@ -137,17 +154,22 @@ async def run(a: argparse.Namespace, work: Path, label: str, flow: bool, b: list
                                            for i, (t, tr) in enumerate((("B", b), ("A", aggr)))))
             rb, ra = parts
             ob, oa = b, aggr
+            where = {id(r): i for i, p in enumerate(parts) for r in p}
         else:  # a load balancer's spread: every other request of each tenant to each instance (--one-instance: one)
             n = len(urls)
             parts = await asyncio.gather(*(_send(tr[i::n], urls[i], KEYS[t], a, origin)
                                            for t, tr in (("B", b), ("A", aggr)) for i in range(n)))
             rb, ra = [r for p in parts[:n] for r in p], [r for p in parts[n:] for r in p]
             ob, oa = [r for i in range(n) for r in b[i::n]], [r for i in range(n) for r in aggr[i::n]]
+            where = {id(r): k % n for k, p in enumerate(parts) for r in p}
     finally:
         for p in procs + sims:
             p.stop()
     for r in rb + ra:  # wall seconds -> simulated seconds
         r.ttft = None if r.ttft is None else r.ttft * a.time_scale
+        r.flow_wait = None if r.flow_wait is None else r.flow_wait * a.time_scale
+    if a.dump:
+        dump_rows(a, label, (("B", ob, rb), ("A", oa, ra)), where)
     return [tenant_row(label, t, tr, res, a.sla, a.window_s) for t, tr, res in (("B", ob, rb), ("A", oa, ra)) if tr]
 
 
@@ -221,6 +243,8 @@ def main() -> None:
                    "control, flow control)")
     p.add_argument("--no-outlier-detection", action="store_true", help="outlier_detection.enabled: false in the "
                    "gateways (latency outlier ejection off: dispatch/outliers.py)")
+    p.add_argument("--dump", default=None, help="append one JSON line per request to this file (the client's view "
+                   "and the gateway's replica, routing branch and flow wait): loadtests/flow_tail.py reads it")
     p.add_argument("--sim-port", type=int, default=24100)
     p.add_argument("--port", type=int, default=24300)
     p.add_argument("--redis-port", type=int, default=24390)

@@ -46,6 +46,10 @@ class HttpResult:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     lag: float = 0.0  # how late the request was sent vs its trace time
+    sent: float = 0.0  # when it was sent, wall seconds from the run's start
+    replica: str = ""  # the gateway's x-gateway-replica (where it went), when the endpoint says
+    route: str = ""  # the gateway's x-gateway-route (the routing branch)
+    flow_wait: float | None = None  # the gateway's x-gateway-flow-wait-ms, in seconds (time held by flow control)
 
 
 async def _one(client: httpx.AsyncClient, base: str, model: str, r: TraceRecord, headers: dict[str, str]) -> HttpResult:
@@ -56,6 +60,10 @@ async def _one(client: httpx.AsyncClient, base: str, model: str, r: TraceRecord,
     try:
         async with client.stream("POST", base.rstrip("/") + "/completions", content=orjson.dumps(body),
                                  headers=headers) as resp:
+            res.replica = resp.headers.get("x-gateway-replica", "")
+            res.route = resp.headers.get("x-gateway-route", "")
+            wait = resp.headers.get("x-gateway-flow-wait-ms")
+            res.flow_wait = float(wait) / 1000 if wait else None
             if resp.status_code != 200:
                 res.error = f"HTTP {resp.status_code}"
                 raw = await resp.aread()
@@ -109,9 +117,9 @@ async def run_http(trace: Sequence[TraceRecord], base: str, model: str, api_key:
             due = (r.timestamp_ms - first) / 1000 / speed
             await asyncio.sleep(max(0.0, due - (time.perf_counter() - t0)))
             async with sem:
-                lag = time.perf_counter() - t0 - due
+                sent = time.perf_counter() - t0
                 res = await _one(client, base, model, r, headers)
-                res.lag = lag
+                res.lag, res.sent = sent - due, sent
             if progress:
                 progress()
             return res
