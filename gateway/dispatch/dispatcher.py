@@ -138,6 +138,7 @@ class Dispatcher:
                                 first_byte, routing=req)
             try:
                 await self.feedback.dispatched(attempt)
+                attempt.sent_at = time.monotonic()
                 opened = await self._attempt(target, call, attempt, bp, tries.count, parent)
             except AttemptFailed as e:
                 self.feedback.finished(attempt, failed=True)

@@ -113,16 +113,24 @@ class Feedback:
         if a.ttft > 0:
             self._replica_metrics(a.pool, a.name)[2].set(a.ttft)
 
-    def first_token(self, a: Attempt, observed_ttft: float | None) -> None:
-        self._apply(self.engine.first_token(a, observed_ttft))
-        if observed_ttft is not None and a.ttft_raw > 0:
+    def first_token(self, a: Attempt, observed_ttft: float | None, at: float | None = None) -> None:
+        """`observed_ttft`: from the request's arrival (what the client waited: the SLA metric); `at`: when the first
+        token came (monotonic). What is learned about the target — the TTFT correction, the outlier residual, its
+        observed TTFT (histogram, admin state) — is what the target took, from `a.sent_at` to `at`: the prediction
+        is of the target's queue and prefill at the decision, and a request flow control held for seconds, or one
+        sent after a failed attempt, would otherwise teach them that the target is slow by the gateway's own wait."""
+        engine_ttft = observed_ttft
+        if observed_ttft is not None and at is not None and a.sent_at > 0:
+            engine_ttft = min(observed_ttft, max(0.0, at - a.sent_at))
+        self._apply(self.engine.first_token(a, engine_ttft))
+        if observed_ttft is not None and engine_ttft is not None and a.ttft_raw > 0:
             self.metrics.sla.labels(a.req.tenant, "met" if observed_ttft <= a.req.ttft_sla_s else "missed").inc()
             ttft, _, _, correction = self._replica_metrics(a.pool, a.name)
-            ttft.observe(observed_ttft)
+            ttft.observe(engine_ttft)
             corrector = self.engine.corrector
             correction.set(corrector.replica_factor(a.name))
             # the residual against the pool's prediction, not the replica's own: comparable across its peers
-            self.stats.ttft(a.name, observed_ttft, a.ttft_raw * corrector.get(a.pool, a.regime))
+            self.stats.ttft(a.name, engine_ttft, a.ttft_raw * corrector.get(a.pool, a.regime))
             self._judge()
 
     def itl(self, a: Attempt, seconds_per_token: float) -> None:

@@ -96,7 +96,7 @@ class GatewayMetrics:
         # per replica: the replica label is bounded by the configuration (its replicas, and the DP ranks each server
         # reports, capped by preflight.MAX_RANKS), never by traffic
         self.replica_ttft = Histogram("gateway_replica_ttft_seconds", "Time to first token observed per replica "
-                                      "(streams, from the gateway's admission)", ["pool", "replica"],
+                                      "(streams, from the request's send to the replica to its first token)", ["pool", "replica"],
                                       buckets=LATENCY_BUCKETS, registry=r)
         self.replica_itl = Histogram("gateway_replica_itl_seconds", "Mean inter-token latency of each served stream, "
                                      "per replica", ["pool", "replica"], buckets=ITL_BUCKETS, registry=r)

@@ -140,7 +140,7 @@ class Relay:
             dispatch_failed(out, e)
             return to_response(e)  # x-request-id is added by RequestIdMiddleware like on every response
         assert out.first_token_at is not None
-        self.feedback.first_token(d.attempt, out.first_token_at - ex.started)
+        self.feedback.first_token(d.attempt, out.first_token_at - ex.started, out.first_token_at)
         enc = ex.call.encoder
         if enc is not None:  # another API's stream: its opening events, then the first chunk in its shape
             first = enc.start() + (self._relay(ex, out, d.opened.first or b"") or b"")

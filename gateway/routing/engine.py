@@ -84,6 +84,10 @@ class Attempt:
         self.queued_prefill = cand.load.queued_prefill_tokens if cand else 0.0  # on the target, at the decision
         self.prefill_open = False
         self.open = False
+        # when the request went to the target (monotonic; 0 until the dispatcher sends it): what the engine took is
+        # measured from here, not from the request's arrival — a wait in the gateway (flow control's queue, a large
+        # body's front half, an earlier failed attempt) is not the target's, and its prediction did not include it
+        self.sent_at = 0.0
 
 
 class RoutingEngine:

@@ -175,3 +175,37 @@ def test_prefill_level_orders_by_uncached_tokens_until_the_replica_is_overloaded
     assert level(on, 40, 3.9) == 9 and level(on, 40, 4.1) == 0  # past 2 x 2.0 s of queued prefill: arrival order
     off = build_engine(cfg.routing.model_copy(update={"shortest_prefill_first": False}))
     assert level(off, 40, 0.5) == 0
+
+
+def test_the_correction_learns_what_the_target_took_not_the_gateways_wait() -> None:
+    """A request held in the gateway (flow control's queue, a large body's front half) waits before it is sent. The
+    TTFT correction and the outlier residual judge the target on the time from the send to the first token; the
+    client's wait still counts against the SLA. The same first token, once after no wait and once after 5 s held,
+    teaches the corrector the same thing."""
+    cfg = gateway_config("prefix_sla_cost")
+    infos = [i for i, _ in targets_from_config(cfg)]
+    req = RoutingRequest("r1", "t", "glm-5.2", "chat/completions", True, 4000, None, ())
+    seen = {}
+    for wait in (0.0, 5.0):
+        engine = build_engine(cfg.routing)
+        metrics = GatewayMetrics()
+        fb = Feedback(MemoryPrefixIndex(), MemoryLoadTracker(), engine, metrics, cfg.routing)
+        d = engine.decide(req, infos, {}, {i.name: MemoryLoadTracker().view(i.name) for i in infos})
+        a = Attempt(req, d.chosen, d)
+
+        async def run(a: Attempt = a, fb: Feedback = fb, wait: float = wait) -> None:
+            await fb.dispatched(a)
+            a.sent_at = 100.0
+            # the engine took twice its raw prediction; the client waited that plus the gateway's `wait`
+            engine_took = 2 * a.ttft_raw
+            fb.first_token(a, wait + engine_took, at=100.0 + engine_took)
+            await fb.drain()
+
+        asyncio.run(run())
+        assert a.ttft_raw > 0
+        missed = metrics.sla.labels("t", "missed")._value.get()
+        seen[wait] = (engine.corrector.replica_factor(a.name), engine.corrector.get(a.pool, a.regime),
+                      fb.stats.view(a.name).ttft_residual_p50, fb.stats.view(a.name).ttft_p50_s, missed)
+    assert seen[0.0][:4] == pytest.approx(seen[5.0][:4], rel=1e-4)  # the factor decays with the clock between the two
+    assert seen[0.0][0] > 1.0  # it did learn the target's own slowness
+    assert seen[5.0][4] == 1 and seen[0.0][4] == 0  # the SLA counts what the client waited

@@ -210,7 +210,7 @@ class NativeResponses:
             dispatch_failed(out, e)
             return to_response(e)
         assert out.first_token_at is not None
-        self.st.feedback.first_token(d.attempt, out.first_token_at - ex.started)
+        self.st.feedback.first_token(d.attempt, out.first_token_at - ex.started, out.first_token_at)
         first, _ = await self._event(ex, out, d.opened.first or b"")
         return first or b": stream open\n\n"
 
