@@ -37,7 +37,7 @@ from gateway.config import hash_key
 from gateway.flow.settings import FlowControl
 from gateway.recording.trace import TraceRecord, read_trace
 from gateway_lab.replay.http import HttpResult, run_http
-from gateway_lab.replay.mix import Part, demand, fair_shares, jain, mix
+from gateway_lab.replay.mix import Part, demand, jain_of, mix, possible_demand
 from gateway_lab.sim.fleet import idle_ttft
 from gateway_lab.sim.profiles import profile
 from gateway_lab.sim.stats import nearest_rank
@@ -95,18 +95,20 @@ def tenant_row(label: str, tenant: str, trace: list[TraceRecord], res: list[Http
             "possible": sum(possible(t, r) for t, r in within) / max(1, n_possible),
             "p95": nearest_rank(ttft, 0.95), "refused": refused, "lost": lost,
             "goodput": sum(unit(t, r) for t, r in within) / window_s, "demand": demand(trace, fc, window_s),
+            "can_meet": possible_demand(trace, fc, cfg, sla, window_s),
             "lag": nearest_rank(sorted(r.lag for r in res), 0.95)}
 
 
 def rows_of(run: list[dict[str, Any]]) -> list[list[Any]]:
     """A run's rows with its fleet goodput and Jain's index (equal weights; a tenant asking for less than its
-    share is owed its demand)."""
+    share is owed its demand), on every request's demand and on the demand that can meet the SLA at all."""
     total = sum(t["goodput"] for t in run)
-    fair = fair_shares(total, {t["tenant"]: t["demand"] for t in run}, {t["tenant"]: 1.0 for t in run})
-    j = jain([t["goodput"] / fair[t["tenant"]] for t in run if fair[t["tenant"]] > 0])
+    goodput, weights = {t["tenant"]: t["goodput"] for t in run}, {t["tenant"]: 1.0 for t in run}
+    j = jain_of(goodput, {t["tenant"]: t["demand"] for t in run}, weights)
+    jp = jain_of(goodput, {t["tenant"]: t["can_meet"] for t in run}, weights)
     return [[t["label"], t["tenant"], t["requests"], f"{t['within'] * 100:.1f}%", f"{t['possible'] * 100:.1f}%",
              f"{t['p95']:.2f}", ", ".join(f"{k} {v}" for k, v in sorted(t["refused"].items())) or "0",
-             f"{t['goodput'] / 1000:.1f}k", f"{t['demand'] / 1000:.1f}k", f"{total / 1000:.1f}k", f"{j:.3f}",
+             f"{t['goodput'] / 1000:.1f}k", f"{t['demand'] / 1000:.1f}k", f"{total / 1000:.1f}k", f"{j:.3f}", f"{jp:.3f}",
              f"{t['lag']:.2f}", t["lost"]] for t in run]
 
 
@@ -127,7 +129,7 @@ def dump_rows(a: argparse.Namespace, label: str, tenants: Any, where: dict[int, 
 
 
 HEADERS = ["run", "tenant", "requests", "within SLA", "of those possible", "TTFT p95", "refused / failed", "goodput",
-           "demand", "fleet goodput", "Jain", "send lag p95", "lost"]
+           "demand", "fleet goodput", "Jain", "Jain, of those possible", "send lag p95", "lost"]
 
 
 async def run(a: argparse.Namespace, work: Path, label: str, flow: bool, b: list[TraceRecord],

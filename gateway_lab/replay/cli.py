@@ -359,7 +359,8 @@ def _scenario(args: argparse.Namespace, trace: list[Any], targets: list[Any], ro
         print(f"\nnoisy neighbour on {fleet_label}, first {args.window_s:.0f} s: B = {args.trace} at its share "
               f"({x['b_demand'] / 1000:.1f}k units/s), A = {args.noisy} at {args.aggressor_x:g}x its share (speed "
               f"{x['aggressor_speed']:.2f}, {x['a_demand'] / 1000:.1f}k units/s); equal weights; TTFT SLA "
-              f"{routing.ttft_sla_ms / 1000:.2f} s; units: prefill-weighted tokens (docs/flow-control.md)")
+              f"{routing.ttft_sla_ms / 1000:.2f} s; units: prefill-weighted tokens (docs/flow-control.md); of "
+              f"those possible: B {x['b_possible'] / 1000:.1f}k, A {x['a_possible'] / 1000:.1f}k units/s")
     else:
         speed = args.speed
         if args.capacity or args.overload is not None:

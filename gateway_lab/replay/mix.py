@@ -27,12 +27,12 @@ from typing import Any
 
 from gateway.config import Routing
 from gateway.flow.settings import Band, FlowControl, FlowPolicy
-from gateway.recording.trace import TraceRecord
+from gateway.recording.trace import BLOCK_TOKENS, TraceRecord
 from gateway.routing.features import TargetInfo
 from gateway.upstreams import DEFAULT_PRIORITY_VALUES
 from gateway_lab.replay.bounds import ideal_hit_rate
 from gateway_lab.replay.run import to_job
-from gateway_lab.sim.fleet import Fleet, Job, Record
+from gateway_lab.sim.fleet import Fleet, Job, Record, idle_ttft
 from gateway_lab.sim.profiles import ReplicaConfig
 from gateway_lab.sim.stats import nearest_rank
 
@@ -77,6 +77,39 @@ def demand(trace: Sequence[TraceRecord], cfg: FlowControl, window_s: float | Non
     return (prompt * (1 - hit) * cfg.prefill_weight + prompt * hit * cfg.cached_weight + out * cfg.output_weight) / span
 
 
+def possible_demand(trace: Sequence[TraceRecord], cfg: FlowControl, rank: ReplicaConfig, sla_s: float,
+                    window_s: float | None = None) -> float:
+    """`demand` of the requests that can meet the SLA at all: each request's cached prefix is what the trace's ideal
+    cache holds of it (its leading blocks seen before), and it counts when its TTFT alone on an idle rank holding
+    that prefix is within `sla_s` — the requests the "of those possible" columns count. A tenant is owed no
+    goodput for a request no fleet of these ranks can serve within its SLA, so fairness is read on this demand too."""
+    if not trace:
+        return 0.0
+    span = window_s or max(trace[-1].timestamp_ms / 1000, 1e-9)
+    seen: set[int] = set()
+    units = 0.0
+    for r in trace:
+        if r.timestamp_ms > span * 1000:
+            continue
+        cached = 0
+        for h in r.hash_ids[: r.input_length // BLOCK_TOKENS]:
+            if h not in seen:
+                break
+            cached += BLOCK_TOKENS
+        seen.update(r.hash_ids)
+        if idle_ttft(rank, r.input_length, cached) <= sla_s:
+            units += ((r.input_length - cached) * cfg.prefill_weight + cached * cfg.cached_weight
+                      + r.output_length * cfg.output_weight)
+    return units / span
+
+
+def jain_of(goodput: dict[str, float], demands: dict[str, float], weights: dict[str, float]) -> float:
+    """Jain's index over the tenants' goodput normalised by their weighted max-min fair share of the total goodput
+    (a tenant asking for less than its share is owed what it asked for)."""
+    fair = fair_shares(sum(goodput.values()), demands, weights)
+    return jain([goodput[t] / fair[t] for t in goodput if fair[t] > 0])
+
+
 @dataclass
 class TenantRow:
     tenant: str
@@ -100,17 +133,19 @@ class MixResult:
     jain: float
     lost: int  # requests with neither an answer nor a refusal (must be 0)
     extra: dict[str, Any] = field(default_factory=dict)
+    jain_possible: float | None = None  # the same index on each tenant's demand that can meet its SLA at all
 
     def rows(self) -> list[list[Any]]:
         return [[self.label, t.tenant, t.requests, f"{t.within_sla * 100:.1f}%",
                  f"{t.within_sla_possible * 100:.1f}%", f"{t.ttft_p95:.2f}",
                  f"{t.queued_p95:.2f}", _refusals(t.refused), f"{t.goodput / 1000:.1f}k", f"{t.served / 1000:.1f}k",
                  f"{t.demand / 1000:.1f}k", f"{self.goodput / 1000:.1f}k",
-                 f"{self.jain:.3f}", t.preempted, self.lost] for t in self.tenants]
+                 f"{self.jain:.3f}", "—" if self.jain_possible is None else f"{self.jain_possible:.3f}",
+                 t.preempted, self.lost] for t in self.tenants]
 
 
 HEADERS = ["run", "tenant", "requests", "within SLA", "of those possible", "TTFT p95", "queued p95", "refused", "goodput",
-           "served", "demand", "fleet goodput", "Jain", "preempted", "lost"]
+           "served", "demand", "fleet goodput", "Jain", "Jain, of those possible", "preempted", "lost"]
 
 
 def _refusals(by: dict[str, int]) -> str:
@@ -143,7 +178,8 @@ def fair_shares(total: float, demands: dict[str, float], weights: dict[str, floa
 
 
 def summarize(label: str, recs: Sequence[Record], sla: dict[str, float], window_s: float,
-              demands: dict[str, float], weights: dict[str, float], sent: dict[str, int], cfg: FlowControl) -> MixResult:
+              demands: dict[str, float], weights: dict[str, float], sent: dict[str, int], cfg: FlowControl,
+              can_meet: dict[str, float] | None = None) -> MixResult:
     def unit(r: Record) -> float:
         return (r.prompt - r.cached) * cfg.prefill_weight + r.cached * cfg.cached_weight + r.output * cfg.output_weight
 
@@ -166,17 +202,18 @@ def summarize(label: str, recs: Sequence[Record], sla: dict[str, float], window_
                               nearest_rank(sorted(r.queued_s for r in mine if r.name), 0.95),
                               sum(1 for r in mine if r.preempted)))
     total = sum(t.goodput for t in rows)
-    fair = fair_shares(total, {t.tenant: t.demand for t in rows}, weights)
-    j = jain([t.goodput / fair[t.tenant] for t in rows if fair[t.tenant] > 0])
+    goodput = {t.tenant: t.goodput for t in rows}
+    j = jain_of(goodput, {t.tenant: t.demand for t in rows}, weights)
+    jp = jain_of(goodput, {t: can_meet[t] for t in goodput}, weights) if can_meet else None
     answered = sum(1 for r in recs if r.ttft is not None or r.refused or not r.name)
-    return MixResult(label, rows, total, j, sum(sent.values()) - answered)
+    return MixResult(label, rows, total, j, sum(sent.values()) - answered, jain_possible=jp)
 
 
 def run_mix(trace: Sequence[TraceRecord], targets: Sequence[tuple[TargetInfo[Any], ReplicaConfig]], routing: Routing,
             flow: FlowControl | None, policies: dict[str, FlowPolicy], sla_s: dict[str, float], label: str,
             window_s: float, demands: dict[str, float], instances: int = 1,
             progress: Callable[[], None] | None = None, priority: dict[str, int] | None = None,
-            preempt: bool = False) -> MixResult:
+            preempt: bool = False, can_meet: dict[str, float] | None = None) -> MixResult:
     """Replay a mixed trace (each tenant its SLA) with or without flow control, and summarize it per tenant.
     `priority`: the tenants' engine priority classes (PRIORITY_VALUES), the same with or without flow control."""
     fleet = Fleet(targets, routing, instances, True, flow=flow, flow_tenants=policies, tenant_priority=priority,
@@ -197,7 +234,7 @@ def run_mix(trace: Sequence[TraceRecord], targets: Sequence[tuple[TargetInfo[Any
         sent[tenant_name(r.tenant)] = sent.get(tenant_name(r.tenant), 0) + 1
     weights = {t: policies.get(t, FlowPolicy()).weight for t in demands}
     return summarize(label, recs, {t: sla_s.get(t, default_sla) for t in demands}, window_s, demands, weights, sent,
-                     flow or FlowControl())
+                     flow or FlowControl(), can_meet)
 
 
 def noisy_neighbour(victim: Sequence[TraceRecord], aggressor: Sequence[TraceRecord],
@@ -216,17 +253,22 @@ def noisy_neighbour(victim: Sequence[TraceRecord], aggressor: Sequence[TraceReco
     both = mix([b_part, a_part], window_s)
     only_b, only_a = mix([b_part], window_s), mix([a_part], window_s)
     dem = {tenant_name(1): b_demand, tenant_name(2): demand(only_a, flow, window_s)}
-    runs: list[tuple[str, list[TraceRecord], FlowControl | None, dict[str, float]]] = [
-        ("B alone", only_b, on, {tenant_name(1): dem[tenant_name(1)]}),
-        ("A alone", only_a, on, {tenant_name(2): dem[tenant_name(2)]}),
-        ("A+B, no flow control", both, None, dem),
-        ("A+B, flow control", both, on, dem),
+    rank = targets[0][1]
+    can = {tenant_name(1): possible_demand(only_b, flow, rank, sla[tenant_name(1)], window_s),
+           tenant_name(2): possible_demand(only_a, flow, rank, sla[tenant_name(2)], window_s)}
+    runs: list[tuple[str, list[TraceRecord], FlowControl | None, list[str]]] = [
+        ("B alone", only_b, on, [tenant_name(1)]),
+        ("A alone", only_a, on, [tenant_name(2)]),
+        ("A+B, no flow control", both, None, list(dem)),
+        ("A+B, flow control", both, on, list(dem)),
     ]
     out = []
-    for label, trace, fc, d in runs:
+    for label, trace, fc, who in runs:
         cb = progress(label, len(trace)) if progress else None
-        out.append(run_mix(trace, targets, routing, fc, pol, sla, label, window_s, d, progress=cb))
-    out[-1].extra = {"aggressor_speed": a_speed, "b_demand": b_demand, "a_demand": dem[tenant_name(2)]}
+        out.append(run_mix(trace, targets, routing, fc, pol, sla, label, window_s, {t: dem[t] for t in who},
+                           progress=cb, can_meet={t: can[t] for t in who}))
+    out[-1].extra = {"aggressor_speed": a_speed, "b_demand": b_demand, "a_demand": dem[tenant_name(2)],
+                     "b_possible": can[tenant_name(1)], "a_possible": can[tenant_name(2)]}
     return out
 
 

@@ -59,3 +59,25 @@ def test_a_what_if_changes_flow_settings_as_the_config_would_and_a_bad_one_is_na
     for bad in ("under_share_priority=99", "no_such_field=1"):
         with pytest.raises(SystemExit, match=bad.split("=")[0]):
             flow_what_if([bad])
+
+
+def test_possible_demand_leaves_out_what_no_idle_rank_serves_within_the_sla_and_jain_reads_it():
+    """A prompt too long to prefill within the SLA on an idle rank is owed nothing; its repeat, cached, is."""
+    from gateway_lab.replay.mix import demand, jain_of, possible_demand
+    from gateway_lab.sim.fleet import idle_ttft
+    from gateway_lab.sim.profiles import profile
+
+    rank, fc = profile("mi355x-glm52-tp4"), FlowControl()
+    short, huge = rec(0, 2048), rec(1000, 81_920, first=100)  # whole blocks: the ideal cache holds all of it
+    again = TraceRecord(2000, 81_920 + 512, 50, huge.hash_ids + (999,))
+    assert idle_ttft(rank, 81_920, 0) > 2.22 >= idle_ttft(rank, 2048, 0)
+    assert idle_ttft(rank, 82_432, 81_920) <= 2.22
+    trace = [short, huge, again]
+    owed = possible_demand(trace, fc, rank, 2.22, window_s=10)
+    unit = (2048 * fc.prefill_weight + 50 * fc.output_weight
+            + 512 * fc.prefill_weight + 81_920 * fc.cached_weight + 50 * fc.output_weight) / 10
+    assert owed == pytest.approx(unit)
+    assert owed < demand(trace, fc, window_s=10)
+    # a light tenant that got all it could, the rest to the heavy one: fair on that reading, not on its whole demand
+    assert jain_of({"b": owed, "a": 10 * owed}, {"b": owed, "a": 1e9}, {"a": 1, "b": 1}) == 1.0
+    assert jain_of({"b": owed, "a": 10 * owed}, {"b": 2 * owed, "a": 1e9}, {"a": 1, "b": 1}) < 1.0
