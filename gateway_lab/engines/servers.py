@@ -8,14 +8,17 @@ exits before that fails the start with the tail of its log.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import random
 import signal
 import socket
 import subprocess
+import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -122,6 +125,21 @@ def _kernel_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _die_with_parent() -> Callable[[], None] | None:
+    """A server in a session of its own outlives a test run that is killed (its fixtures never run): two such servers
+    held both cores of the machine through a later run. On Linux the kernel sends it SIGTERM when the process that
+    launched it dies (PR_SET_PDEATHSIG), and SGLang and vLLM end their workers on SIGTERM. The signal follows the
+    launching *thread*, so it is set only when that is the main thread, which lives as long as the process."""
+    if not sys.platform.startswith("linux") or threading.current_thread() is not threading.main_thread():
+        return None
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    def arm() -> None:
+        libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+
+    return arm
+
+
 def launch(env: EngineEnv, flags: ServerFlags, core: int, log: Path) -> EngineServer:
     argv = sglang_argv(flags) if env.recipe.engine == "sglang" else vllm_argv(flags)
     proc_env = dict(os.environ)
@@ -136,7 +154,7 @@ def launch(env: EngineEnv, flags: ServerFlags, core: int, log: Path) -> EngineSe
         f.flush()
         # a process group of its own: the engine forks schedulers and detokenizers, all ended with it
         proc = subprocess.Popen([str(env.python), *argv], stdout=f, stderr=subprocess.STDOUT, env=proc_env,
-                                start_new_session=True, cwd=str(log.parent))
+                                start_new_session=True, cwd=str(log.parent), preexec_fn=_die_with_parent())
     return EngineServer(env.recipe.engine, flags, proc, log, time.monotonic())
 
 

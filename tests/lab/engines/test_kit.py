@@ -127,3 +127,40 @@ def test_differential_reads_block_stored_in_either_encoding() -> None:
     assert _stored_view([as_array]) == _stored_view([as_map])
     assert [p[:2] for p in _stored_view([as_array])] == [(11, None), (12, 11)]
     assert _stored_view([["BlockRemoved", [11]], {"type": "AllBlocksCleared"}]) == []
+
+
+@pytest.mark.skipif(not __import__("sys").platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_server_in_its_own_session_ends_with_the_process_that_launched_it(tmp_path: Path) -> None:
+    """launch()'s preexec: a child in a session of its own (as the engines run) gets SIGTERM when its launcher dies,
+    so a killed test run leaves no engine holding the cores."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    launcher = (
+        "import subprocess, sys\n"
+        "from gateway_lab.engines.servers import _die_with_parent\n"
+        "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'], start_new_session=True,\n"
+        "                     preexec_fn=_die_with_parent())\n"
+        "print(p.pid, flush=True)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", launcher], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parents[3], timeout=60)
+    child = int(out.stdout.split()[0])
+    deadline = time.monotonic() + 60  # bounded: the kernel signals at once, a busy machine reaps it a little later
+    while time.monotonic() < deadline:
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        # a zombie (its parent, init, has not reaped it yet) counts as ended
+        try:
+            if Path(f"/proc/{child}/stat").read_text().split()[2] == "Z":
+                break
+        except FileNotFoundError:
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(child, 9)
+        pytest.fail("the child outlived its launcher")
