@@ -281,10 +281,11 @@ def report(paths: list[str]) -> str:
     """Saved runs (one file a seed: the no-fault run and each scenario, with their requests) -> a row per seed and
     scenario, then the median and range of the TTFT p95 change per scenario over the seeds."""
     head = ("| slowed | seed | own correction >= 1.5 after (peers' peak) | ejected after (why); ejections in the fault "
-            "| its requests in the window (their TTFT p50) | its share: fault / after clear | peers' shares "
+            "| its requests 0-20 / 20-40 s into the fault | its requests in the window (their TTFT p50) "
+            "| its share: fault / after clear | peers' shares "
             "| fleet TTFT p95: no-fault run / fault (Δ) | fleet TTFT p95 without its requests (Δ) "
             "| fleet ITL p95 Δ | in routing after clear | half its fair share after clear |"
-            "\n|---|---|---|---|---|---|---|---|---|---|---|---|")
+            "\n|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     out, deltas, nofault, spread = [head], {}, [], []
     for path in paths:
         rows = json.loads(Path(path).read_text())
@@ -298,6 +299,9 @@ def report(paths: list[str]) -> str:
                 continue
             during = [x for x in window(r["records"], r["fault_at"] + SETTLE_S, r["clear_at"]) if x["ok"]]
             mine = [x["ttft"] for x in during if x.get("replica") == r["slow"]]
+            # what the detector had to judge it on (min_samples within window_s): its requests as the fault began
+            early = [sum(1 for x in window(r["records"], r["fault_at"] + lo, r["fault_at"] + lo + 20)
+                         if x.get("replica") == r["slow"]) for lo in (0, 20)]
             without = p95([x["ttft"] for x in during if x.get("replica") != r["slow"]])
             states = [p["ejected"] for p in r["timeline"] if r["fault_at"] <= p["t"] <= r["clear_at"]]
             ejections = sum(1 for a, b in zip([False, *states], states) if b and not a)
@@ -314,7 +318,7 @@ def report(paths: list[str]) -> str:
             peers = "/".join(f"{100 * (share(during, n) or 0):.0f}" for n in names)
             out.append(
                 f"| {label} | {seed} | {fmt(r['correction_1_5_s'])} s ({r['peers_peak_correction']:.2f}) "
-                f"| {fmt(r['ejected_s'])} s ({', '.join(r['reasons']) or '—'}); {ejections} "
+                f"| {fmt(r['ejected_s'])} s ({', '.join(r['reasons']) or '—'}); {ejections} | {early[0]} / {early[1]} "
                 f"| {len(mine)} ({fmt(statistics.median(mine) if mine else None)} s) "
                 f"| {fmt(r['share_fault'], True)} / {fmt(r['share_after'], True)} | {peers}% "
                 f"| {base:.3f} / {r['ttft_p95_fault']:.3f} s ({d:+.0f}%) "
