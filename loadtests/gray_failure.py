@@ -287,9 +287,11 @@ def report(paths: list[str]) -> str:
             "| fleet ITL p95 Δ | in routing after clear | half its fair share after clear |"
             "\n|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     out, deltas, nofault, spread = [head], {}, [], []
+    oracle: dict[str, list[float]] = {}  # against the same seed's replica drained at the fault's moment
     for path in paths:
         rows = json.loads(Path(path).read_text())
         none = next(r for r in rows if r["phase"] == "none")
+        drained = next((r for r in rows if r["phase"] == "drained"), None)
         seed = Path(path).stem
         nofault.append(none["ttft_p95_fault"])
         calm = window(none["records"], none["fault_at"] + SETTLE_S, none["clear_at"])
@@ -314,6 +316,8 @@ def report(paths: list[str]) -> str:
             di = 100 * (r["itl_p95_fault"] / none["itl_p95_fault"] - 1)
             label = "drained by hand" if r["phase"] == "drained" else f"{r['phase']} x{r['factor']:g}"
             deltas.setdefault(label, []).append(d)
+            if drained is not None and r is not drained:
+                oracle.setdefault(label, []).append(100 * (r["ttft_p95_fault"] / drained["ttft_p95_fault"] - 1))
             names = sorted({x["replica"] for x in during if x.get("replica")} - {r["slow"]})
             peers = "/".join(f"{100 * (share(during, n) or 0):.0f}" for n in names)
             out.append(
@@ -328,7 +332,8 @@ def report(paths: list[str]) -> str:
     out.append(f"No-fault runs, fleet TTFT p95 over the window: {', '.join(f'{x:.3f}' for x in nofault)} s; "
                f"the replicas' shares there: {', '.join(spread)}.")
     for label, ds in deltas.items():
-        out.append(f"{label}: fleet TTFT p95 Δ median {_med(ds)} over {len(ds)} runs.")
+        against = f"; against the replica drained at the fault's moment: {_med(oracle[label])}" if label in oracle else ""
+        out.append(f"{label}: fleet TTFT p95 Δ median {_med(ds)} over {len(ds)} runs{against}.")
     return "\n".join(out)
 
 
