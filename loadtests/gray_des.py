@@ -271,7 +271,7 @@ def sweep(rates: list[float], seeds_: list[int], factor: float, slow: float, per
             if per_seed:
                 for s, p, b, (o, _), (_, f) in zip(seeds_, ps, base, res["oracle"], res[mode], strict=True):
                     print(f"rate {rate:g} seed {s} {mode}: no-fault {b:.3f} oracle {o:.3f} gateway {p:.3f} s; "
-                          f"ejected at {[round(x - FAULT, 1) for x in f.ejected_at]}", flush=True)
+                          f"ejected at [{', '.join(f'{x - FAULT:.1f}' for x in f.ejected_at)}]", flush=True)
         print(f"rate {rate:g} done", flush=True)
     print(f"\nSeeds {seeds_[0]}-{seeds_[-1]} ({len(seeds_)}), load_bound_factor {factor:g}; window {FAULT + 30:g}-{CLEAR:g} s "
           f"(fault at {FAULT:g} s, clear at {CLEAR:g} s).\n")
