@@ -66,11 +66,12 @@ async def _caller(url: str, raw: bytes, stop: float, lat: list[float]) -> int:
 
 
 async def closed_loop(urls: list[str], body: bytes, headers: dict[str, str], concurrency: int,
-                      seconds: float) -> tuple[list[float], int]:
-    """`concurrency` callers for `seconds`, spread over `urls`: (latencies of the 200s, errors)."""
+                      seconds: float, path: str = "/v1/chat/completions") -> tuple[list[float], int]:
+    """`concurrency` callers for `seconds`, spread over `urls`, POSTing `body` to `path`: (latencies of the 200s,
+    errors)."""
     lat: list[float] = []
     stop = time.perf_counter() + seconds
-    raws = [request_bytes(u + "/v1/chat/completions", body, headers) for u in urls]
-    errs = await asyncio.gather(*(_caller(urls[i % len(urls)] + "/v1/chat/completions", raws[i % len(urls)], stop, lat)
+    raws = [request_bytes(u + path, body, headers) for u in urls]
+    errs = await asyncio.gather(*(_caller(urls[i % len(urls)] + path, raws[i % len(urls)], stop, lat)
                                   for i in range(concurrency)))
     return lat, sum(errs)

@@ -2,12 +2,17 @@
 request, on the process CPU clock, after warm-up.
 
     .venv/bin/python -m loadtests.request_profile [--seconds 8] [--stream --tokens 100] [--checkout DIR] [--top 12]
+    .venv/bin/python -m loadtests.request_profile --prompt-tokens 13000 --tokens 200 --redis   # a conversation-trace request
 
 The gateway runs with overhead.py's config (instant stub upstream, two replicas, one tenant), its background polls
 (health checks, the engines' loads) set to 300 s so that only requests are in the profile; a closed loop at
 concurrency 1 (loadtests/raw_client.py) sends the 16-token chat (`--stream --tokens N`: a streamed answer of N
 events). The profiler is switched on by a signal once the warm-up is done and off before the process stops.
 `--checkout DIR`: profile that checkout's gateway (an earlier revision: `git worktree add DIR REV`) instead.
+`--prompt-tokens N`: the conversation trace's request instead (fleet_trace.py): a plain-text prompt of N tokens built
+from the replay's deterministic blocks (gateway_lab.replay.http), to `/v1/completions`, streamed with usage, `--tokens`
+events; `--redis` gives the gateway a private redis-server for its prefix index, as fleet_trace's gateway has.
+`--chunk-interval-ms` spaces the stub's events (one event per network read, as an engine decoding sends them).
 
 Prints the function calls per request (a count: the same on a busy machine), the profiled CPU per request (cProfile
 inflates it several times over, so compare it only within one machine and one load), the CPU by area, and the
@@ -35,7 +40,10 @@ import orjson
 import yaml
 
 from gateway.config import hash_key
+from gateway.recording.trace import BLOCK_TOKENS, TraceRecord
+from gateway_lab.replay.http import prompt_for
 from loadtests import raw_client
+from loadtests.fleet_http import redis_proc
 from loadtests.overhead import BODY, KEY
 from loadtests.procs import Proc
 from loadtests.report import table
@@ -88,6 +96,17 @@ def report(stats: pstats.Stats, n: int, top: int) -> str:
     return "\n".join(out)
 
 
+def request(a: argparse.Namespace) -> tuple[bytes, str]:
+    """The body and path profiled: the overhead benchmark's chat, or the conversation trace's kind of request."""
+    if not a.prompt_tokens:
+        return orjson.dumps({**BODY, "max_tokens": a.tokens, **({"stream": True} if a.stream else {})}), \
+            "/v1/chat/completions"
+    blocks = tuple(range(1, a.prompt_tokens // BLOCK_TOKENS + 2))
+    prompt = prompt_for(TraceRecord(0.0, a.prompt_tokens, a.tokens, blocks))
+    return orjson.dumps({"model": BODY["model"], "prompt": prompt, "max_tokens": a.tokens, "stream": True,
+                         "stream_options": {"include_usage": True}, "ignore_eos": True}), "/v1/completions"
+
+
 def _short(path: str) -> str:
     for cut in ("site-packages/", "/lib/python3.11/"):
         if cut in path:
@@ -105,18 +124,27 @@ def main() -> None:
     p.add_argument("--out", default=None, help="keep the pstats file here")
     p.add_argument("--port", type=int, default=18580)
     p.add_argument("--sim-port", type=int, default=18570)
+    p.add_argument("--prompt-tokens", type=int, default=0, help="a plain-text completions prompt of this many tokens, "
+                   "streamed with usage (the conversation trace's request); 0: the overhead benchmark's chat")
+    p.add_argument("--redis", action="store_true", help="a private redis-server for the prefix index (as fleet_trace)")
+    p.add_argument("--redis-port", type=int, default=18590)
+    p.add_argument("--chunk-interval-ms", type=float, default=0.0, help="the stub's pause between events")
     a = p.parse_args()
     work = Path(tempfile.mkdtemp(prefix="gw-profile-"))
     out = a.out or str(work / "gateway.prof")
-    stub = Proc("stub", [sys.executable, "-m", "loadtests.stub_upstream", "--replicas", "2", "--port", str(a.sim_port)],
+    stub = Proc("stub", [sys.executable, "-m", "loadtests.stub_upstream", "--replicas", "2", "--port", str(a.sim_port),
+                         "--chunk-interval-ms", str(a.chunk_interval_ms)],
                 f"http://127.0.0.1:{a.sim_port + 1}/health", log=work / "stub.log")
     stub.wait_ready()
+    redis = redis_proc(a.redis_port, work) if a.redis else None
+    time.sleep(0.5 if redis is not None else 0)  # redis-server listening before the gateway connects
     urls = [f"http://127.0.0.1:{a.sim_port + i}" for i in range(2)]
     cfg = {"models": [{"name": "glm-5.2", "pools": ["sim"]}],
            "pools": [{"name": "sim", "kind": "sglang", "model": "zai-org/GLM-5.2",
                       "replicas": [{"name": f"sim-{i}", "url": u} for i, u in enumerate(urls)]}],
            "tenants": [{"name": "bench", "api_key_hashes": [hash_key(KEY)], "models": ["glm-5.2"]}],
-           "observability": {"log_requests": False}, "health": {"interval_s": 300}, "routing": {"load_poll_s": 300}}
+           "observability": {"log_requests": False}, "health": {"interval_s": 300},
+           "routing": {"load_poll_s": 300, **({"redis_url": f"redis://127.0.0.1:{a.redis_port}/0"} if a.redis else {})}}
     (work / "gw.yaml").write_text(yaml.safe_dump(cfg))
     gw = Proc("gateway", [sys.executable, "-c", CHILD, out, "serve", "--config", str(work / "gw.yaml"), "--port",
                           str(a.port), "--admin-port", str(a.port + 1)],
@@ -124,13 +152,13 @@ def main() -> None:
     try:
         gw.wait_ready(120)
         headers = {"content-type": "application/json", "authorization": f"Bearer {KEY}"}
-        raw = orjson.dumps({**BODY, "max_tokens": a.tokens, **({"stream": True} if a.stream else {})})
+        raw, path = request(a)
         for _ in range(50):  # warm-up: lazy imports, pooled connections, metric children
-            r = httpx.post(f"http://127.0.0.1:{a.port}/v1/chat/completions", content=raw, headers=headers,
-                           trust_env=False, timeout=30)
+            r = httpx.post(f"http://127.0.0.1:{a.port}{path}", content=raw, headers=headers, trust_env=False, timeout=30)
             r.raise_for_status()
         os.kill(gw.pid, signal.SIGUSR1)
-        lat, errors = asyncio.run(raw_client.closed_loop([f"http://127.0.0.1:{a.port}"], raw, headers, 1, a.seconds))
+        lat, errors = asyncio.run(raw_client.closed_loop([f"http://127.0.0.1:{a.port}"], raw, headers, 1, a.seconds,
+                                                         path=path))
         os.kill(gw.pid, signal.SIGUSR2)
         deadline = time.time() + 30
         while not Path(out).exists() and time.time() < deadline:
@@ -139,9 +167,15 @@ def main() -> None:
     finally:
         gw.stop()
         stub.stop()
-    what = f"streamed, {a.tokens} events" if a.stream else "non-streamed, 16 tokens"
-    print(f"cProfile (process CPU clock) of {'the gateway at ' + a.checkout if a.checkout else 'this gateway'}: chat "
-          f"({what}), concurrency 1, {a.seconds:.0f} s, {errors} errors; load average {os.getloadavg()[0]:.2f}\n")
+        if redis is not None:
+            redis.stop()
+    what = f"chat, streamed, {a.tokens} events" if a.stream else "chat, non-streamed, 16 tokens"
+    if a.prompt_tokens:
+        what = (f"completions, {a.prompt_tokens}-token prompt ({len(raw) / 1024:.0f} KiB body), streamed with usage, "
+                f"{a.tokens} events")
+    print(f"cProfile (process CPU clock) of {'the gateway at ' + a.checkout if a.checkout else 'this gateway'}: "
+          f"{what}, prefix index {'in Redis' if a.redis else 'in memory'}, concurrency 1, {a.seconds:.0f} s, "
+          f"{errors} errors; load average {os.getloadavg()[0]:.2f}\n")
     print(report(pstats.Stats(out), len(lat), a.top))
 
 
