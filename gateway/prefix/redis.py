@@ -5,6 +5,9 @@ Data model (prefix `gw:` by default):
 - `gw:lru:<replica>`: sorted set of the replica's hashes by last touch, trimmed to the replica's capacity; trimming
   removes the replica from those `pfx` keys.
 Lookup is one EVALSHA that walks the chain and returns each replica's longest leading run; a write is one EVALSHA.
+A chain goes to Redis as one argument, its hashes in decimal joined by commas, and the scripts name the `pfx` keys
+from it (as DROP_LUA always did): a 13k-token prompt is ~50 hashes, and as ~50 KEYS each call cost the client ~50
+key strings, encodings and protocol chunks, three calls a request (docs/results/2026-11-28-request-cpu.md).
 
 Redis unavailable: every write also goes to the local mirror, reads use the mirror while Redis is down (no
 request fails because of Redis), and writes made meanwhile are replayed when it returns (bounded; every write is
@@ -25,11 +28,14 @@ import redis.asyncio as aioredis
 from gateway.prefix.memory import MemoryPrefixIndex
 from gateway.shared_redis import REDIS_ERRORS, RedisGuard
 
+# ARGV: now_ms, pfx prefix, the chain's hashes (decimal, comma-separated, leading chunk first)
 MATCH_LUA = """
-local now = tonumber(ARGV[1])
+local now, pfx = tonumber(ARGV[1]), ARGV[2]
 local best, order, alive = {}, {}, nil
-for i = 1, #KEYS do
-  local flat = redis.call('HGETALL', KEYS[i])
+local i = 0
+for h in string.gmatch(ARGV[3], '[^,]+') do
+  i = i + 1
+  local flat = redis.call('HGETALL', pfx .. h)
   if #flat == 0 then break end
   local cur, any = {}, false
   for j = 1, #flat, 2 do
@@ -52,15 +58,17 @@ end
 return out
 """
 
-# KEYS[1] = lru key, KEYS[2..] = pfx keys (leading chunk first); ARGV: replica, expiry_ms, ttl_ms, now_ms, capacity, pfx prefix
+# KEYS[1] = lru key; ARGV: replica, expiry_ms, ttl_ms, now_ms, capacity, pfx prefix, the hashes (as MATCH_LUA's)
 INSERT_LUA = """
 local replica, expiry, ttl, now, cap = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
-local n = #KEYS
-for i = 2, n do
-  redis.call('HSET', KEYS[i], replica, expiry)
-  if redis.call('PTTL', KEYS[i]) < ttl then redis.call('PEXPIRE', KEYS[i], ttl) end
+local i = 0
+for h in string.gmatch(ARGV[7], '[^,]+') do
+  local key = ARGV[6] .. h
+  redis.call('HSET', key, replica, expiry)
+  if redis.call('PTTL', key) < ttl then redis.call('PEXPIRE', key, ttl) end
   -- deeper chunks count as slightly older, so trimming removes the leaves of a path first
-  redis.call('ZADD', KEYS[1], now - (i - 2) * 0.001, string.sub(KEYS[i], string.len(ARGV[6]) + 1))
+  redis.call('ZADD', KEYS[1], now - i * 0.001, h)
+  i = i + 1
 end
 local size = redis.call('ZCARD', KEYS[1])
 if size > cap then
@@ -71,10 +79,11 @@ redis.call('PEXPIRE', KEYS[1], ttl * 4)
 return size
 """
 
+# KEYS[1] = lru key; ARGV: replica, pfx prefix, the hashes (as MATCH_LUA's)
 INVALIDATE_LUA = """
-for i = 2, #KEYS do
-  redis.call('HDEL', KEYS[i], ARGV[1])
-  redis.call('ZREM', KEYS[1], ARGV[i])
+for h in string.gmatch(ARGV[3], '[^,]+') do
+  redis.call('HDEL', ARGV[2] .. h, ARGV[1])
+  redis.call('ZREM', KEYS[1], h)
 end
 return 1
 """
@@ -85,6 +94,11 @@ for _, h in ipairs(members) do redis.call('HDEL', ARGV[2] .. h, ARGV[1]) end
 redis.call('DEL', KEYS[1])
 return #members
 """
+
+
+def chain_arg(hashes: Sequence[int]) -> str:
+    """A chain as the scripts take it: one argument, the hashes in decimal (as the `pfx` keys end), comma-joined."""
+    return ",".join(map(str, hashes))
 
 
 class RedisPrefixIndex:
@@ -145,7 +159,7 @@ class RedisPrefixIndex:
         try:
             if self._pending:
                 await self._resync()
-            flat = await self._call("match", [f"{self.pfx}{h}" for h in hashes], [int(self.clock() * 1000)])
+            flat = await self._call("match", [], [int(self.clock() * 1000), self.pfx, chain_arg(hashes)])
         except REDIS_ERRORS as e:
             self.guard.fallback(self.guard.failed(e, start))
             return self.local.match_sync(hashes, replicas)
@@ -182,10 +196,10 @@ class RedisPrefixIndex:
                 now_ms = int(self.clock() * 1000)
                 ttl_ms = int(ttl * 1000)
                 cap = self._capacity.get(replica, self.local.default_capacity)
-                await self._call("insert", [lru] + [f"{self.pfx}{h}" for h in hashes],
-                                 [replica, now_ms + ttl_ms, ttl_ms, now_ms, cap, self.pfx])
+                await self._call("insert", [lru], [replica, now_ms + ttl_ms, ttl_ms, now_ms, cap, self.pfx,
+                                                   chain_arg(hashes)])
             elif op == "invalidate":
-                await self._call("invalidate", [lru] + [f"{self.pfx}{h}" for h in hashes], [replica, *hashes])
+                await self._call("invalidate", [lru], [replica, self.pfx, chain_arg(hashes)])
             else:
                 await self._call("drop", [lru], [replica, self.pfx])
         except REDIS_ERRORS as e:

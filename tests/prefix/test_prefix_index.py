@@ -108,3 +108,31 @@ def test_redis_outage_falls_back_then_resyncs():
         asyncio.run(go())
     finally:
         srv.stop()
+
+
+def test_redis_layout_is_the_shared_one(redis_server):
+    """What an insert leaves in Redis is what every instance reads, whatever version wrote it: `pfx:<hash>` hashes
+    of replica -> expiry ms (signed decimal hashes, as the chunk hashes are), the replica's `lru` set of the same
+    decimal members, deeper chunks scored older; an invalidate removes both."""
+    async def go():
+        client = aioredis.from_url(redis_server.url)
+        clock = FakeClock()
+        idx = RedisPrefixIndex(client, prefix="lay:", clock=clock)
+        chain = [-9_000_000_000_000_000_001, 42, -7]
+        await idx.insert("r@1", chain, ttl=60)
+        for h in chain:
+            assert await client.hget(f"lay:pfx:{h}", "r@1") == str(int(clock.t * 1000) + 60_000).encode()
+            assert 0 < await client.pttl(f"lay:pfx:{h}") <= 60_000
+        members = await client.zrange("lay:lru:r@1", 0, -1, withscores=True)
+        assert [m for m, _ in members] == [str(h).encode() for h in reversed(chain)]  # deepest is oldest
+        assert members[-1][1] == int(clock.t * 1000)
+        await idx.invalidate("r@1", chain[1:])
+        assert await client.hget("lay:pfx:42", "r@1") is None
+        assert await client.zrange("lay:lru:r@1", 0, -1) == [str(chain[0]).encode()]
+        # a chain written as another instance would, read by this one
+        await client.hset("lay:pfx:5", "r@2", int(clock.t * 1000) + 1000)
+        await client.hset("lay:pfx:6", "r@2", int(clock.t * 1000) + 1000)
+        assert await idx.match([5, 6, 7], ["r@2"]) == {"r@2": 2}
+        await client.aclose()
+
+    asyncio.run(go())
