@@ -159,12 +159,13 @@ class RedisLoadTracker:
         start = time.monotonic()
         try:
             async with asyncio.timeout(self.timeout):
-                pipe = self.r.pipeline(transaction=False)
-                if dp:
+                if dp and dq:  # both in one exchange
+                    pipe = self.r.pipeline(transaction=False)
                     pipe.hincrbyfloat(self._key(name), f"{self.id}:p", dp)
-                if dq:
                     pipe.hincrbyfloat(self._key(name), f"{self.id}:n", dq)
-                await pipe.execute()
+                    await pipe.execute()
+                elif dp or dq:  # one command: no pipeline object (a first token's, a finish's)
+                    await self.r.hincrbyfloat(self._key(name), f"{self.id}:{'p' if dp else 'n'}", dp or dq)
         except REDIS_ERRORS as e:  # a lost delta is repaired by the next heartbeat's absolute publish
             self.guard.failed(e, start)
 
