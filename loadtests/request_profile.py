@@ -13,6 +13,7 @@ events). The profiler is switched on by a signal once the warm-up is done and of
 from the replay's deterministic blocks (gateway_lab.replay.http), to `/v1/completions`, streamed with usage, `--tokens`
 events; `--redis` gives the gateway a private redis-server for its prefix index, as fleet_trace's gateway has.
 `--chunk-interval-ms` spaces the stub's events (one event per network read, as an engine decoding sends them).
+`--cpu-only`: no profiler; the gateway process's real CPU per request over the same loop (procfs, as fleet_trace).
 
 Prints the function calls per request (a count: the same on a busy machine), the profiled CPU per request (cProfile
 inflates it several times over, so compare it only within one machine and one load), the CPU by area, and the
@@ -45,7 +46,7 @@ from gateway_lab.replay.http import prompt_for
 from loadtests import raw_client
 from loadtests.fleet_http import redis_proc
 from loadtests.overhead import BODY, KEY
-from loadtests.procs import Proc
+from loadtests.procs import Proc, cpu_seconds
 from loadtests.report import table
 
 # run in the gateway's process (any checkout's): the profiler on SIGUSR1, off and written on SIGUSR2
@@ -129,6 +130,8 @@ def main() -> None:
     p.add_argument("--redis", action="store_true", help="a private redis-server for the prefix index (as fleet_trace)")
     p.add_argument("--redis-port", type=int, default=18590)
     p.add_argument("--chunk-interval-ms", type=float, default=0.0, help="the stub's pause between events")
+    p.add_argument("--cpu-only", action="store_true", help="no profiler: the gateway process's CPU (utime + stime, "
+                   "procfs) per request over the same closed loop, as fleet_trace and overhead.py count it")
     a = p.parse_args()
     work = Path(tempfile.mkdtemp(prefix="gw-profile-"))
     out = a.out or str(work / "gateway.prof")
@@ -156,14 +159,18 @@ def main() -> None:
         for _ in range(50):  # warm-up: lazy imports, pooled connections, metric children
             r = httpx.post(f"http://127.0.0.1:{a.port}{path}", content=raw, headers=headers, trust_env=False, timeout=30)
             r.raise_for_status()
-        os.kill(gw.pid, signal.SIGUSR1)
+        if not a.cpu_only:
+            os.kill(gw.pid, signal.SIGUSR1)
+        cpu0 = cpu_seconds(gw.pid)
         lat, errors = asyncio.run(raw_client.closed_loop([f"http://127.0.0.1:{a.port}"], raw, headers, 1, a.seconds,
                                                          path=path))
-        os.kill(gw.pid, signal.SIGUSR2)
-        deadline = time.time() + 30
-        while not Path(out).exists() and time.time() < deadline:
-            time.sleep(0.1)
-        time.sleep(1.0)  # the dump is written at once; let it finish
+        cpu = cpu_seconds(gw.pid) - cpu0
+        if not a.cpu_only:
+            os.kill(gw.pid, signal.SIGUSR2)
+            deadline = time.time() + 30
+            while not Path(out).exists() and time.time() < deadline:
+                time.sleep(0.1)
+            time.sleep(1.0)  # the dump is written at once; let it finish
     finally:
         gw.stop()
         stub.stop()
@@ -173,9 +180,14 @@ def main() -> None:
     if a.prompt_tokens:
         what = (f"completions, {a.prompt_tokens}-token prompt ({len(raw) / 1024:.0f} KiB body), streamed with usage, "
                 f"{a.tokens} events")
-    print(f"cProfile (process CPU clock) of {'the gateway at ' + a.checkout if a.checkout else 'this gateway'}: "
+    print(f"{'CPU' if a.cpu_only else 'cProfile (process CPU clock)'} of {'the gateway at ' + a.checkout if a.checkout else 'this gateway'}: "
           f"{what}, prefix index {'in Redis' if a.redis else 'in memory'}, concurrency 1, {a.seconds:.0f} s, "
           f"{errors} errors; load average {os.getloadavg()[0]:.2f}\n")
+    if a.cpu_only:
+        lat.sort()
+        print(f"{len(lat)} requests: {cpu * 1000 / max(len(lat), 1):.3f} ms of the gateway's CPU per request (no "
+              f"profiler), latency p50 {lat[len(lat) // 2] * 1000 if lat else 0:.2f} ms")
+        return
     print(report(pstats.Stats(out), len(lat), a.top))
 
 
