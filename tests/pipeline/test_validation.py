@@ -189,6 +189,21 @@ def test_json_depth_is_bounded_at_parse_time():
         parse_json(_nested(20), max_depth=10)
 
 
+@pytest.mark.parametrize("items", [0, 10, 5000])
+def test_json_depth_bound_holds_whatever_the_body_holds_besides(items):
+    """The bound is the same for a body of few items (walked whole) and for one of many (screened by its bytes
+    first): a list of `items` numbers and a long string beside the nesting change nothing."""
+    def body(depth: int) -> bytes:
+        nest = b"[" * (depth - 1) + b"]" * (depth - 1)
+        return b'{"model":"m","prompt":"' + b"<1a> " * 4000 + b'","ids":[' + \
+            b",".join(b"7" for _ in range(items)) + b'],"x":' + nest + b"}"
+    assert parse_json(body(MAX_JSON_DEPTH))["model"] == "m"
+    for depth in (MAX_JSON_DEPTH + 1, 300):
+        with pytest.raises(InvalidRequest) as e:
+            parse_json(body(depth))
+        assert e.value.code == "json_too_deep"
+
+
 @pytest.mark.parametrize("raw", [b"", b"[1]", b"{", b'{"max_tokens": NaN}', b'{"max_tokens": Infinity}',
                                  b'{"max_tokens": 1e309}'])
 def test_unparseable_bodies_are_400(raw):
