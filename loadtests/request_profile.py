@@ -68,7 +68,7 @@ def area(fn: tuple[str, int, str]) -> str:
         return "C calls (dict, bytes, orjson, builtins)"
     if "/asyncio/" in path or path.endswith(("selectors.py", "_weakrefset.py")):
         return "asyncio (the loop, tasks, timeouts)"
-    for name in ("uvicorn", "starlette", "fastapi", "prometheus_client", "httpx", "httpcore"):
+    for name in ("uvicorn", "starlette", "fastapi", "prometheus_client", "httpx", "httpcore", "redis"):
         if f"/{name}/" in path:
             return name
     if "/gateway/" in path:
