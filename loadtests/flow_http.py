@@ -138,8 +138,10 @@ async def run(a: argparse.Namespace, work: Path, label: str, flow: bool, b: list
     procs: list[Proc] = []
     try:
         path = work / f"gw-{'flow' if flow else 'none'}.yaml"
+        # each arm its own keys in the run's Redis: an earlier arm's prefix index (entries for the replicas it ran,
+        # whose caches this arm's fresh simulators do not hold) and fair tags must not steer this one
         path.write_text(yaml.safe_dump(gateway_config(a, mi, f"redis://127.0.0.1:{a.redis_port}/0", flow,
-                                                      f"flow{int(flow)}:")))
+                                                      f"{label.replace(' ', '-')}:")))
         urls = []
         for i in range(1 if a.one_instance else 2):
             port = a.port + 2 * i
