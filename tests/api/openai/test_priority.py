@@ -125,7 +125,11 @@ def test_gateway_high_before_normal_before_low_whatever_the_server_default(defau
             _timed(url, body, done, tag, {"authorization": f"Bearer {KEYS[klass]}"})
 
         done = _contend(send, "blocker", ["low", "normal", "high"], sims.urls[0])
-        assert done["blocker"] < done["high"] < done["normal"] < done["low"]
+        # the order the queued requests were served in; the blocker, alone in the only running slot, ends before any
+        # of them starts, but its 1,500-token answer reaches its client thread when it does: once, on a busy machine,
+        # 11 ms after the next request's whole answer had reached its own
+        assert set(done) == {"blocker", "high", "normal", "low"}
+        assert done["high"] < done["normal"] < done["low"]
     finally:
         gw.stop()
         sims.stop()
