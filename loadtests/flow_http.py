@@ -37,7 +37,7 @@ from gateway.config import hash_key
 from gateway.flow.settings import FlowControl
 from gateway.recording.trace import TraceRecord, read_trace
 from gateway_lab.replay.http import HttpResult, run_http
-from gateway_lab.replay.mix import Part, demand, jain_of, mix, possible_demand
+from gateway_lab.replay.mix import Part, demand, jain_of, mix, possible_demand, units
 from gateway_lab.sim.fleet import idle_ttft
 from gateway_lab.sim.profiles import profile
 from gateway_lab.sim.stats import nearest_rank
@@ -85,9 +85,7 @@ def tenant_row(label: str, tenant: str, trace: list[TraceRecord], res: list[Http
         return not r.ok or idle_ttft(cfg, t.input_length, r.cached_tokens) <= sla
 
     def unit(t: TraceRecord, r: HttpResult) -> float:
-        prompt = r.prompt_tokens or t.input_length
-        return ((prompt - r.cached_tokens) * fc.prefill_weight + r.cached_tokens * fc.cached_weight
-                + t.output_length * fc.output_weight)
+        return units(fc, r.prompt_tokens or t.input_length, r.cached_tokens, t.output_length)
 
     within = [(t, r) for t, r in ok if r.ttft is not None and r.ttft <= sla]
     n_possible = sum(possible(t, r) for t, r in zip(trace, res))

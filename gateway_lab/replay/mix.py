@@ -65,6 +65,12 @@ def mix(parts: Sequence[Part], window_s: float | None = None) -> list[TraceRecor
     return out
 
 
+def units(cfg: FlowControl, prompt: int, cached: int, output: int) -> float:
+    """One request in flow control's unit, prefill-weighted tokens: its uncached prompt at `prefill_weight`, its
+    cached prefix at `cached_weight`, its output at `output_weight` (docs/flow-control.md)."""
+    return (prompt - cached) * cfg.prefill_weight + cached * cfg.cached_weight + output * cfg.output_weight
+
+
 def demand(trace: Sequence[TraceRecord], cfg: FlowControl, window_s: float | None = None) -> float:
     """Prefill-weighted tokens per second the trace asks for (at its ideal hit rate), over its span or the window."""
     if not trace:
@@ -87,7 +93,7 @@ def possible_demand(trace: Sequence[TraceRecord], cfg: FlowControl, rank: Replic
         return 0.0
     span = window_s or max(trace[-1].timestamp_ms / 1000, 1e-9)
     seen: set[int] = set()
-    units = 0.0
+    owed = 0.0
     for r in trace:
         if r.timestamp_ms > span * 1000:
             continue
@@ -98,9 +104,8 @@ def possible_demand(trace: Sequence[TraceRecord], cfg: FlowControl, rank: Replic
             cached += BLOCK_TOKENS
         seen.update(r.hash_ids)
         if idle_ttft(rank, r.input_length, cached) <= sla_s:
-            units += ((r.input_length - cached) * cfg.prefill_weight + cached * cfg.cached_weight
-                      + r.output_length * cfg.output_weight)
-    return units / span
+            owed += units(cfg, r.input_length, cached, r.output_length)
+    return owed / span
 
 
 def jain_of(goodput: dict[str, float], demands: dict[str, float], weights: dict[str, float]) -> float:
@@ -181,7 +186,7 @@ def summarize(label: str, recs: Sequence[Record], sla: dict[str, float], window_
               demands: dict[str, float], weights: dict[str, float], sent: dict[str, int], cfg: FlowControl,
               can_meet: dict[str, float] | None = None) -> MixResult:
     def unit(r: Record) -> float:
-        return (r.prompt - r.cached) * cfg.prefill_weight + r.cached * cfg.cached_weight + r.output * cfg.output_weight
+        return units(cfg, r.prompt, r.cached, r.output)
 
     rows = []
     for tenant in sorted(demands):

@@ -6,7 +6,11 @@ from __future__ import annotations
 
 import ctypes
 import json
+import os
 import struct
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -129,15 +133,10 @@ def test_differential_reads_block_stored_in_either_encoding() -> None:
     assert _stored_view([["BlockRemoved", [11]], {"type": "AllBlocksCleared"}]) == []
 
 
-@pytest.mark.skipif(not __import__("sys").platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 def test_a_server_in_its_own_session_ends_with_the_process_that_launched_it(tmp_path: Path) -> None:
     """launch()'s preexec: a child in a session of its own (as the engines run) gets SIGTERM when its launcher dies,
     so a killed test run leaves no engine holding the cores."""
-    import os
-    import subprocess
-    import sys
-    import time
-
     launcher = (
         "import subprocess, sys\n"
         "from gateway_lab.engines.servers import _die_with_parent\n"
