@@ -135,7 +135,7 @@ def create_app(config: GatewayConfig, *, span_exporter: Any = None, transport: h
         # the one writer of the index and load: request outcomes, the poller's facts, flushes, KV events; it also
         # records what each replica was observed to do, for the latency outlier detector
         od = config.outlier_detection
-        outliers = LatencyOutliers(od, ReplicaStats(od.window_s, recent=od.min_samples),
+        outliers = LatencyOutliers(od, ReplicaStats(od.window_s, recent=od.min_samples, lookback_s=od.lookback_s),
                                    lambda: registry.by_pool, metrics=metrics, corrector=corrector)
         feedback = Feedback(index, loads, engine, metrics, rc, reservations=router.reservations, approximate=approximate,
                             outliers=outliers)

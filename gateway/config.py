@@ -79,7 +79,11 @@ class OutlierDetection(_Strict):
 
     enabled: bool = True
     interval_s: float = Field(default=2.0, gt=0, le=300, description="how often a pool's replicas are compared")
-    window_s: float = Field(default=20.0, gt=0, le=3600, description="observations older than this are forgotten")
+    window_s: float = Field(default=20.0, gt=0, le=3600, description="observations older than this are forgotten "
+                            "(admin state's per-replica figures cover it)")
+    lookback_s: float = Field(default=60.0, gt=0, le=3600, description="a replica (or peer) with fewer than "
+                              "min_samples observations in the window is judged on its last min_samples within this "
+                              "(at least window_s): a replica with little traffic is still judged")
     min_samples: int = Field(default=8, ge=1, le=10_000, description="observations a replica (and each peer) needs "
                              "in the window before it is judged or judged against")
     probe_samples: int = Field(default=3, ge=1, le=10_000, description="requests a replica back from an "

@@ -95,7 +95,8 @@ class PartialFleet(Fleet):
             pools: dict[str, list[_Target]] = {}
             for t in self.targets.values():
                 pools.setdefault(t.pool, []).append(t)
-            self.outliers = LatencyOutliers(od, ReplicaStats(od.window_s, recent=od.min_samples, clock=clock),
+            self.outliers = LatencyOutliers(od, ReplicaStats(od.window_s, recent=od.min_samples, clock=clock,
+                                                         lookback_s=od.lookback_s),
                                             lambda: pools, corrector=self.instances[0].engine.corrector, clock=clock)
             self._feedback(self.instances[0].engine, self.outliers)
 

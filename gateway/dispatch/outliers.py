@@ -49,6 +49,7 @@ from gateway.probe_gate import ProbeGate
 log = logging.getLogger("gateway.outliers")
 
 REASONS = ("latency_ttft", "latency_itl")
+SUSPECT_SAMPLES = 3  # observations that judge a replica its own TTFT correction calls slow
 
 
 @dataclass
@@ -150,6 +151,13 @@ class LatencyOutliers:
             n = self.cfg.probe_samples if tr is not None and tr.probation else self.cfg.min_samples
             # through its probe gate, each request is a client's paying the slowness: judged from the first one
             # (passing still takes probe_samples: `_probed`)
+            # a replica its own TTFT correction already calls slow (a run of slow first tokens moves it at once:
+            # prediction/ttft.py) is judged from SUSPECT_SAMPLES: routing moves its traffic off it, so waiting for
+            # min_samples leaves it unjudged, and the decay of that correction sends it requests again, not one at a
+            # time as the probe gate does
+            suspect = self.corrector is not None and self.corrector.replica_factor(t.name) >= self.cfg.ttft_factor
+            if suspect and t.name not in self._gates:
+                n = min(n, SUSPECT_SAMPLES)  # its last few: older ones are from before it slowed
             least = 1 if t.name in self._gates else n
             ttft, itl = self.stats.recent(t.name, n)
             if len(ttft) >= least:

@@ -62,8 +62,11 @@ def _quantile(values: list[float], q: float) -> float:
 
 class ReplicaStats:
     def __init__(self, window_s: float = 20.0, max_samples: int = 512, recent: int = 8,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, lookback_s: float = 0.0) -> None:
         self.window_s = window_s
+        # `recent` reaches back this far for a replica with fewer than `recent` observations in the window: at a
+        # quarter of a request a second a replica never has 8 in 20 s, and one left unjudged keeps its share
+        self.lookback_s = max(window_s, lookback_s)
         self.recent_n = recent  # the outlier detector's min_samples: its view of "now"
         self.max_samples = max_samples
         self.clock = clock
@@ -94,13 +97,14 @@ class ReplicaStats:
         self._w.pop(name, None)
 
     def _trim(self, w: _Window) -> None:
-        cut = self.clock() - self.window_s
+        cut = self.clock() - self.lookback_s
         for dq in (w.ttft, w.itl, w.outcomes):
             while dq and dq[0][0] < cut:
                 dq.popleft()
 
     def recent(self, name: str, n: int) -> tuple[list[float], list[float]]:
-        """The last `n` TTFT residuals and inter-token latencies in the window (fewer if fewer were seen)."""
+        """The last `n` TTFT residuals and inter-token latencies within the lookback (fewer if fewer were seen):
+        those of the window, or older ones as far back as `lookback_s` where the window holds fewer than `n`."""
         w = self._w.get(name)
         if w is None:
             return [], []
@@ -112,10 +116,12 @@ class ReplicaStats:
         if w is None:
             return ReplicaView(0, None, None, None, 0, None, None, None, 0, None, None)
         self._trim(w)
-        ttfts = [x[1] for x in w.ttft]
-        residuals = [x[2] for x in w.ttft]
-        itls = [x[1] for x in w.itl]
-        kinds = [x[1] for x in w.outcomes]
+        cut = self.clock() - self.window_s  # the summaries are of the window; only `recent` looks further back
+        ttft = [x for x in w.ttft if x[0] >= cut]
+        ttfts = [x[1] for x in ttft]
+        residuals = [x[2] for x in ttft]
+        itls = [x[1] for x in w.itl if x[0] >= cut]
+        kinds = [x[1] for x in w.outcomes if x[0] >= cut]
         n = len(kinds)
         recent_res, recent_itl = residuals[-self.recent_n:], itls[-self.recent_n:]
         return ReplicaView(

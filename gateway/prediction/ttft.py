@@ -45,6 +45,9 @@ FREE, SLOT_WAIT = "free", "slot_wait"
 # otherwise be planned on the free-slot factor and miss (16 of 16 such dispatches on the virtual clock at 1.5x).
 PRIOR = {FREE: 1.0, SLOT_WAIT: 3.0}
 
+SHIFT_AFTER = 3  # free-regime residuals in a row that make a step change in a replica's factor
+SHIFT_RATIO = 2.0  # ... each beyond this x its factor (a 6x gray failure is; a healthy replica's residuals are not)
+
 
 def regime(t: PoolTiming, load: LoadView) -> str:
     return SLOT_WAIT if load.inflight + 1 > t.max_running else FREE
@@ -83,6 +86,7 @@ class TtftCorrector:
         self.replica_half_life_s = replica_half_life_s
         self.clock = clock
         self._replica: dict[str, tuple[float, float, int]] = {}  # name -> (factor, when last observed, observations)
+        self._streak: dict[str, list[float]] = {}  # name -> its last free-regime residuals (at most SHIFT_AFTER)
 
     def get(self, pool: str, regime_: str = FREE, replica: str | None = None) -> float:
         """What a prediction for this pool in this regime (on this replica) is multiplied by (the regime's prior
@@ -108,6 +112,7 @@ class TtftCorrector:
     def reset_replica(self, replica: str) -> None:
         """Forget what was learned about a replica (it comes back from an ejection on a clean slate)."""
         self._replica.pop(replica, None)
+        self._streak.pop(replica, None)
 
     def observe(self, pool: str, predicted_uncorrected: float, observed: float, regime_: str = FREE,
                 replica: str | None = None) -> None:
@@ -131,7 +136,29 @@ class TtftCorrector:
             # replica's factor as much as one 5x faster request would, not far more; a replica slow on every
             # request moves it all the same
             f = math.exp(math.log(own) + self.replica_alpha * (math.log(residual) - math.log(own)))
+            shifted = self._shift(replica, residual, own, key[1])
+            if shifted is not None:
+                f = shifted
             self._replica[replica] = (min(self.replica_hi, max(self.replica_lo, f)), self.clock(), n + 1)
+
+    def _shift(self, replica: str, residual: float, own: float, regime_: str) -> float | None:
+        """A step change: the replica's last SHIFT_AFTER free-regime residuals all beyond SHIFT_RATIO x its factor
+        (or all under it / SHIFT_RATIO) — the factor is then their geometric mean. The EWMA alone needs ~20 requests to
+        pass 3x; at a quarter of a request a second per replica that is over a minute of clients paying a 6x slower
+        replica. Only the free regime counts: with a full batch one wait of 5x the model is ordinary, and a run of
+        them says the batch, not the replica."""
+        if regime_ != FREE:
+            return None
+        seen = self._streak.setdefault(replica, [])
+        seen.append(residual)
+        del seen[:-SHIFT_AFTER]
+        if len(seen) < SHIFT_AFTER:
+            return None
+        if all(r > SHIFT_RATIO * own for r in seen) or all(r * SHIFT_RATIO < own for r in seen):
+            mean = math.exp(sum(math.log(r) for r in seen) / len(seen))
+            seen.clear()  # the next step needs a fresh run of evidence
+            return mean
+        return None
 
 
 DRAIN_SHARE = 0.5  # of the prefill rate: long contexts prefill slower, and co-batched requests finish together

@@ -44,6 +44,9 @@ class Candidate(Generic[R]):
     ttft_raw: float
     cost: float
     regime: str = FREE  # prediction/ttft.regime at decision time: which correction applied and learns
+    # the replica's own TTFT correction, what its pool's does not explain: ~1 for a healthy replica, ~6 for one whose
+    # forwards run 6x slower (a gray failure); the policy leaves such a replica however warm it is
+    slowness: float = 1.0
 
     @property
     def name(self) -> str:
@@ -62,12 +65,15 @@ class Candidate(Generic[R]):
                 "queued_prefill_tokens": round(self.load.queued_prefill_tokens), "inflight": round(self.load.inflight, 1),
                 "regime": self.regime, "predicted_ttft_s": round(self.ttft, 3),
                 "ttft_correction": round(self.ttft / self.ttft_raw, 3) if self.ttft_raw > 0 else None,
+                "replica_slowness": round(self.slowness, 3),
                 "cost_usd": round(self.cost, 8)}
 
 
 def build_candidates(req: RoutingRequest, targets: Sequence[TargetInfo[R]], matches: Mapping[str, int],
-                     loads: Mapping[str, LoadView], correction: Callable[[str, str, str], float],
+                     loads: Mapping[str, LoadView], correction: Callable[[str, str, str | None], float],
                      chunk_tokens: int) -> list[Candidate[R]]:
+    """`correction(pool, regime, replica)`: what a prediction is multiplied by on that replica (replica None: the
+    pool's alone)."""
     out: list[Candidate[R]] = []
     expected_out = req.max_output_tokens
     for t in targets:
@@ -78,6 +84,8 @@ def build_candidates(req: RoutingRequest, targets: Sequence[TargetInfo[R]], matc
         raw = predict_ttft(t.timing, load, uncached)
         reg = regime(t.timing, load)
         out_tokens = expected_out if expected_out is not None else t.timing.expected_output_tokens
-        out.append(Candidate(t, chunks, cached, uncached, load, raw * correction(t.pool, reg, t.name), raw,
-                             request_cost(t.pricing, req.prompt_tokens, cached, out_tokens) / max(t.weight, 1e-9), reg))
+        pooled, own = correction(t.pool, reg, None), correction(t.pool, reg, t.name)
+        out.append(Candidate(t, chunks, cached, uncached, load, raw * own, raw,
+                             request_cost(t.pricing, req.prompt_tokens, cached, out_tokens) / max(t.weight, 1e-9), reg,
+                             own / pooled if pooled > 0 else 1.0))
     return out

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from gateway.config import OutlierDetection
-from gateway.dispatch.outliers import LatencyOutliers
+from gateway.dispatch.outliers import SUSPECT_SAMPLES, LatencyOutliers
 from gateway.dispatch.replica_stats import ReplicaStats
 from gateway.observability.metrics import GatewayMetrics
 from gateway.prediction.ttft import FREE, TtftCorrector
@@ -341,3 +341,73 @@ def test_a_probe_is_judged_when_it_ends_before_its_slot_is_free_again():
     f.stats.itl("r2", 0.12)  # 6x its peers' 20 ms
     f.det.attempt_ended("r2", "probe")
     assert f.ejected() == {"r2"} and not f.targets[2].routable()
+
+
+def test_a_replica_with_little_traffic_is_judged_on_its_lookback():
+    """A quarter of a request a second per replica never makes min_samples (8) in the 20 s window: each replica is
+    then judged on its last 8 within `lookback_s`, so a slow one is still ejected (with the window alone, never)."""
+    def run(lookback_s: float) -> int | None:
+        cfg = CFG.model_copy(update={"lookback_s": lookback_s})
+        clock = Clock()
+        stats = ReplicaStats(cfg.window_s, recent=cfg.min_samples, clock=clock, lookback_s=cfg.lookback_s)
+        targets = [FakeTarget(f"r{i}", state=State(probe=ProbeGate(clock=clock))) for i in range(4)]
+        det = LatencyOutliers(cfg, stats, lambda: {"p": targets}, clock=clock)
+        for second in range(180):
+            clock.now = float(second)
+            if second % 4 == 0:  # one request to each replica every 4 s
+                for t in targets:
+                    stats.ttft(t.name, 6.0 if t.name == "r3" and second >= 60 else 1.0, 1.0)
+            det.tick()
+            if targets[3].state.ejected:
+                return second - 60
+        return None
+
+    assert run(20.0) is None  # the window alone: 5 observations each, nobody judged
+    after = run(60.0)
+    assert after is not None and after <= 40  # 5 of its last 8 slow: its 5th slow request at 16 s, then 2 evaluations
+
+
+def test_the_window_figures_stay_the_window_when_the_lookback_is_longer():
+    clock = Clock()
+    s = ReplicaStats(window_s=10.0, recent=8, clock=clock, lookback_s=60.0)
+    for _ in range(4):
+        s.ttft("r", 6.0, 1.0)
+    clock.now += 30.0
+    s.ttft("r", 1.0, 1.0)
+    v = s.view("r")
+    assert (v.ttft_samples, v.ttft_residual_p50) == (1, 1.0)  # admin state: the window
+    assert s.recent("r", 8)[0] == [6.0, 6.0, 6.0, 6.0, 1.0]  # the detector: back to the lookback
+    clock.now += 31.0
+    assert s.recent("r", 8)[0] == [1.0]
+
+
+def test_a_replica_its_correction_calls_slow_is_judged_on_its_last_few():
+    """Routing moves traffic off a replica whose own TTFT correction is high (the policy's `slow_replica`), so it
+    would not reach min_samples: with its factor at or past ttft_factor it is judged on its last SUSPECT_SAMPLES,
+    which a run of slow first tokens fills (its older, fast observations do not outvote them)."""
+    f = Fleet()
+    for _ in range(10):
+        f.second()
+    for _ in range(SUSPECT_SAMPLES):  # three slow requests, nothing else on it
+        f.stats.ttft("r2", 6.0, 1.0)
+        f.corrector.observe("p", 1.0, 6.0, FREE, "r2")
+    assert f.corrector.replica_factor("r2") >= CFG.ttft_factor  # the step change (prediction/ttft.py)
+    for _ in range(CFG.consecutive):
+        f.clock.now += CFG.interval_s
+        f.det.evaluate()
+    assert f.ejected() == {"r2"}
+
+
+def test_a_healthy_replica_with_a_few_slow_answers_is_not_suspect():
+    f = Fleet()
+    for _ in range(10):
+        f.second()
+    for _ in range(SUSPECT_SAMPLES - 1):
+        f.stats.ttft("r2", 6.0, 1.0)
+        f.corrector.observe("p", 1.0, 6.0, FREE, "r2")
+    f.corrector.observe("p", 1.0, 1.0, FREE, "r2")
+    f.stats.ttft("r2", 1.0, 1.0)
+    for _ in range(CFG.consecutive + 1):
+        f.clock.now += CFG.interval_s
+        f.det.evaluate()
+    assert f.ejected() == set()

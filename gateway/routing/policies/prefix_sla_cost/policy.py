@@ -9,7 +9,8 @@ or a choice for the next rule to revise:
    or, with no meaningful hit, consistent hashing with bounded loads on the request's group key (`cold_ring`).
 5. `load_bound` — a self-hosted choice holding past `load_bound_factor` x the feasible self-hosted replicas' mean of
    requests in flight gives the request to the cheapest of those under it (`load_bound`); never at light load.
-6. `break_stickiness` — a feasible candidate faster by more than the stickiness penalty wins instead.
+6. `break_stickiness` — a feasible candidate faster by more than the stickiness penalty wins instead; a slow replica
+   (its own TTFT correction past `slow_replica_factor`) keeps no stickiness.
 7. `warm_over_sla` — with nothing to spill to, a warm replica past the SLA but behind few requests beats a cold
    feasible one when the recompute it saves outweighs the wait.
 8. `label_spill` — the choice left the self-hosted replicas for a per-token pool (`sla_spill`).
@@ -41,10 +42,21 @@ class Params(PolicyParams):
                                     "(0: least TTFT; docs/routing.md)")
     bounded_load_factor: float = Field(default=1.25, ge=1.0, description="cold placement: max load vs the mean")
     cost_tie: float = Field(default=0.02, ge=0, le=1, description="costs within this fraction count as equal")
+    slow_replica_factor: float = Field(default=2.0, ge=0, le=100, description="a replica whose own TTFT correction "
+                                       "is at least this (it runs this many times slower than its pool's model "
+                                       "says and its peers do: a gray failure) keeps no stickiness: any feasible "
+                                       "replica under it predicted faster takes the request (0: off; else > 1)")
     load_bound_factor: float = Field(default=2.0, ge=0, le=100, description="a self-hosted replica that would hold "
                                      "more than this x the feasible self-hosted replicas' mean of requests in flight "
                                      "gives the request to the cheapest under it, warm or not; never while they hold "
                                      "fewer in flight than there are of them, nor below 2 (0: off; else >= 1)")
+
+    @field_validator("slow_replica_factor")
+    @classmethod
+    def _slow_is_slower(cls, v: float) -> float:
+        if 0 < v <= 1:
+            raise ValueError("slow_replica_factor is 0 (off) or > 1: at 1 or under every replica would be slow")
+        return v
 
     @field_validator("load_bound_factor")
     @classmethod
@@ -90,7 +102,7 @@ class PrefixSlaCost:
             return fastest(s, inputs)
         chosen, branch = cheapest(req, s, self.p, self.min_hit_tokens)
         chosen, branch = load_bound(req, s, chosen, branch, self.p, self.min_hit_tokens)
-        chosen, branch = break_stickiness(s, chosen, branch, self.stickiness_s)
+        chosen, branch = break_stickiness(s, chosen, branch, self.stickiness_s, self.p.slow_replica_factor)
         warm = warm_over_sla(req, s, chosen, inputs)
         if warm is not None:
             return warm
@@ -154,9 +166,17 @@ def load_bound(req: RoutingRequest, s: Split[R], chosen: Candidate[R], branch: s
     return cheapest(req, replace(s, feasible=under), p, min_hit_tokens)[0], "load_bound"
 
 
-def break_stickiness(s: Split[R], chosen: Candidate[R], branch: str, penalty_s: float) -> tuple[Candidate[R], str]:
+def break_stickiness(s: Split[R], chosen: Candidate[R], branch: str, penalty_s: float,
+                     slow: float = 0.0) -> tuple[Candidate[R], str]:
     """Per request, never fleet-wide: the cheapest of the feasible candidates faster than the choice by more than
-    the penalty."""
+    the penalty. A choice that is a slow replica (its own correction at least `slow`) keeps no stickiness: the
+    cheapest of the feasible replicas that are not slow and are predicted faster (`slow_replica`). Why: its cache
+    saves recompute once, its slowness costs every request sent there; with short prompts a 6x slower warm replica
+    stays under the penalty (0.9 s against 0.3 s cold) and keeps its share at a p95 three times the fleet's."""
+    if slow and chosen.slowness >= slow:
+        well = [c for c in s.feasible if c.slowness < slow and c.ttft < chosen.ttft]
+        if well:
+            return min(well, key=lambda c: (c.cost, c.ttft, c.name)), "slow_replica"
     faster = [c for c in s.feasible if c.ttft < chosen.ttft - penalty_s]
     if not faster:
         return chosen, branch
