@@ -2,7 +2,7 @@
 with at least `--target` of its requests within the TTFT SLA, in one run, with the routers' CPU beside it.
 
     .venv/bin/python -m loadtests.fleet_capacity --trace /work/shared/traces/conversation_trace.jsonl \\
-        --slice-s 600 --time-scale 5 --nodes 2 --speeds 1,1.5,2,2.5,3
+        --slice-s 1200 --time-scale 5 --nodes 4 --speeds 1,1.25,1.5 --peer-speeds 0.75,1,1.25
 
 A *speed* s replays the slice's arrivals s times closer together on the same fleet (the load rises s-fold); the
 simulators keep their own speed. `--time-scale` compresses simulators and arrivals alike to save wall time, as in
@@ -88,7 +88,8 @@ async def main_async(a: argparse.Namespace) -> None:
         sl = sl[: a.limit]
     if not sl:
         raise SystemExit(f"no requests in [{a.slice_start_s}, {a.slice_start_s + a.slice_s}) s of {a.trace}")
-    speeds = [float(x) for x in a.speeds.split(",")]
+    ours = [float(x) for x in a.speeds.split(",")]
+    theirs = [float(x) for x in a.peer_speeds.split(",")] if a.peer_speeds else ours
     span = (sl[-1].timestamp_ms - sl[0].timestamp_ms) / 1000
     work = Path(tempfile.mkdtemp(prefix="gw-fleet-capacity-"))
     redis = redis_proc(a.redis_port, work)
@@ -97,7 +98,7 @@ async def main_async(a: argparse.Namespace) -> None:
     try:
         for name in (n.strip() for n in a.targets.split(",")):
             sweep[name] = []
-            for speed in speeds:
+            for speed in ours if name.startswith("this router") else theirs:
                 # every run starts from an empty Redis: the gateway's key prefix is the same for each of its runs
                 # here, and a run must not start from another's prefix index (replicas "warm" that are cold)
                 redis_lib.Redis(port=a.redis_port).flushall()
@@ -154,6 +155,8 @@ def main() -> None:
     p.add_argument("--slice-s", type=float, default=600.0)
     p.add_argument("--limit", type=int, default=None, help="only the slice's first N requests (smoke runs)")
     p.add_argument("--speeds", default="1,1.5,2,2.5,3", help="trace speeds to try, in order")
+    p.add_argument("--peer-speeds", default=None, help="the peers' speeds, if not --speeds (a sweep that stops at "
+                   "the first miss spends no time past it, but starting below it takes the runs from there)")
     p.add_argument("--target", type=float, default=0.9, help="share of requests within the SLA that counts as served")
     p.add_argument("--nodes", type=int, default=2, help="MI355X nodes of 2 TP4 ranks each")
     p.add_argument("--kv-capacity", type=int, default=None, help="KV tokens per rank (default: the profile's 2.4M)")
