@@ -43,7 +43,7 @@ def faster(sl: list[TraceRecord], speed: float) -> list[TraceRecord]:
 
 def within_all(s: dict[str, Any], sla: float) -> float:
     """Of every request sent (a failed one is not within), the share with its first token within the SLA."""
-    return sum(x <= sla for x in s["ttfts"]) / max(1, s["requests"])
+    return float(sum(x <= sla for x in s["ttfts"]) / max(1, s["requests"]))
 
 
 def capacity(points: list[dict[str, Any]], target: float) -> dict[str, Any] | None:
