@@ -30,10 +30,10 @@ from typing import Any
 
 import redis as redis_lib
 
-from gateway.recording.trace import TraceRecord, read_trace
+from gateway.recording.trace import TraceRecord
 from loadtests.fleet_http import redis_proc
-from loadtests.fleet_trace import run_target, trace_slice
-from loadtests.report import OUT, save_json, table
+from loadtests.fleet_trace import fleet_args, ports, run_target, the_slice
+from loadtests.report import OUT, save_figure, save_json, table
 
 
 def faster(sl: list[TraceRecord], speed: float) -> list[TraceRecord]:
@@ -74,20 +74,11 @@ def plot(path: Path, sweep: dict[str, list[dict[str, Any]]], target: float, titl
     axes[1].set_xlabel("trace speed")
     axes[1].set_ylabel("router CPU per request (ms)")
     axes[1].legend(fontsize=8)
-    fig.suptitle(title)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, title)
 
 
 async def main_async(a: argparse.Namespace) -> None:
-    sl = trace_slice(read_trace(a.trace), a.slice_start_s, a.slice_s)
-    if a.limit:
-        sl = sl[: a.limit]
-    if not sl:
-        raise SystemExit(f"no requests in [{a.slice_start_s}, {a.slice_start_s + a.slice_s}) s of {a.trace}")
+    sl = the_slice(a)
     ours = [float(x) for x in a.speeds.split(",")]
     theirs = [float(x) for x in a.peer_speeds.split(",")] if a.peer_speeds else ours
     span = (sl[-1].timestamp_ms - sl[0].timestamp_ms) / 1000
@@ -150,31 +141,14 @@ async def main_async(a: argparse.Namespace) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--trace", required=True, help="Mooncake JSONL (512-token hash_ids)")
-    p.add_argument("--slice-start-s", type=float, default=0.0)
-    p.add_argument("--slice-s", type=float, default=600.0)
-    p.add_argument("--limit", type=int, default=None, help="only the slice's first N requests (smoke runs)")
+    fleet_args(p, slice_s=600.0, time_scale=5.0)
     p.add_argument("--speeds", default="1,1.5,2,2.5,3", help="trace speeds to try, in order")
     p.add_argument("--peer-speeds", default=None, help="the peers' speeds, if not --speeds (a sweep that stops at "
                    "the first miss spends no time past it, but starting below it takes the runs from there)")
     p.add_argument("--target", type=float, default=0.9, help="share of requests within the SLA that counts as served")
-    p.add_argument("--nodes", type=int, default=2, help="MI355X nodes of 2 TP4 ranks each")
-    p.add_argument("--kv-capacity", type=int, default=None, help="KV tokens per rank (default: the profile's 2.4M)")
-    p.add_argument("--time-scale", type=float, default=5.0, help="simulators and arrivals k times faster")
-    p.add_argument("--stream-interval", type=int, default=16)
-    p.add_argument("--sla", type=float, default=2.22, help="TTFT SLA, simulated s")
-    p.add_argument("--priority-scheduling", action="store_true")
-    p.add_argument("--schedule-policy", default=None)
-    p.add_argument("--ttft-quantile-z", type=float, default=None)
-    p.add_argument("--routing-set", action="append", metavar="KEY=VALUE")
-    p.add_argument("--concurrency", type=int, default=1024, help="most requests in flight")
     p.add_argument("--targets", default="this router,SGLang router cache_aware,vllm-router cache_aware")
     p.add_argument("--out", default="fleet_capacity", help="results: loadtests/out/<out>.json")
-    p.add_argument("--png", default=None, help="the figure's path (default loadtests/out/<out>.png)")
-    p.add_argument("--port", type=int, default=19000)
-    p.add_argument("--sim-port", type=int, default=19100)
-    p.add_argument("--redis-port", type=int, default=19390)
-    p.add_argument("--no-progress", action="store_true")
+    ports(p)
     a = p.parse_args()
     a.b200_replicas, a.gateways = 0, 1  # fleet_http's launchers read these: MI355X ranks only, one gateway
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the `finally` blocks stop what the run started

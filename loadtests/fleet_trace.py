@@ -113,12 +113,18 @@ def _errors(res: list[HttpResult]) -> dict[str, int]:
     return out
 
 
-async def main_async(a: argparse.Namespace) -> None:
+def the_slice(a: argparse.Namespace) -> list[TraceRecord]:
+    """The slice `fleet_args` names, at most `--limit` of it; exits when it is empty."""
     sl = trace_slice(read_trace(a.trace), a.slice_start_s, a.slice_s)
     if a.limit:
         sl = sl[: a.limit]
     if not sl:
         raise SystemExit(f"no requests in [{a.slice_start_s}, {a.slice_start_s + a.slice_s}) s of {a.trace}")
+    return sl
+
+
+async def main_async(a: argparse.Namespace) -> None:
+    sl = the_slice(a)
     kv = (a.kv_capacity or KV_TOKENS) * 2 * a.nodes
     bounds = {"ideal": ideal_hit_rate(sl), "lru": lru_hit_rate(sl, kv)}
     work = Path(tempfile.mkdtemp(prefix="gw-fleet-trace-"))
@@ -157,15 +163,15 @@ async def main_async(a: argparse.Namespace) -> None:
     print(f"wrote {png}", file=sys.stderr)
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def fleet_args(p: argparse.ArgumentParser, *, slice_s: float, time_scale: float) -> None:
+    """The trace slice, the simulated fleet and the routers' settings (fleet_trace.py and fleet_capacity.py)."""
     p.add_argument("--trace", required=True, help="Mooncake JSONL (512-token hash_ids)")
     p.add_argument("--slice-start-s", type=float, default=0.0)
-    p.add_argument("--slice-s", type=float, default=1200.0)
+    p.add_argument("--slice-s", type=float, default=slice_s)
     p.add_argument("--limit", type=int, default=None, help="only the slice's first N requests (smoke runs)")
     p.add_argument("--nodes", type=int, default=2, help="MI355X nodes of 2 TP4 ranks each")
     p.add_argument("--kv-capacity", type=int, default=None, help="KV tokens per rank (default: the profile's 2.4M)")
-    p.add_argument("--time-scale", type=float, default=12.0, help="simulators and arrivals k times faster")
+    p.add_argument("--time-scale", type=float, default=time_scale, help="simulators and arrivals k times faster")
     p.add_argument("--stream-interval", type=int, default=16)
     p.add_argument("--sla", type=float, default=2.22, help="TTFT SLA, simulated s")
     p.add_argument("--priority-scheduling", action="store_true", help="the simulators schedule by priority "
@@ -177,14 +183,24 @@ def main() -> None:
     p.add_argument("--routing-set", action="append", metavar="KEY=VALUE",
                    help="a routing setting for this router (repeatable), e.g. recompute_weight=0")
     p.add_argument("--concurrency", type=int, default=1024, help="most requests in flight")
-    p.add_argument("--targets", default="this router,SGLang router cache_aware,vllm-router cache_aware,"
-                                        "LiteLLM least-busy,this router / round_robin")
-    p.add_argument("--out", default="fleet_trace", help="results: loadtests/out/<out>.json")
+
+
+def ports(p: argparse.ArgumentParser) -> None:
+    """The figure's path, the ports and the progress bar (fleet_trace.py and fleet_capacity.py)."""
     p.add_argument("--png", default=None, help="the figure's path (default loadtests/out/<out>.png)")
     p.add_argument("--port", type=int, default=19000)
     p.add_argument("--sim-port", type=int, default=19100)
     p.add_argument("--redis-port", type=int, default=19390)
     p.add_argument("--no-progress", action="store_true", help="no progress bar (stderr) while a target replays")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    fleet_args(p, slice_s=1200.0, time_scale=12.0)
+    p.add_argument("--targets", default="this router,SGLang router cache_aware,vllm-router cache_aware,"
+                                        "LiteLLM least-busy,this router / round_robin")
+    p.add_argument("--out", default="fleet_trace", help="results: loadtests/out/<out>.json")
+    ports(p)
     a = p.parse_args()
     if a.schedule_policy == SHORTEST_PREFILL_FIRST and a.priority_scheduling:
         p.error("--schedule-policy shortest-prefill-first and --priority-scheduling: SGLang allows one or the other")

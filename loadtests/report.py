@@ -25,15 +25,19 @@ def table(headers: list[str], rows: list[list[Any]]) -> str:
 
 
 def _save(fig: Any, name: str, title: str) -> Path:
+    return save_figure(fig, OUT / f"{name}.png", title)
+
+
+def save_figure(fig: Any, path: Path, title: str) -> Path:
+    """Title, lay out, write as PNG and close a matplotlib figure."""
     import matplotlib.pyplot as plt
 
     fig.suptitle(title)
     fig.tight_layout()
-    OUT.mkdir(exist_ok=True)
-    p = OUT / f"{name}.png"
-    fig.savefig(p, dpi=110)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
-    return p
+    return path
 
 
 def plot_ramp(name: str, series: dict[str, list[dict[str, Any]]], title: str, reference: dict[float, tuple[float, float, float]] | None = None) -> Path:
@@ -124,9 +128,4 @@ def plot_trace_targets(path: Path, results: dict[str, dict[str, Any]], bounds: d
     axes[2].set_ylabel(f"requests with TTFT <= {sla} s (%)")
     for ax in axes[1:]:
         ax.set_xticks(list(x), labels, fontsize=7)
-    fig.suptitle(title)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, title)
