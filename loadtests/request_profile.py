@@ -14,6 +14,7 @@ from the replay's deterministic blocks (gateway_lab.replay.http), to `/v1/comple
 events; `--redis` gives the gateway a private redis-server for its prefix index, as fleet_trace's gateway has.
 `--chunk-interval-ms` spaces the stub's events (one event per network read, as an engine decoding sends them).
 `--cpu-only`: no profiler; the gateway process's real CPU per request over the same loop (procfs, as fleet_trace).
+`--idle-seconds S` (with `--cpu-only`): the idle gateway's CPU over S seconds first, and the per-request figure net of it.
 
 Prints the function calls per request (a count: the same on a busy machine), the profiled CPU per request (cProfile
 inflates it several times over, so compare it only within one machine and one load), the CPU by area, and the
@@ -130,6 +131,8 @@ def main() -> None:
     p.add_argument("--redis", action="store_true", help="a private redis-server for the prefix index (as fleet_trace)")
     p.add_argument("--redis-port", type=int, default=18590)
     p.add_argument("--chunk-interval-ms", type=float, default=0.0, help="the stub's pause between events")
+    p.add_argument("--idle-seconds", type=float, default=0.0, help="with --cpu-only: first the gateway's CPU over this "
+                   "long with no request, subtracted from the loop's for the time it ran (its timers and polls)")
     p.add_argument("--cpu-only", action="store_true", help="no profiler: the gateway process's CPU (utime + stime, "
                    "procfs) per request over the same closed loop, as fleet_trace and overhead.py count it")
     a = p.parse_args()
@@ -159,12 +162,17 @@ def main() -> None:
         for _ in range(50):  # warm-up: lazy imports, pooled connections, metric children
             r = httpx.post(f"http://127.0.0.1:{a.port}{path}", content=raw, headers=headers, trust_env=False, timeout=30)
             r.raise_for_status()
+        idle = 0.0
+        if a.cpu_only and a.idle_seconds:
+            cpu0 = cpu_seconds(gw.pid)
+            time.sleep(a.idle_seconds)
+            idle = (cpu_seconds(gw.pid) - cpu0) / a.idle_seconds
         if not a.cpu_only:
             os.kill(gw.pid, signal.SIGUSR1)
-        cpu0 = cpu_seconds(gw.pid)
+        cpu0, t0 = cpu_seconds(gw.pid), time.monotonic()
         lat, errors = asyncio.run(raw_client.closed_loop([f"http://127.0.0.1:{a.port}"], raw, headers, 1, a.seconds,
                                                          path=path))
-        cpu = cpu_seconds(gw.pid) - cpu0
+        cpu, ran = cpu_seconds(gw.pid) - cpu0, time.monotonic() - t0
         if not a.cpu_only:
             os.kill(gw.pid, signal.SIGUSR2)
             deadline = time.time() + 30
@@ -187,6 +195,9 @@ def main() -> None:
         lat.sort()
         print(f"{len(lat)} requests: {cpu * 1000 / max(len(lat), 1):.3f} ms of the gateway's CPU per request (no "
               f"profiler), latency p50 {lat[len(lat) // 2] * 1000 if lat else 0:.2f} ms")
+        if a.idle_seconds:
+            print(f"idle: {idle * 1000:.2f} ms of CPU per second; net of it over the loop's {ran:.1f} s: "
+                  f"{(cpu - idle * ran) * 1000 / max(len(lat), 1):.3f} ms per request")
         return
     print(report(pstats.Stats(out), len(lat), a.top))
 

@@ -41,6 +41,9 @@ class Opened:
     # what the backend chose for this attempt that the client is told (a PD pool: the pair decision's branch and
     # prefill rank, sent as x-gateway-pd)
     choice: str | None = None
+    # the same stream as `rest`, a list of payloads per network read (a relay that takes a read at a time);
+    # None: a backend without it (the relay reads `rest` then). Either is consumed, never both.
+    reads: AsyncIterator[list[bytes]] | None = None
 
 
 @dataclass(frozen=True)

@@ -80,8 +80,11 @@ class _Conn(asyncio.Protocol):
             self.headers_done.set_result(None)
 
     def on_body(self, body: bytes) -> None:
-        self.chunks.append(body)
-        self._wake()
+        if body:  # an empty read is `H1Response.take`'s end of body
+            self.chunks.append(body)
+            w = self.waiter  # _wake inlined: once per network read of a stream
+            if w is not None and not w.done():
+                w.set_result(None)
 
     def on_message_complete(self) -> None:
         self.keep_alive = self.parser.should_keep_alive()  # llhttp forgets it once the callback returns
@@ -126,6 +129,28 @@ class H1Response:
             c.waiter = loop.create_future()
             await c.waiter
             c.waiter = None
+
+    def take(self) -> bytes | None:
+        """What arrived since the last take, b"" once the body has ended, or None: nothing yet, await `arrival()`.
+        For a relay that waits once per network read without an iterator's frame around each (`aiter_raw`)."""
+        c = self._conn
+        if c.chunks:
+            if len(c.chunks) == 1:
+                return c.chunks.popleft()
+            data = b"".join(c.chunks)
+            c.chunks.clear()
+            return data
+        if c.done:
+            return b""
+        if c.error is not None:
+            raise c.error
+        return None
+
+    def arrival(self) -> asyncio.Future[None]:
+        """A future done when `take` has something new (bytes, the end or an error)."""
+        c = self._conn
+        c.waiter = w = asyncio.get_running_loop().create_future()
+        return w
 
     async def aread(self) -> bytes:
         return b"".join([chunk async for chunk in self.aiter_raw()])

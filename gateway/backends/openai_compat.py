@@ -12,8 +12,8 @@ import httpx
 import orjson
 
 from gateway.backends.base import AttemptFailed, Opened, UpstreamCall
-from gateway.backends.h1 import H1ConnectError, H1Dropped, H1Error, H1Pool
-from gateway.backends.sse import MalformedEvent, sse_payloads
+from gateway.backends.h1 import H1ConnectError, H1Dropped, H1Error, H1Pool, H1Response
+from gateway.backends.sse import MalformedEvent, SseSplitter
 from gateway.config import RetryPolicy
 from gateway.upstreams import Target
 
@@ -130,10 +130,10 @@ class HttpBackend:
             raise AttemptFailed(f"upstream body broken: {type(e).__name__}") from None
 
     async def _open_stream(self, resp: Any, call: UpstreamCall) -> Opened:
-        payloads = sse_payloads(resp.aiter_raw()).__aiter__()
+        reads = self._reads(resp if isinstance(resp, H1Response) else resp.aiter_raw())
         try:
             async with asyncio.timeout(call.first_byte_timeout):
-                first = await payloads.__anext__()
+                first = (await reads.__anext__())[0]
         except StopAsyncIteration:
             raise AttemptFailed("upstream closed the stream before any event") from None
         except TimeoutError:
@@ -145,21 +145,29 @@ class HttpBackend:
         if first.startswith(b'{"error"'):
             err = _inband_error(first)
             raise AttemptFailed(err[0], status=err[1], overloaded=err[1] in (429, 503))
-        return Opened(first, self._rest(payloads), None, resp.aclose)
+        return Opened(first, _each(reads), None, resp.aclose, reads=reads)
 
-    async def _rest(self, payloads: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-        """The stream's payloads after the first; StreamBroken when the upstream sends none for `idle_timeout`.
+    async def _reads(self, source: H1Response | AsyncIterator[bytes]) -> AsyncIterator[list[bytes]]:
+        """The stream's payloads, a list per network read (an engine decoding sends an event per read): the first
+        payload alone, then the rest. The consumer pays one resumption per read, not one per event and layer.
 
-        The timeout covers only the wait for the next chunk, never the yield: time the consumer takes (a slow
-        client) is not the upstream's. It is a watchdog, not a timer per chunk (asyncio.timeout made and cancelled
-        a timer for every event, a fifth of the relay's per-event work): one timer, which on firing cancels the
-        waiting task if the current wait has lasted `idle_timeout`, else sets itself for when that wait would."""
+        Until the first payload is out the caller bounds the wait (the first-byte timeout) and sees the transport's
+        own errors; after it, a failure is StreamBroken, and so is an upstream that sends nothing for `idle_timeout`.
+        The idle timeout covers only the wait for the next read, never the time between yields: time the consumer
+        takes (a slow client) is not the upstream's. It is a watchdog, not a timer per read (asyncio.timeout made
+        and cancelled a timer for every event): one timer, which on firing cancels the waiting task if the current
+        wait has lasted `idle_timeout`, else sets itself for when that wait would. An H1 response is read directly
+        (`take`/`arrival`), an httpx one through its iterator."""
+        h1 = source if isinstance(source, H1Response) else None
+        raw = None if isinstance(source, H1Response) else source.__aiter__()
+        split = SseSplitter()
         idle = self.idle_timeout
         loop = asyncio.get_running_loop()
         waiting_since: float | None = None  # when the wait in progress began (None: not waiting)
         waiter: asyncio.Task[Any] | None = None
         expired = False
         timer: asyncio.TimerHandle | None = None
+        first = True
 
         def check() -> None:
             nonlocal timer, expired
@@ -174,33 +182,66 @@ class HttpBackend:
                 return
             timer = loop.call_at(since + idle, check)
 
+        cancelling = 0
+        ended = False
         try:
             while True:
-                waiter = asyncio.current_task()
-                assert waiter is not None
-                cancelling = waiter.cancelling()
-                waiting_since = loop.time()
-                if timer is None:
-                    timer = loop.call_at(waiting_since + idle, check)
                 try:
-                    payload = await payloads.__anext__()
+                    data = h1.take() if h1 is not None else None
+                    if data is None:
+                        if not first:
+                            waiter = asyncio.current_task()
+                            assert waiter is not None
+                            cancelling = waiter.cancelling()
+                            waiting_since = loop.time()
+                            if timer is None:
+                                timer = loop.call_at(waiting_since + idle, check)
+                        try:
+                            if h1 is not None:
+                                await h1.arrival()
+                                continue
+                            assert raw is not None
+                            data = await raw.__anext__()
+                            if not data:
+                                continue
+                        except StopAsyncIteration:
+                            data = b""
+                        finally:
+                            waiting_since = None
+                    ended = not data
+                    payloads = split.end() if ended else split.feed(data)
                 except asyncio.CancelledError:
                     # ours (as asyncio.timeout tells): only if nobody else cancelled the task meanwhile
-                    if expired and waiter.uncancel() <= cancelling:
+                    if expired and waiter is not None and waiter.uncancel() <= cancelling:
                         raise StreamBroken(f"no chunk from upstream for {idle:.0f} s") from None
                     raise
-                except StopAsyncIteration:
-                    return
                 except (httpx.HTTPError, H1Error) as e:
+                    if first:
+                        raise
                     raise StreamBroken(f"upstream stream broken: {type(e).__name__}") from None
                 except MalformedEvent as e:
+                    if first:
+                        raise
                     raise StreamBroken(f"upstream sent a malformed event ({e})") from None
-                finally:
-                    waiting_since = None
-                yield payload
+                if payloads:
+                    if first:
+                        first = False
+                        yield payloads[:1]
+                        del payloads[0]
+                    if payloads:
+                        yield payloads
+                if ended:
+                    return
         finally:
             if timer is not None:
                 timer.cancel()
+
+
+async def _each(reads: AsyncIterator[list[bytes]]) -> AsyncIterator[bytes]:
+    """The payloads one by one, for a consumer that takes them so (the native Responses relay)."""
+    async for payloads in reads:
+        for payload in payloads:
+            yield payload
 
 
 class SGLangBackend(HttpBackend):

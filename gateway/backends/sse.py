@@ -18,16 +18,33 @@ class MalformedEvent(Exception):
 
 
 async def sse_payloads(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-    """Yield the `data:` payload of each event (joined if an event has several data lines); comments skipped.
+    """Yield the `data:` payload of each event (joined if an event has several data lines); comments skipped."""
+    split = SseSplitter()
+    async for chunk in chunks:
+        for payload in split.feed(chunk):
+            yield payload
+    for payload in split.end():
+        yield payload
+
+
+class SseSplitter:
+    """The payloads of a stream's events, a network read at a time: `feed(read)` returns the payloads of the events
+    the read completed (several, one or none: an event may span reads), `end()` those of what was left at the end.
 
     A read's events are sliced from it by position (cutting the rest of the buffer after each event copied it once
-    per event: quadratic in the events one read carries), and the common frame — one `data:` line — is taken
-    here without the general parser's calls."""
-    buf = b""
-    async for chunk in chunks:
-        buf += chunk
+    per event: quadratic in the events one read carries), and the common frame — one `data:` line holding a JSON
+    object — is taken here without the general parser's calls."""
+
+    __slots__ = ("buf",)
+
+    def __init__(self) -> None:
+        self.buf = b""
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        buf = self.buf + chunk if self.buf else chunk
         if b"\r" in buf:
             buf = buf.replace(b"\r\n", b"\n")
+        out: list[bytes] = []
         pos = 0
         while True:
             end = buf.find(b"\n\n", pos)
@@ -35,17 +52,23 @@ async def sse_payloads(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
                 break
             frame, pos = buf[pos:end], end + 2
             if frame[:6] == b"data: " and b"\n" not in frame:
-                yield _checked(frame[6:])
+                payload = frame[6:]
+                if not (payload[:1] == b"{" and payload[-1:] == b"}"):
+                    payload = _checked(payload)
+                out.append(payload)
                 continue
             payload = _data(frame)
             if payload is not None:
-                yield payload
-        if pos:
-            buf = buf[pos:]
-    if buf.strip():
-        payload = _data(buf.strip(b"\n"))
-        if payload is not None:
-            yield payload
+                out.append(payload)
+        self.buf = buf[pos:] if pos else buf
+        return out
+
+    def end(self) -> list[bytes]:
+        rest, self.buf = self.buf, b""
+        if not rest.strip():
+            return []
+        payload = _data(rest.strip(b"\n"))
+        return [payload] if payload is not None else []
 
 
 def _data(frame: bytes) -> bytes | None:

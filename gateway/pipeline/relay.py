@@ -83,6 +83,12 @@ def cost(dispatched: Dispatched | None, usage: dict[str, Any] | None) -> float:
     return request_cost(dispatched.target.pricing, prompt, cached or 0, completion)
 
 
+async def _one_by_one(rest: AsyncIterator[bytes]) -> AsyncIterator[list[bytes]]:
+    """A backend's payloads as reads of one each (a backend without `Opened.reads`)."""
+    async for payload in rest:
+        yield [payload]
+
+
 class Relay:
     def __init__(self, dispatcher: Dispatcher, feedback: Feedback, control: ControlPlane, config: GatewayConfig,
                  registry: UpstreamRegistry) -> None:
@@ -150,28 +156,59 @@ class Relay:
         return first
 
     async def stream_rest(self, ex: Exchange, out: Outcome) -> AsyncIterator[bytes]:
+        """The stream after its first chunk: what each upstream network read brought, as one chunk for the client
+        (an engine decoding sends an event per read, so this runs once per event: its work here is kept to a few
+        byte operations, each layer under it resumed once per read)."""
         d = out.dispatched
         assert d is not None and d.opened.rest is not None
+        reads = d.opened.reads if d.opened.reads is not None else _one_by_one(d.opened.rest)
         saw_done = False
         enc, held = ex.call.encoder, ex.idem
         swap = self._swap(ex, out)  # per stream, not per event
+        old, new, old2, new2 = swap
+        plain = enc is None and old == new  # nothing to rename: the payload is framed as it came
         try:
-            async for payload in d.opened.rest:
-                if payload == b"[DONE]":
-                    saw_done = True
-                    end = enc.done() if enc is not None else DONE
-                    idempotency.streamed(held, end)
-                    yield end
-                    break
-                if payload.startswith(b'{"error"'):
-                    out.end("stream_error", "upstream error event")
-                    yield stream_error(ex, self._rewrap_error(payload))
-                    return
-                chunk = self._relay(ex, out, payload, swap)
-                if chunk:
+            async for payloads in reads:
+                if len(payloads) == 1:  # the common read: one event
+                    payload = payloads[0]
+                    if payload[:8] != b'{"error"' and payload != b"[DONE]":
+                        out.chunks += 1
+                        if enc is not None or (b'"usage"' in payload and b'"choices":[]' in payload):
+                            chunk = self._relay(ex, out, payload, swap, counted=True)
+                            if not chunk:
+                                continue
+                        elif plain:
+                            chunk = b"data: " + payload + b"\n\n"
+                        else:
+                            chunk = b"data: " + payload.replace(old, new, 1).replace(old2, new2, 1) + b"\n\n"
+                        if held is not None:
+                            idempotency.streamed(held, chunk)
+                        yield chunk
+                        continue
+                parts = []
+                end = b""
+                for payload in payloads:
+                    if payload == b"[DONE]":
+                        saw_done = True
+                        end = enc.done() if enc is not None else DONE
+                        break
+                    if payload.startswith(b'{"error"'):
+                        out.end("stream_error", "upstream error event")
+                        end = stream_error(ex, self._rewrap_error(payload))
+                        break
+                    chunk = self._relay(ex, out, payload, swap)
+                    if chunk:
+                        parts.append(chunk)
+                if parts:
+                    chunk = b"".join(parts) if len(parts) > 1 else parts[0]
                     if held is not None:
                         idempotency.streamed(held, chunk)
                     yield chunk
+                if end:
+                    if saw_done:
+                        idempotency.streamed(held, end)
+                    yield end
+                    return
         except StreamBroken as e:
             out.end("stream_error", str(e))
             yield stream_error(ex, error_of(f"The upstream replica failed mid-stream: {e}"))
@@ -181,11 +218,12 @@ class Relay:
             yield stream_error(ex, error_of("The upstream replica closed the stream before it was complete."))
 
     def _relay(self, ex: Exchange, out: Outcome, payload: bytes,
-               swap: tuple[bytes, bytes, bytes, bytes] | None = None) -> bytes | None:
+               swap: tuple[bytes, bytes, bytes, bytes] | None = None, counted: bool = False) -> bytes | None:
         """One upstream payload as the client should see it: the client's model name; the usage chunk kept for
         metering and shown (clamped, with the cost) only if the client asked for it. `swap`: the stream's model
-        name replacements (`_swap`), if the caller has them."""
-        out.chunks += 1
+        name replacements (`_swap`), if the caller has them; `counted`: the caller counted the payload already."""
+        if not counted:
+            out.chunks += 1
         if b'"choices":[]' in payload and b'"usage"' in payload:
             return self._usage_chunk(ex, out, payload)
         enc = ex.call.encoder

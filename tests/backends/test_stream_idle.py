@@ -1,4 +1,4 @@
-"""The upstream idle timeout of a relayed stream (`HttpBackend._rest`): what counts as the upstream's silence.
+"""The upstream idle timeout of a relayed stream (`HttpBackend._reads`): what counts as the upstream's silence.
 
 A stream whose upstream stops sending must end as a broken stream (the relay's error event), whatever else waits on
 the same task; time the consumer spends (a slow client, while the relay is suspended between chunks) is never the
@@ -23,18 +23,30 @@ async def _backend() -> HttpBackend:
 
 
 async def _chunks(gaps: list[float], then_hang: bool = False) -> AsyncIterator[bytes]:
+    """An upstream's network reads: one event each after its gap, the first at once (the watchdog starts after the
+    first event, which the first-byte timeout bounds)."""
+    yield b'data: {"first":1}\n\n'
     for i, gap in enumerate(gaps):
         await asyncio.sleep(gap)
-        yield b'{"i":%d}' % i
+        yield b'data: {"i":%d}\n\n' % i
     if then_hang:
         await asyncio.Event().wait()
+
+
+async def _payloads(backend: HttpBackend, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """The payloads after the first, one by one, as the relay reads them (a list per read)."""
+    reads = backend._reads(chunks)
+    assert await reads.__anext__() == [b'{"first":1}']
+    async for payloads in reads:
+        for p in payloads:
+            yield p
 
 
 async def test_an_upstream_silent_for_the_idle_timeout_breaks_the_stream():
     """Two chunks, then nothing: both are relayed, then StreamBroken names the silence."""
     got = []
     with pytest.raises(StreamBroken, match="no chunk from upstream"):
-        async for p in (await _backend())._rest(_chunks([0, 0], then_hang=True)):
+        async for p in _payloads(await _backend(), _chunks([0, 0], then_hang=True)):
             got.append(p)
     assert got == [b'{"i":0}', b'{"i":1}']
 
@@ -43,7 +55,7 @@ async def test_gaps_under_the_idle_timeout_never_break_it_however_long_the_strea
     """Chunks each well inside the timeout, over many timeouts in all: the single timer is pushed back, never fires
     on a wait shorter than the timeout."""
     gaps = [IDLE / 3] * 15
-    got = [p async for p in (await _backend())._rest(_chunks(gaps))]
+    got = [p async for p in _payloads(await _backend(), _chunks(gaps))]
     assert len(got) == len(gaps)
 
 
@@ -51,7 +63,7 @@ async def test_the_consumer_s_own_time_between_chunks_is_not_upstream_silence():
     """The relay suspended at a chunk for longer than the timeout (a slow client's send) while the upstream has the
     next chunk ready: the stream goes on."""
     got = []
-    async for p in (await _backend())._rest(_chunks([0, 0, 0])):
+    async for p in _payloads(await _backend(), _chunks([0, 0, 0])):
         got.append(p)
         await asyncio.sleep(IDLE * 2.5)
     assert len(got) == 3
@@ -64,7 +76,7 @@ async def test_a_cancellation_from_elsewhere_stays_a_cancellation():
     reached = asyncio.Event()
 
     async def consume() -> None:
-        async for _ in backend._rest(_chunks([0], then_hang=True)):
+        async for _ in _payloads(backend, _chunks([0], then_hang=True)):
             reached.set()
 
     task = asyncio.ensure_future(consume())
