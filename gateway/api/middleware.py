@@ -52,32 +52,41 @@ class RequestIdMiddleware:
                 break
         rid = rid or new_request_id()
         scope.setdefault("state", {})["request_id"] = rid
-        raw = rid.encode()
         t0 = time.monotonic()
-        started = False
-
-        async def send_with_id(message: Message) -> None:
-            nonlocal started
-            if message["type"] == "http.response.start":
-                started = True
-                headers = list(message.get("headers", []))
-                if not any(k == b"x-request-id" for k, _ in headers):
-                    headers.append((b"x-request-id", raw))
-                message["headers"] = headers
-                status = message.get("status", 200)
-                if status >= 400 and refusals.counted(scope):
-                    pipeline = self._pipeline()
-                    if pipeline is not None:
-                        refusals.account(pipeline, scope, status, t0)
-            await send(message)
-
+        send_with_id = _SendWithId(self, scope, send, rid.encode(), t0)
         try:
             await self.app(scope, receive, send_with_id)
         except Exception:
-            if started:
+            if send_with_id.started:
                 raise  # the response is on its way; uvicorn closes the connection and logs
             log.exception("unhandled error before a response on %s", scope.get("path"))
             await _internal_error(send_with_id)
+
+
+class _SendWithId:
+    """The response's `send` with the request id added to its start. It changes nothing after the start, so it
+    offers the server's own send as `body_send`: a stream sends its body there (`asgi.EventStreamResponse`), one
+    call less per event."""
+
+    __slots__ = ("body_send", "mw", "raw", "scope", "started", "t0")
+
+    def __init__(self, mw: RequestIdMiddleware, scope: Scope, send: Send, raw: bytes, t0: float) -> None:
+        self.mw, self.scope, self.body_send, self.raw, self.t0 = mw, scope, send, raw, t0
+        self.started = False
+
+    async def __call__(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            self.started = True
+            headers = list(message.get("headers", []))
+            if not any(k == b"x-request-id" for k, _ in headers):
+                headers.append((b"x-request-id", self.raw))
+            message["headers"] = headers
+            status = message.get("status", 200)
+            if status >= 400 and refusals.counted(self.scope):
+                pipeline = self.mw._pipeline()
+                if pipeline is not None:
+                    refusals.account(pipeline, self.scope, status, self.t0)
+        await self.body_send(message)
 
 
 def new_request_id() -> str:

@@ -51,7 +51,7 @@ class _Conn(asyncio.Protocol):
         self.keep_alive = False
         self.got_bytes = False
         self.error: H1Error | None = None
-        self.waiter: asyncio.Future[None] | None = None
+        self.waiter: asyncio.Future[bytes | None] | None = None
         self.headers_done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
     # -- asyncio.Protocol ------------------------------------------------------------------------------------
@@ -80,11 +80,14 @@ class _Conn(asyncio.Protocol):
             self.headers_done.set_result(None)
 
     def on_body(self, body: bytes) -> None:
-        if body:  # an empty read is `H1Response.take`'s end of body
+        # once per network read of a stream: a reader waiting in `H1Response.poll` is handed the bytes themselves
+        if not body:
+            return  # b"" is `H1Response.poll`'s end of body
+        w = self.waiter
+        if w is not None and not w.done() and not self.chunks:
+            w.set_result(body)
+        else:
             self.chunks.append(body)
-            w = self.waiter  # _wake inlined: once per network read of a stream
-            if w is not None and not w.done():
-                w.set_result(None)
 
     def on_message_complete(self) -> None:
         self.keep_alive = self.parser.should_keep_alive()  # llhttp forgets it once the callback returns
@@ -117,22 +120,19 @@ class H1Response:
         self.headers = conn.headers
 
     async def aiter_raw(self) -> AsyncIterator[bytes]:
-        c = self._conn
-        loop = asyncio.get_running_loop()
         while True:
-            while c.chunks:
-                yield c.chunks.popleft()
-            if c.done:
+            got = self.poll()
+            data = got if isinstance(got, bytes) else await got
+            if data is None:
+                continue
+            if not data:
                 return
-            if c.error is not None:
-                raise c.error
-            c.waiter = loop.create_future()
-            await c.waiter
-            c.waiter = None
+            yield data
 
-    def take(self) -> bytes | None:
-        """What arrived since the last take, b"" once the body has ended, or None: nothing yet, await `arrival()`.
-        For a relay that waits once per network read without an iterator's frame around each (`aiter_raw`)."""
+    def poll(self) -> bytes | asyncio.Future[bytes | None]:
+        """What arrived since the last poll (b"" once the body has ended; raises its error), or, when nothing has, a
+        future to await: its result is the next read, or None (the end, an error: poll again). For a relay that
+        waits once per network read with one call and no iterator's frame around it (`aiter_raw`)."""
         c = self._conn
         if c.chunks:
             if len(c.chunks) == 1:
@@ -144,11 +144,6 @@ class H1Response:
             return b""
         if c.error is not None:
             raise c.error
-        return None
-
-    def arrival(self) -> asyncio.Future[None]:
-        """A future done when `take` has something new (bytes, the end or an error)."""
-        c = self._conn
         c.waiter = w = asyncio.get_running_loop().create_future()
         return w
 

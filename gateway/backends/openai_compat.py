@@ -157,7 +157,7 @@ class HttpBackend:
         takes (a slow client) is not the upstream's. It is a watchdog, not a timer per read (asyncio.timeout made
         and cancelled a timer for every event): one timer, which on firing cancels the waiting task if the current
         wait has lasted `idle_timeout`, else sets itself for when that wait would. An H1 response is read directly
-        (`take`/`arrival`), an httpx one through its iterator."""
+        (`poll`), an httpx one through its iterator."""
         h1 = source if isinstance(source, H1Response) else None
         raw = None if isinstance(source, H1Response) else source.__aiter__()
         split = SseSplitter()
@@ -187,27 +187,31 @@ class HttpBackend:
         try:
             while True:
                 try:
-                    data = h1.take() if h1 is not None else None
-                    if data is None:
+                    got = h1.poll() if h1 is not None else None
+                    if got.__class__ is not bytes:
                         if not first:
-                            waiter = asyncio.current_task()
-                            assert waiter is not None
+                            if waiter is None:  # after the first payload one task consumes the stream: the relay's
+                                waiter = asyncio.current_task()
+                                assert waiter is not None
                             cancelling = waiter.cancelling()
                             waiting_since = loop.time()
                             if timer is None:
                                 timer = loop.call_at(waiting_since + idle, check)
                         try:
-                            if h1 is not None:
-                                await h1.arrival()
-                                continue
-                            assert raw is not None
-                            data = await raw.__anext__()
-                            if not data:
-                                continue
+                            if got is not None:
+                                got = await got  # type: ignore[misc]  # H1: the next read, or None: poll again
+                                if got is None:
+                                    continue
+                            else:
+                                assert raw is not None
+                                got = await raw.__anext__()
+                                if not got:
+                                    continue
                         except StopAsyncIteration:
-                            data = b""
+                            got = b""
                         finally:
                             waiting_since = None
+                    data: bytes = got
                     ended = not data
                     payloads = split.end() if ended else split.feed(data)
                 except asyncio.CancelledError:

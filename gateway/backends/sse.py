@@ -41,6 +41,8 @@ class SseSplitter:
         self.buf = b""
 
     def feed(self, chunk: bytes) -> list[bytes]:
+        if not self.buf and chunk[:7] == b"data: {" and chunk[-3:] == b"}\n\n" and chunk.find(b"\n") == len(chunk) - 2:
+            return [chunk[6:-2]]  # a read of one event, one line (an engine's decode step): nothing to search
         buf = self.buf + chunk if self.buf else chunk
         if b"\r" in buf:
             buf = buf.replace(b"\r\n", b"\n")
@@ -57,9 +59,9 @@ class SseSplitter:
                     payload = _checked(payload)
                 out.append(payload)
                 continue
-            payload = _data(frame)
-            if payload is not None:
-                out.append(payload)
+            other = _data(frame)
+            if other is not None:
+                out.append(other)
         self.buf = buf[pos:] if pos else buf
         return out
 
