@@ -153,7 +153,7 @@ class RoutingEngine:
         if a.indexed:
             out.append(IndexWrite(a.key, tuple(a.req.hashes), self.residency_ttl_s))
         if observed_ttft is not None and a.ttft_raw > 0:
-            self.corrector.observe(a.pool, a.ttft_raw, observed_ttft, a.regime, a.name)
+            self.corrector.observe(a.pool, a.ttft_raw, observed_ttft, a.regime, a.name, alone=a.queued_prefill <= 0)
         return out
 
     def usage(self, a: Attempt, reported_cached: int | None) -> list[Effect]:

@@ -390,7 +390,7 @@ def test_a_replica_its_correction_calls_slow_is_judged_on_its_last_few():
         f.second()
     for _ in range(SUSPECT_SAMPLES):  # three slow requests, nothing else on it
         f.stats.ttft("r2", 6.0, 1.0)
-        f.corrector.observe("p", 1.0, 6.0, FREE, "r2")
+        f.corrector.observe("p", 1.0, 6.0, FREE, "r2", alone=True)
     assert f.corrector.replica_factor("r2") >= CFG.ttft_factor  # the step change (prediction/ttft.py)
     for _ in range(CFG.consecutive):
         f.clock.now += CFG.interval_s
@@ -404,8 +404,8 @@ def test_a_healthy_replica_with_a_few_slow_answers_is_not_suspect():
         f.second()
     for _ in range(SUSPECT_SAMPLES - 1):
         f.stats.ttft("r2", 6.0, 1.0)
-        f.corrector.observe("p", 1.0, 6.0, FREE, "r2")
-    f.corrector.observe("p", 1.0, 1.0, FREE, "r2")
+        f.corrector.observe("p", 1.0, 6.0, FREE, "r2", alone=True)
+    f.corrector.observe("p", 1.0, 1.0, FREE, "r2", alone=True)
     f.stats.ttft("r2", 1.0, 1.0)
     for _ in range(CFG.consecutive + 1):
         f.clock.now += CFG.interval_s

@@ -21,13 +21,15 @@ class Clock:
         return self.now
 
 
-def fleet(c: TtftCorrector, clock: Clock, slow: str, ratio: float, n: int, replicas: int = 4) -> None:
-    """`n` rounds of one observation per replica: `slow` takes `ratio` x the raw prediction, the others 1x."""
+def fleet(c: TtftCorrector, clock: Clock, slow: str, ratio: float, n: int, replicas: int = 4,
+          alone: bool = True) -> None:
+    """`n` rounds of one observation per replica: `slow` takes `ratio` x the raw prediction, the others 1x (`alone`:
+    nothing queued ahead of each)."""
     for _ in range(n):
         clock.now += 0.1
         for i in range(replicas):
             name = f"r{i}"
-            c.observe("p", 1.0, ratio if name == slow else 1.0, FREE, name)
+            c.observe("p", 1.0, ratio if name == slow else 1.0, FREE, name, alone=alone)
 
 
 def test_a_slow_replica_is_learned_apart_from_its_peers():
@@ -64,9 +66,10 @@ def test_a_step_change_is_learned_in_shift_after_requests_not_a_few_dozen():
     assert c.replica_factor("r3") < 1.5
 
 
-def test_no_step_change_from_full_batch_waits_or_alternating_answers():
+def test_no_step_change_from_full_batch_waits_queues_or_alternating_answers():
     """With a full batch a run of long waits is the batch, not the replica (the slot-wait regime's residuals are
-    heavy-tailed by design); nor does a slow answer between fast ones make a step."""
+    heavy-tailed by design); behind a queue the residual is the queue's estimate as much as the replica; nor does a
+    slow answer between fast ones make a step."""
     clock = Clock()
     c = TtftCorrector(clock=clock)
     fleet(c, clock, "r3", 1.0, 20)
@@ -78,6 +81,10 @@ def test_no_step_change_from_full_batch_waits_or_alternating_answers():
     fleet(c, clock, "r3", 1.0, 20)
     for ratio in (6.0, 6.0, 1.0, 6.0, 6.0, 1.0):
         fleet(c, clock, "r3", ratio, 1)
+    assert c.replica_factor("r3") < 2.0
+    c.reset_replica("r3")
+    fleet(c, clock, "r3", 1.0, 20)
+    fleet(c, clock, "r3", 6.0, SHIFT_AFTER, alone=False)  # behind a queue: the residual carries its estimate
     assert c.replica_factor("r3") < 2.0
 
 
