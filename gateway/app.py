@@ -27,10 +27,9 @@ from gateway.control.plane import ControlPlane
 from gateway.control.store import MemoryControlStore, RedisControlStore
 from gateway.dispatch.dispatcher import Dispatcher
 from gateway.dispatch.feedback import Feedback
-from gateway.dispatch.outliers import LatencyOutliers
+from gateway.dispatch.outliers import LatencyOutliers, detector_stats
 from gateway.dispatch.pd import PdBackend
 from gateway.dispatch.quarantine import Quarantine
-from gateway.dispatch.replica_stats import ReplicaStats
 from gateway.flow.runtime import build as build_flow
 from gateway.kvevents.setup import build as build_precise
 from gateway.observability.logging import setup_logging
@@ -135,8 +134,8 @@ def create_app(config: GatewayConfig, *, span_exporter: Any = None, transport: h
         # the one writer of the index and load: request outcomes, the poller's facts, flushes, KV events; it also
         # records what each replica was observed to do, for the latency outlier detector
         od = config.outlier_detection
-        outliers = LatencyOutliers(od, ReplicaStats(od.window_s, recent=od.min_samples, lookback_s=od.lookback_s),
-                                   lambda: registry.by_pool, metrics=metrics, corrector=corrector)
+        outliers = LatencyOutliers(od, detector_stats(od), lambda: registry.by_pool, metrics=metrics,
+                                   corrector=corrector)
         feedback = Feedback(index, loads, engine, metrics, rc, reservations=router.reservations, approximate=approximate,
                             outliers=outliers)
         if precise is not None:

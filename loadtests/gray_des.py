@@ -31,8 +31,7 @@ from typing import Any
 import numpy as np
 
 from gateway.config import OutlierDetection, Routing
-from gateway.dispatch.outliers import LatencyOutliers
-from gateway.dispatch.replica_stats import ReplicaStats
+from gateway.dispatch.outliers import LatencyOutliers, detector_stats
 from gateway.prediction.ttft import TtftCorrector
 from gateway.prefix.hashing import chain, group_key
 from gateway.probe_gate import ProbeGate
@@ -95,9 +94,8 @@ class PartialFleet(Fleet):
             pools: dict[str, list[_Target]] = {}
             for t in self.targets.values():
                 pools.setdefault(t.pool, []).append(t)
-            self.outliers = LatencyOutliers(od, ReplicaStats(od.window_s, recent=od.min_samples, clock=clock,
-                                                         lookback_s=od.lookback_s),
-                                            lambda: pools, corrector=self.instances[0].engine.corrector, clock=clock)
+            self.outliers = LatencyOutliers(od, detector_stats(od, clock), lambda: pools,
+                                            corrector=self.instances[0].engine.corrector, clock=clock)
             self._feedback(self.instances[0].engine, self.outliers)
 
     def _timed(self, name: str, done: Callable[[Step], None], window: tuple[float, float]) -> Callable[[Step], None]:

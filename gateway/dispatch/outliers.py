@@ -81,6 +81,11 @@ class _Track:
     probation: bool = False  # back from an ejection and not yet judged clean on min_samples
 
 
+def detector_stats(cfg: OutlierDetection, clock: Callable[[], float] = time.monotonic) -> ReplicaStats:
+    """The replica window the detector judges from, as `cfg` sets it (the gateway's and the virtual clock's)."""
+    return ReplicaStats(cfg.window_s, recent=cfg.min_samples, clock=clock, lookback_s=cfg.lookback_s)
+
+
 class LatencyOutliers:
     def __init__(self, cfg: OutlierDetection, stats: ReplicaStats,
                  by_pool: Callable[[], Mapping[str, Sequence[Any]]], *, metrics: Any = None, corrector: Any = None,

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -86,7 +87,7 @@ class TtftCorrector:
         self.replica_half_life_s = replica_half_life_s
         self.clock = clock
         self._replica: dict[str, tuple[float, float, int]] = {}  # name -> (factor, when last observed, observations)
-        self._streak: dict[str, list[float]] = {}  # name -> its last free-regime residuals (at most SHIFT_AFTER)
+        self._streak: dict[str, deque[float]] = {}  # name -> its last SHIFT_AFTER free-regime residuals
 
     def get(self, pool: str, regime_: str = FREE, replica: str | None = None) -> float:
         """What a prediction for this pool in this regime (on this replica) is multiplied by (the regime's prior
@@ -153,9 +154,10 @@ class TtftCorrector:
         cost 0.3 points within the SLA)."""
         if regime_ != FREE:
             return None
-        seen = self._streak.setdefault(replica, [])
+        seen = self._streak.get(replica)
+        if seen is None:
+            seen = self._streak[replica] = deque(maxlen=SHIFT_AFTER)
         seen.append(residual)
-        del seen[:-SHIFT_AFTER]
         if len(seen) < SHIFT_AFTER:
             return None
         if all(r > SHIFT_RATIO * own for r in seen) or all(r * SHIFT_RATIO < own for r in seen):

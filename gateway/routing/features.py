@@ -76,6 +76,7 @@ def build_candidates(req: RoutingRequest, targets: Sequence[TargetInfo[R]], matc
     pool's alone)."""
     out: list[Candidate[R]] = []
     expected_out = req.max_output_tokens
+    pooled: dict[tuple[str, str], float] = {}  # (pool, regime) -> the pool's correction: one lookup, not one each
     for t in targets:
         chunks = matches.get(t.key, 0)
         cached = min(chunks * chunk_tokens, max(req.prompt_tokens - 1, 0))
@@ -84,8 +85,11 @@ def build_candidates(req: RoutingRequest, targets: Sequence[TargetInfo[R]], matc
         raw = predict_ttft(t.timing, load, uncached)
         reg = regime(t.timing, load)
         out_tokens = expected_out if expected_out is not None else t.timing.expected_output_tokens
-        pooled, own = correction(t.pool, reg, None), correction(t.pool, reg, t.name)
+        pool = pooled.get((t.pool, reg))
+        if pool is None:
+            pool = pooled[(t.pool, reg)] = correction(t.pool, reg, None)
+        own = correction(t.pool, reg, t.name)
         out.append(Candidate(t, chunks, cached, uncached, load, raw * own, raw,
                              request_cost(t.pricing, req.prompt_tokens, cached, out_tokens) / max(t.weight, 1e-9), reg,
-                             own / pooled if pooled > 0 else 1.0))
+                             own / pool if pool > 0 else 1.0))
     return out
