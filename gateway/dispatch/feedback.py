@@ -3,14 +3,16 @@ as an event from where it is known (tests/dispatch/test_one_writer.py keeps ever
 
 Request outcomes: the routing engine (`routing/engine.py`) says what changes — index confirm/correct/withdraw, load
 release, TTFT learning — and this module applies it and counts it in the metrics. The virtual-clock fleet applies
-the same engine's effects to its in-memory state (`apply_sync`), so there is one set of rules.
+the same engine's effects to its in-memory state (`apply_effects`), so there is one set of rules.
 
-- dispatched: a speculative index entry (short TTL) and the request's uncached tokens as queued prefill (awaited,
-  so the next decision sees them);
+- dispatched: a speculative index entry (short TTL; awaited, so the next decision anywhere finds it) and the
+  request's uncached tokens as queued prefill (in this instance's view at once);
 - first token: the entry is confirmed for the residency TTL; prefill load released; TTFT observed vs predicted;
 - usage: the engine's cached_tokens below the prediction -> the entries beyond the real hit are invalidated
   (stale state after a restart or a silent eviction corrects itself);
 - finished / failed: in-flight released; a failed attempt's speculative entries are withdrawn.
+Everything but the speculative entry reaches the shared store with the other writes no request waits for, one
+exchange for all that were made since the last (`gateway/write_behind.py`).
 
 Events from outside the request path:
 - replica facts (the engine poller): an index key out of use (a new incarnation, a DP split or merge) is dropped; the
@@ -28,19 +30,19 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Coroutine, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 from gateway.config import Routing
 from gateway.dispatch.outliers import LatencyOutliers
 from gateway.dispatch.replica_stats import ReplicaStats
 from gateway.observability.metrics import GatewayMetrics
 from gateway.prefix.index import PrefixIndex
-from gateway.routing.engine import Attempt, Effect, IndexDrop, IndexWrite, LoadDelta, RoutingEngine
-from gateway.routing.load import LoadTracker, MemoryLoadTracker, Reservations
+from gateway.routing.engine import Attempt, Effect, IndexWrite, LoadDelta, RoutingEngine
+from gateway.routing.load import LoadTracker, Reservations
 
 log = logging.getLogger("gateway.feedback")
 
-__all__ = ["Attempt", "Feedback", "apply_sync"]
+__all__ = ["Attempt", "Feedback", "apply_effects"]
 
 
 class Feedback:
@@ -77,33 +79,17 @@ class Feedback:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def _coros(self, effects: Sequence[Effect]) -> list[Coroutine[Any, Any, None]]:
-        out: list[Coroutine[Any, Any, None]] = []
-        for e in effects:
-            if isinstance(e, LoadDelta):  # mapped onto the tracker's three calls (its interface is shared)
-                if e.prefill_tokens > 0 or e.requests > 0:
-                    out.append(self.loads.add(e.replica, e.prefill_tokens, e.requests))
-                else:
-                    if e.prefill_tokens < 0:
-                        out.append(self.loads.prefill_done(e.replica, -e.prefill_tokens))
-                    if e.requests < 0:
-                        out.append(self.loads.finish(e.replica, -e.requests))
-            elif isinstance(e, IndexWrite):
-                out.append(self.index.insert(e.replica, e.hashes, e.ttl))
-            elif isinstance(e, IndexDrop) and e.hashes:
-                out.append(self.index.invalidate(e.replica, e.hashes))
-        return out
-
     def _apply(self, effects: Sequence[Effect]) -> None:
-        for c in self._coros(effects):
-            self._background(c)
+        apply_effects(effects, self.index, self.loads)
 
     async def dispatched(self, a: Attempt) -> None:
-        coros = self._coros(self.engine.dispatched(a))
-        if len(coros) == 1:  # the usual one (the load count): awaited here, not wrapped in a task by gather
-            await coros[0]
-        elif coros:
-            await asyncio.gather(*coros)
+        effects = self.engine.dispatched(a)
+        # the speculative entry is awaited: the next request with this prefix, decided a moment later here or on
+        # another instance, must find it in the shared index; the load is in this instance's view at once
+        apply_effects([e for e in effects if not isinstance(e, IndexWrite)], self.index, self.loads)
+        for e in effects:
+            if isinstance(e, IndexWrite):
+                await self.index.insert(e.replica, e.hashes, e.ttl)
         if self.reservations is not None:  # after: briefly counted twice rather than not at all
             self.reservations.release(a.req.request_id)
         share = self._share.get((a.pool, a.name))
@@ -186,26 +172,21 @@ class Feedback:
         self._background(self.approximate.drop_replica(key))
 
     def kv_removed(self, key: str, hashes: Sequence[int]) -> None:
-        self._background(self.approximate.invalidate(key, hashes))
+        self.approximate.invalidate_soon(key, hashes)
 
     async def drain(self) -> None:
         if self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        await asyncio.gather(self.index.settle(), self.approximate.settle(), self.loads.settle())
 
 
-class SyncIndex(Protocol):
-    """An in-memory index the fleet writes without awaiting (`MemoryPrefixIndex`, or the precise one around it)."""
-
-    def insert_sync(self, replica: str, hashes: Sequence[int], ttl: float) -> None: ...
-    def invalidate_sync(self, replica: str, hashes: Sequence[int]) -> None: ...
-
-
-def apply_sync(effects: Sequence[Effect], index: SyncIndex, loads: MemoryLoadTracker) -> None:
-    """Apply effects to in-memory state: the virtual-clock fleet's way (one process, no awaits)."""
+def apply_effects(effects: Sequence[Effect], index: PrefixIndex, loads: LoadTracker) -> None:
+    """Apply a request's effects: in this instance's view at once, in a shared store's copy with the other writes no
+    one waits for (`gateway/write_behind.py`); the virtual-clock fleet applies them to its in-memory state the same way."""
     for e in effects:
         if isinstance(e, LoadDelta):
             loads.apply(e.replica, e.prefill_tokens, e.requests)
         elif isinstance(e, IndexWrite):
-            index.insert_sync(e.replica, e.hashes, e.ttl)
-        else:
-            index.invalidate_sync(e.replica, e.hashes)
+            index.insert_soon(e.replica, e.hashes, e.ttl)
+        elif e.hashes:
+            index.invalidate_soon(e.replica, e.hashes)

@@ -106,6 +106,17 @@ class PreciseIndex:
         self.spec.invalidate_sync(replica, hashes)
         await self.inner.invalidate(replica, hashes)
 
+    def insert_soon(self, replica: str, hashes: Sequence[int], ttl: float) -> None:
+        self.spec.insert_sync(replica, hashes, ttl if ttl <= self.dispatch_ttl_s else self.lag_ttl_s)
+        self.inner.insert_soon(replica, hashes, ttl)
+
+    def invalidate_soon(self, replica: str, hashes: Sequence[int]) -> None:
+        self.spec.invalidate_sync(replica, hashes)
+        self.inner.invalidate_soon(replica, hashes)
+
+    async def settle(self) -> None:
+        await self.inner.settle()
+
     async def drop_replica(self, replica: str) -> None:
         self.spec.drop_replica_sync(replica)
         await self.inner.drop_replica(replica)

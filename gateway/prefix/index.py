@@ -21,6 +21,16 @@ class PrefixIndex(Protocol):
     async def invalidate(self, replica: str, hashes: Sequence[int]) -> None:
         """The replica does not hold these (the tail of a prefix beyond the engine's real hit)."""
 
+    def insert_soon(self, replica: str, hashes: Sequence[int], ttl: float) -> None:
+        """`insert` that no one waits for: in this instance's view at once, in the shared index with the other writes
+        staged meanwhile (`gateway/write_behind.py`)."""
+
+    def invalidate_soon(self, replica: str, hashes: Sequence[int]) -> None:
+        """`invalidate` that no one waits for, as `insert_soon`."""
+
+    async def settle(self) -> None:
+        """Every write made so far has reached the shared index (shutdown, tests)."""
+
     async def drop_replica(self, replica: str) -> None: ...
 
     def set_capacity(self, replica: str, chunks: int) -> None:

@@ -89,6 +89,15 @@ class MemoryPrefixIndex:
     async def invalidate(self, replica: str, hashes: Sequence[int]) -> None:
         self.invalidate_sync(replica, hashes)
 
+    def insert_soon(self, replica: str, hashes: Sequence[int], ttl: float) -> None:
+        self.insert_sync(replica, hashes, ttl)
+
+    def invalidate_soon(self, replica: str, hashes: Sequence[int]) -> None:
+        self.invalidate_sync(replica, hashes)
+
+    async def settle(self) -> None:
+        return None
+
     async def drop_replica(self, replica: str) -> None:
         self.drop_replica_sync(replica)
 

@@ -4,7 +4,9 @@ Data model (prefix `gw:` by default):
 - `gw:pfx:<hash>`: Redis hash, field replica -> expiry (ms since epoch); key TTL = the longest entry's.
 - `gw:lru:<replica>`: sorted set of the replica's hashes by last touch, trimmed to the replica's capacity; trimming
   removes the replica from those `pfx` keys.
-Lookup is one EVALSHA that walks the chain and returns each replica's longest leading run; a write is one EVALSHA.
+Lookup is one EVALSHA that walks the chain and returns each replica's longest leading run; a write is one EVALSHA,
+awaited (a dispatch's speculative entry: the next decision must find it) or staged with the writes no request waits
+for (a first token's confirmation, corrections), which go as one pipeline (`gateway/write_behind.py`).
 A chain goes to Redis as one argument, its hashes in decimal joined by commas, and the scripts name the `pfx` keys
 from it (as DROP_LUA always did): a 13k-token prompt is ~50 hashes, and as ~50 KEYS each call cost the client ~50
 key strings, encodings and protocol chunks, three calls a request (docs/results/2026-11-28-request-cpu.md).
@@ -18,15 +20,20 @@ index into fallback: only an outage or calls failing for a second with no succes
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import redis.asyncio as aioredis
+from redis.exceptions import NoScriptError
 
 from gateway.prefix.memory import MemoryPrefixIndex
 from gateway.shared_redis import REDIS_ERRORS, RedisGuard
+from gateway.write_behind import Flusher
+
+log = logging.getLogger("gateway.prefix")
 
 # ARGV: now_ms, pfx prefix, the chain's hashes (decimal, comma-separated, leading chunk first)
 MATCH_LUA = """
@@ -117,6 +124,8 @@ class RedisPrefixIndex:
         self.guard = guard or RedisGuard("prefix index", retry_after=retry_after)
         self._resync_lock = asyncio.Lock()
         self._pending: deque[tuple[str, str, list[int], float]] = deque(maxlen=10_000)  # writes made while Redis was away
+        self._staged: list[tuple[str, str, list[int], float]] = []  # writes no one waits for, sent together
+        self._writes = Flusher(self._send, "prefix-index-writes")
         self._scripts = {
             "match": client.register_script(MATCH_LUA),
             "insert": client.register_script(INSERT_LUA),
@@ -181,9 +190,68 @@ class RedisPrefixIndex:
         if hashes:
             await self._write("invalidate", replica, list(hashes), 0.0)
 
+    def insert_soon(self, replica: str, hashes: Sequence[int], ttl: float) -> None:
+        self.local.insert_sync(replica, hashes, ttl)
+        if hashes:
+            self._stage("insert", replica, list(hashes), ttl)
+
+    def invalidate_soon(self, replica: str, hashes: Sequence[int]) -> None:
+        self.local.invalidate_sync(replica, hashes)
+        if hashes:
+            self._stage("invalidate", replica, list(hashes), 0.0)
+
+    async def settle(self) -> None:
+        await self._writes.settle()
+
     async def drop_replica(self, replica: str) -> None:
         self.local.drop_replica_sync(replica)
         await self._write("drop", replica, [], 0.0)
+
+    def _stage(self, op: str, replica: str, hashes: list[int], ttl: float) -> None:
+        if not self.available:
+            self._pending.append((op, replica, hashes, ttl))
+            return
+        self._staged.append((op, replica, hashes, ttl))
+        self._writes.kick()
+
+    def _script_args(self, op: str, replica: str, hashes: list[int], ttl: float) -> tuple[str, list[str], list[Any]]:
+        lru = f"{self.lru}{replica}"
+        if op == "insert":
+            now_ms = int(self.clock() * 1000)
+            ttl_ms = int(ttl * 1000)
+            cap = self._capacity.get(replica, self.local.default_capacity)
+            return op, [lru], [replica, now_ms + ttl_ms, ttl_ms, now_ms, cap, self.pfx, chain_arg(hashes)]
+        if op == "invalidate":
+            return op, [lru], [replica, self.pfx, chain_arg(hashes)]
+        return op, [lru], [replica, self.pfx]
+
+    async def _send(self) -> None:
+        """The writes staged since the last exchange, as one pipeline of the same scripts, in the order made. A
+        script the server lost (a restart, SCRIPT FLUSH) is sent again on its own, which loads it; an outage queues
+        the batch for replay, as a failed write always was."""
+        batch, self._staged = self._staged, []
+        if not batch:
+            return
+        start = time.monotonic()
+        try:
+            async with asyncio.timeout(self.timeout):
+                pipe = self.r.pipeline(transaction=False)
+                for op in batch:
+                    name, keys, args = self._script_args(*op)
+                    pipe.evalsha(self._scripts[name].sha, len(keys), *keys, *args)
+                results = await pipe.execute(raise_on_error=False)
+            if self.on_rtt:
+                self.on_rtt(time.monotonic() - start)
+            self.guard.succeeded()
+        except REDIS_ERRORS as e:
+            self.guard.failed(e, start)
+            self._pending.extend(batch)
+            return
+        for op, res in zip(batch, results):
+            if isinstance(res, NoScriptError):
+                await self._write(*op)
+            elif isinstance(res, Exception):
+                log.warning("prefix index write failed: %s", res)
 
     async def _write(self, op: str, replica: str, hashes: list[int], ttl: float, replaying: bool = False) -> None:
         if not self.available and not replaying:
@@ -191,17 +259,7 @@ class RedisPrefixIndex:
             return
         start = time.monotonic()
         try:
-            lru = f"{self.lru}{replica}"
-            if op == "insert":
-                now_ms = int(self.clock() * 1000)
-                ttl_ms = int(ttl * 1000)
-                cap = self._capacity.get(replica, self.local.default_capacity)
-                await self._call("insert", [lru], [replica, now_ms + ttl_ms, ttl_ms, now_ms, cap, self.pfx,
-                                                   chain_arg(hashes)])
-            elif op == "invalidate":
-                await self._call("invalidate", [lru], [replica, self.pfx, chain_arg(hashes)])
-            else:
-                await self._call("drop", [lru], [replica, self.pfx])
+            await self._call(*self._script_args(op, replica, hashes, ttl))
         except REDIS_ERRORS as e:
             self.guard.failed(e, start)
             if not replaying:

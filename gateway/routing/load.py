@@ -2,9 +2,10 @@
 requests. `MemoryLoadTracker` is one instance's view; `RedisLoadTracker` sums every live instance's.
 
 Redis layout: `gw:load:<replica>` hash with fields `<gateway id>:p` (prefill tokens) and `<gateway id>:n`
-(requests), changed with HINCRBYFLOAT; `gw:gateways` sorted set of gateway ids by last heartbeat. Readers sum only
-gateways whose heartbeat is fresh, so a crashed instance's load disappears after `dead_after` seconds instead of
-leaking forever. Snapshots are cached for `snapshot_ttl` and local changes are applied on top at once.
+(requests), changed with HINCRBYFLOAT, the deltas applied since the last exchange sent together as one
+(`gateway/write_behind.py`: nothing on a request's path waits for them); `gw:gateways` sorted set of gateway ids by
+last heartbeat. Readers sum only gateways whose heartbeat is fresh, so a crashed instance's load disappears after
+`dead_after` seconds instead of leaking forever. Snapshots are cached for `snapshot_ttl` and local changes are applied on top at once.
 """
 
 from __future__ import annotations
@@ -21,15 +22,19 @@ import redis.asyncio as aioredis
 from gateway.background import BackgroundTask
 from gateway.prediction.ttft import LoadView
 from gateway.shared_redis import REDIS_ERRORS, RedisGuard
+from gateway.write_behind import Flusher
 
 log = logging.getLogger("gateway.load")
 
 
 class LoadTracker(Protocol):
     async def snapshot(self, names: Sequence[str]) -> dict[str, LoadView]: ...
-    async def add(self, name: str, prefill_tokens: float, requests: float = 1) -> None: ...
-    async def prefill_done(self, name: str, prefill_tokens: float) -> None: ...
-    async def finish(self, name: str, requests: float = 1) -> None: ...
+
+    def apply(self, name: str, prefill_tokens: float, requests: float) -> None:
+        """A delta (the routing engine's LoadDelta), in this instance's view at once; shared when convenient."""
+
+    async def settle(self) -> None:
+        """Every delta applied so far is shared (shutdown, tests)."""
 
 
 class MemoryLoadTracker:
@@ -41,22 +46,15 @@ class MemoryLoadTracker:
         return LoadView(max(0.0, self.prefill.get(name, 0.0)), max(0.0, self.requests.get(name, 0.0)))
 
     def apply(self, name: str, prefill_tokens: float, requests: float) -> None:
-        """Sync delta (the virtual-clock fleet applies the routing engine's LoadDelta effects with it)."""
+        """A delta (the routing engine's LoadDelta; the virtual-clock fleet's too)."""
         self.prefill[name] = self.prefill.get(name, 0.0) + prefill_tokens
         self.requests[name] = self.requests.get(name, 0.0) + requests
 
     async def snapshot(self, names: Sequence[str]) -> dict[str, LoadView]:
         return {n: self.view(n) for n in names}
 
-    async def add(self, name: str, prefill_tokens: float, requests: float = 1) -> None:
-        self.prefill[name] = self.prefill.get(name, 0.0) + prefill_tokens
-        self.requests[name] = self.requests.get(name, 0.0) + requests
-
-    async def prefill_done(self, name: str, prefill_tokens: float) -> None:
-        self.prefill[name] = self.prefill.get(name, 0.0) - prefill_tokens
-
-    async def finish(self, name: str, requests: float = 1) -> None:
-        self.requests[name] = self.requests.get(name, 0.0) - requests
+    async def settle(self) -> None:
+        return None
 
 
 class RedisLoadTracker:
@@ -74,6 +72,12 @@ class RedisLoadTracker:
         self._cache: dict[str, LoadView] = {}
         self._cache_at = 0.0
         self._pending: dict[str, tuple[float, float]] = {}  # deltas since the cached snapshot
+        # deltas not yet in Redis: staged, and in the exchange under way (write_behind.py)
+        self._unsent: dict[str, list[float]] = {}
+        self._sending: dict[str, list[float]] = {}
+        self._acked: list[dict[str, list[float]]] = []  # exchanges done while a snapshot was being read
+        self._reading = 0  # snapshots being read
+        self._writes = Flusher(self._send, "load-writes")
         # a single slow call reads this instance's view once; only an outage (or a hung Redis) switches to it
         self.guard = guard or RedisGuard("load")
         self._bg = BackgroundTask(self._heartbeat, "load-heartbeat")
@@ -85,6 +89,7 @@ class RedisLoadTracker:
         self._bg.start()
 
     async def stop(self) -> None:
+        await self.settle()
         await self._bg.stop()
         try:  # leave nothing behind
             async with asyncio.timeout(self.timeout):
@@ -106,7 +111,8 @@ class RedisLoadTracker:
             await asyncio.sleep(self.heartbeat_s)
 
     async def _publish_all(self) -> None:
-        """Write this instance's absolute load (repairs whatever was lost while Redis was away)."""
+        """Write this instance's absolute load (repairs whatever was lost while Redis was away, or raced)."""
+        self._unsent = {}  # the absolute values below include them
         pipe = self.r.pipeline(transaction=False)
         for name in set(self.local.prefill) | set(self.local.requests):
             v = self.local.view(name)
@@ -119,6 +125,7 @@ class RedisLoadTracker:
             self.guard.fallback("away")
             return await self.local.snapshot(names)
         if now - self._cache_at > self.snapshot_ttl or any(n not in self._cache for n in names):
+            self._reading += 1
             try:
                 async with asyncio.timeout(self.timeout):
                     pipe = self.r.pipeline(transaction=False)
@@ -130,6 +137,8 @@ class RedisLoadTracker:
             except REDIS_ERRORS as e:
                 self.guard.fallback(self.guard.failed(e, now))
                 return await self.local.snapshot(names)
+            finally:
+                self._reading -= 1
             live = {g.decode() if isinstance(g, bytes) else g for g in res[0]} | {self.id}
             cache = {}
             for n, fields in zip(names, res[1:]):
@@ -143,7 +152,17 @@ class RedisLoadTracker:
                         else:
                             q += float(v)
                 cache[n] = LoadView(max(0.0, p), max(0.0, q))
-            self._cache, self._cache_at, self._pending = cache, now, {}
+            # what this instance applied that Redis may not have had when it answered stays on top of it: deltas
+            # not sent, under way, or acknowledged while this read was (replies on two connections come in either
+            # order). One that made it may count twice until the next snapshot: briefly too much, never too little.
+            pending: dict[str, tuple[float, float]] = {}
+            for deltas in (*self._acked, self._sending, self._unsent):
+                for n, (dp, dq) in deltas.items():
+                    p0, q0 = pending.get(n, (0.0, 0.0))
+                    pending[n] = (p0 + dp, q0 + dq)
+            if not self._reading:
+                self._acked = []
+            self._cache, self._cache_at, self._pending = cache, now, pending
         out = {}
         for n in names:
             v = self._cache.get(n, LoadView())
@@ -151,35 +170,47 @@ class RedisLoadTracker:
             out[n] = LoadView(max(0.0, v.queued_prefill_tokens + dp), max(0.0, v.inflight + dq))
         return out
 
-    async def _incr(self, name: str, dp: float, dq: float) -> None:
+    def apply(self, name: str, prefill_tokens: float, requests: float) -> None:
+        self.local.apply(name, prefill_tokens, requests)
         p0, q0 = self._pending.get(name, (0.0, 0.0))
-        self._pending[name] = (p0 + dp, q0 + dq)
+        self._pending[name] = (p0 + prefill_tokens, q0 + requests)
         if not self.guard.available:
             return  # the heartbeat republishes this instance's absolute load once Redis answers
+        d = self._unsent.get(name)
+        if d is None:
+            d = self._unsent[name] = [0.0, 0.0]
+        d[0] += prefill_tokens
+        d[1] += requests
+        self._writes.kick()
+
+    async def _send(self) -> None:
+        """One exchange for every delta staged since the last (a request's add and its first token's release, if
+        both are staged, cancel out and send nothing)."""
+        batch, self._unsent = self._unsent, {}
+        fields = [(self._key(n), f"{self.id}:{kind}", v) for n, (dp, dq) in batch.items()
+                  for kind, v in (("p", dp), ("n", dq)) if v]
+        if not fields:
+            return
+        self._sending = batch
         start = time.monotonic()
         try:
             async with asyncio.timeout(self.timeout):
-                if dp and dq:  # both in one exchange
+                if len(fields) == 1:  # no pipeline object for one command (a quiet instance's usual)
+                    await self.r.hincrbyfloat(*fields[0])
+                else:
                     pipe = self.r.pipeline(transaction=False)
-                    pipe.hincrbyfloat(self._key(name), f"{self.id}:p", dp)
-                    pipe.hincrbyfloat(self._key(name), f"{self.id}:n", dq)
+                    for key, field, v in fields:
+                        pipe.hincrbyfloat(key, field, v)
                     await pipe.execute()
-                elif dp or dq:  # one command: no pipeline object (a first token's, a finish's)
-                    await self.r.hincrbyfloat(self._key(name), f"{self.id}:{'p' if dp else 'n'}", dp or dq)
-        except REDIS_ERRORS as e:  # a lost delta is repaired by the next heartbeat's absolute publish
+            if self._reading:
+                self._acked.append(batch)
+        except REDIS_ERRORS as e:  # lost deltas are repaired by the next heartbeat's absolute publish
             self.guard.failed(e, start)
+        finally:
+            self._sending = {}
 
-    async def add(self, name: str, prefill_tokens: float, requests: float = 1) -> None:
-        await self.local.add(name, prefill_tokens, requests)
-        await self._incr(name, prefill_tokens, requests)
-
-    async def prefill_done(self, name: str, prefill_tokens: float) -> None:
-        await self.local.prefill_done(name, prefill_tokens)
-        await self._incr(name, -prefill_tokens, 0.0)
-
-    async def finish(self, name: str, requests: float = 1) -> None:
-        await self.local.finish(name, requests)
-        await self._incr(name, 0.0, -requests)
+    async def settle(self) -> None:
+        await self._writes.settle()
 
 
 class Reservations:

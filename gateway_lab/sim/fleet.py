@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.config import GpuHourPricing, PerTokenPricing, PoolTiming, Routing
-from gateway.dispatch.feedback import apply_sync
+from gateway.dispatch.feedback import apply_effects
 from gateway.flow.controller import FairTags, FlowController, Refusal, Ticket
 from gateway.flow.gate import Pass, bound, budget_s, late, meets_sla, placed_cost, tightened, verdict
 from gateway.flow.preempt import choose
@@ -296,7 +296,7 @@ class Fleet:
             vr.rank.abort(sim_req, self.loop.now)
             # as a request that failed before its first token: its speculative index entries are withdrawn (what it
             # prefilled is in the rank's cache all the same; the usage report would have told the index)
-            apply_sync(owner.engine.finished(a, failed=True), owner.index, owner.loads)
+            apply_effects(owner.engine.finished(a, failed=True), owner.index, owner.loads)
             self.records.remove(rec)
             ctl.requeue(v, self.loop.now)
         return True
@@ -322,7 +322,7 @@ class Fleet:
                      info.self_hosted, feats[chosen.name].ttft, feats[chosen.name].ttft_raw, tenant=req.tenant,
                      queued_s=now - arrived, preempted=ticket.preempted if ticket is not None else 0)
         self.records.append(rec)
-        apply_sync(eng.dispatched(a), inst.index, inst.loads)
+        apply_effects(eng.dispatched(a), inst.index, inst.loads)
         vr = self.ranks[info.name]
         cfg = vr.rank.cfg
         t_api = cfg.timing.t_api
@@ -345,7 +345,7 @@ class Fleet:
                 ttft = ev.time + t_api - now  # what the engine took: the corrector learns its own prediction's error
 
                 def first() -> None:
-                    apply_sync(eng.first_token(a, ttft), inst.index, inst.loads)
+                    apply_effects(eng.first_token(a, ttft), inst.index, inst.loads)
                     if inst.flow is not None and len(inst.flow):
                         self._pump(inst)
 
@@ -357,8 +357,8 @@ class Fleet:
                 def done() -> None:
                     corrected = eng.usage(a, cached) if info.prefix_cache else []
                     self.corrections += bool(corrected)
-                    apply_sync(corrected, inst.index, inst.loads)
-                    apply_sync(eng.finished(a), inst.index, inst.loads)
+                    apply_effects(corrected, inst.index, inst.loads)
+                    apply_effects(eng.finished(a), inst.index, inst.loads)
                     if inst.flow is not None and len(inst.flow):
                         self._pump(inst)
 

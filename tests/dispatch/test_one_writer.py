@@ -11,8 +11,8 @@ ROOT = Path(__file__).resolve().parents[2]
 GATEWAY = ROOT / "gateway"
 
 # names only an index uses; `insert` is also a list's, so it counts on a receiver that names an index
-INDEX_WRITES = {"invalidate", "drop_replica", "set_capacity", "invalidate_sync", "drop_replica_sync"}
-INDEX_INSERTS = {"insert", "insert_sync"}
+INDEX_WRITES = {"invalidate", "drop_replica", "set_capacity", "invalidate_sync", "drop_replica_sync", "invalidate_soon"}
+INDEX_INSERTS = {"insert", "insert_sync", "insert_soon"}
 LOAD_WRITES = {"add", "prefill_done", "finish", "apply"}  # on a receiver whose name says load
 WRITER = "dispatch/feedback.py"
 # the implementations themselves (each writes its own parts, or the index it wraps)
@@ -59,6 +59,8 @@ def test_the_rule_sees_the_writes_it_forbids() -> None:
            "    await self.inner.drop_replica(k)\n"
            "    await self.loads.add(n, 1, 1)\n"
            "    await self.index.insert(k, [1], 9)\n"
+           "    self.index.insert_soon(k, [1], 9)\n"
+           "    self.approximate.invalidate_soon(k, [1])\n"
            "    xs.add(1)\n"
            "    xs.insert(0, 1)\n")
-    assert sorted(line for line, _ in writes(src)) == [2, 3, 4, 5, 6, 7, 8, 9]
+    assert sorted(line for line, _ in writes(src)) == [2, 3, 4, 5, 6, 7, 8, 9, 10, 11]

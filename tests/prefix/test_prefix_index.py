@@ -136,3 +136,57 @@ def test_redis_layout_is_the_shared_one(redis_server):
         await client.aclose()
 
     asyncio.run(go())
+
+
+def test_writes_no_one_waits_for_go_together_in_order(redis_server):
+    """`insert_soon`/`invalidate_soon`: in this instance's mirror at once; in Redis, in the order made, as one
+    pipeline per exchange (a first token's confirmation and a usage correction of many requests); a script the
+    server lost is loaded again and the write not lost."""
+    async def go():
+        c1, c2 = aioredis.from_url(redis_server.url), aioredis.from_url(redis_server.url)
+        prefix = f"wb{time.monotonic_ns()}:"
+        a, b = RedisPrefixIndex(c1, prefix=prefix), RedisPrefixIndex(c2, prefix=prefix)
+        await a.insert("r9@1", [999], ttl=60)  # the scripts loaded, as after a gateway's first requests
+        await a.invalidate("r9@1", [999])
+        exchanges: list[float] = []
+        a.on_rtt = exchanges.append
+        for i in range(20):
+            a.insert_soon(f"r{i % 2}@1", [i, i + 100], ttl=60)
+        a.invalidate_soon("r0@1", [100])  # after the insert of [0, 100] on r0: the order holds
+        assert a.local.match_sync([0, 100], ["r0@1"]) == {"r0@1": 1}  # the mirror at once
+        await a.settle()
+        assert len(exchanges) == 1  # 21 writes, one exchange
+        assert await b.match([0, 100], ["r0@1"]) == {"r0@1": 1}
+        assert await b.match([19, 119], ["r1@1", "r0@1"]) == {"r1@1": 2}
+        await c1.script_flush()  # the server forgets the scripts (a restart): the writes reload them
+        a.insert_soon("r5@1", [7, 8, 9], ttl=60)
+        await a.settle()
+        assert await b.match([7, 8, 9], ["r5@1"]) == {"r5@1": 3}
+        await c1.aclose()
+        await c2.aclose()
+
+    asyncio.run(go())
+
+
+def test_writes_no_one_waits_for_survive_an_outage():
+    srv = RedisServer()
+    try:
+        async def go():
+            client = aioredis.from_url(srv.url, socket_connect_timeout=0.2)
+            idx = RedisPrefixIndex(client, prefix="wo:", timeout=0.3, retry_after=0.2)
+            idx.insert_soon("r@1", [1, 2], ttl=60)
+            await idx.settle()
+            srv.kill()
+            idx.insert_soon("r@1", [3, 4], ttl=60)  # the exchange fails: queued for replay
+            await idx.settle()
+            assert await idx.match([3, 4], ["r@1"]) == {"r@1": 2}  # from the mirror meanwhile
+            srv.start()
+            wait_until(lambda: idx.available, timeout=5, what="the index to retry Redis")
+            assert await idx.match([3, 4], ["r@1"]) == {"r@1": 2}  # replayed before this lookup
+            other = RedisPrefixIndex(aioredis.from_url(srv.url), prefix="wo:")
+            assert await other.match([3, 4], ["r@1"]) == {"r@1": 2}
+            await client.aclose()
+
+        asyncio.run(go())
+    finally:
+        srv.stop()

@@ -9,7 +9,7 @@ import random
 import pytest
 
 from gateway.config import GatewayConfig, parse_config
-from gateway.dispatch.feedback import Attempt, Feedback, apply_sync
+from gateway.dispatch.feedback import Attempt, Feedback, apply_effects
 from gateway.observability.metrics import GatewayMetrics
 from gateway.prefix.memory import MemoryPrefixIndex
 from gateway.recording.trace import BLOCK_TOKENS, TraceRecord
@@ -87,7 +87,7 @@ def test_replay_and_gateway_make_the_same_decision_for_the_same_inputs(policy: s
 
 
 def test_gateway_feedback_applies_exactly_the_engines_effects() -> None:
-    """Feedback (async, the gateway's) and apply_sync (the fleet's) leave the same index and load after the same
+    """Feedback (async, the gateway's) and apply_effects (the fleet's) leave the same index and load after the same
     outcomes: dispatch, first token, a correction, a failure before the first token."""
     cfg = gateway_config("prefix_sla_cost")
     targets = targets_from_config(cfg)
@@ -120,16 +120,16 @@ def test_gateway_feedback_applies_exactly_the_engines_effects() -> None:
     ok, failed = Attempt(req, d.chosen, d), Attempt(req, d.ranked[1], d)
     e1 = engine2.dispatched(ok)
     assert LoadDelta(infos[0].name, req.prompt_tokens - 20 * 256, 1) in e1 and any(isinstance(e, IndexWrite) for e in e1)
-    apply_sync(e1, fx_index, fx_loads)
-    apply_sync(engine2.first_token(ok, 1.0), fx_index, fx_loads)
+    apply_effects(e1, fx_index, fx_loads)
+    apply_effects(engine2.first_token(ok, 1.0), fx_index, fx_loads)
     corr = engine2.usage(ok, 5 * 256)
     assert corr == [IndexDrop(infos[0].key, hashes[5:20], "correct")]
-    apply_sync(corr, fx_index, fx_loads)
-    apply_sync(engine2.finished(ok), fx_index, fx_loads)
-    apply_sync(engine2.dispatched(failed), fx_index, fx_loads)
+    apply_effects(corr, fx_index, fx_loads)
+    apply_effects(engine2.finished(ok), fx_index, fx_loads)
+    apply_effects(engine2.dispatched(failed), fx_index, fx_loads)
     withdraw = engine2.finished(failed, failed=True)
     assert IndexDrop(infos[1].key, hashes, "withdraw") in withdraw
-    apply_sync(withdraw, fx_index, fx_loads)
+    apply_effects(withdraw, fx_index, fx_loads)
     for idx in (fb_index, fx_index):
         assert idx.match_sync(hashes) == {infos[0].key: 5}  # confirmed then corrected down to the real hit
     assert {i.name: fb_loads.view(i.name) for i in infos} == {i.name: fx_loads.view(i.name) for i in infos}
