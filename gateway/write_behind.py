@@ -18,6 +18,13 @@ from collections.abc import Awaitable, Callable
 log = logging.getLogger("gateway.write_behind")
 
 
+def exchange_bound(call_timeout: float, writes: int) -> float:
+    """The time bound of an exchange carrying `writes` writes: one call's bound per four writes, at least one call's,
+    at most a second (unless one call's is more). No request waits on it; the bound only notices a Redis that stopped
+    answering, and a batch that timed out is replayed, so it must not be one call's bound when it carries fifty."""
+    return max(call_timeout, min(call_timeout * writes / 4, 1.0))
+
+
 class Flusher:
     """Runs `send` soon after `kick`, never two at once. `send` must take everything staged when it starts (before
     its first await), and must handle its store's errors itself: a failed exchange is the store's to repair."""

@@ -15,6 +15,8 @@ events; `--redis` gives the gateway a private redis-server for its prefix index,
 `--chunk-interval-ms` spaces the stub's events (one event per network read, as an engine decoding sends them).
 `--cpu-only`: no profiler; the gateway process's real CPU per request over the same loop (procfs, as fleet_trace).
 `--idle-seconds S` (with `--cpu-only`): the idle gateway's CPU over S seconds first, and the per-request figure net of it.
+`--concurrency N`: N closed-loop clients instead of one (where the gateway's writes to Redis can batch). With
+`--redis` it also prints Redis calls per request by command (the private server's count over the loop).
 
 Prints the function calls per request (a count: the same on a busy machine), the profiled CPU per request (cProfile
 inflates it several times over, so compare it only within one machine and one load), the CPU by area, and the
@@ -109,6 +111,18 @@ def request(a: argparse.Namespace) -> tuple[bytes, str]:
                          "stream_options": {"include_usage": True}, "ignore_eos": True}), "/v1/completions"
 
 
+def redis_commands(port: int) -> dict[str, int]:
+    """Calls per command on the private redis-server (INFO commandstats; a script's own calls are counted under
+    theirs, so EVALSHA counts the scripts the gateway ran and HINCRBYFLOAT its load writes)."""
+    import redis as sync_redis
+
+    client = sync_redis.Redis(port=port)
+    try:
+        return {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in client.info("commandstats").items()}
+    finally:
+        client.close()
+
+
 def _short(path: str) -> str:
     for cut in ("site-packages/", "/lib/python3.11/"):
         if cut in path:
@@ -130,6 +144,7 @@ def main() -> None:
                    "streamed with usage (the conversation trace's request); 0: the overhead benchmark's chat")
     p.add_argument("--redis", action="store_true", help="a private redis-server for the prefix index (as fleet_trace)")
     p.add_argument("--redis-port", type=int, default=18590)
+    p.add_argument("--concurrency", type=int, default=1, help="closed-loop clients (requests in flight at once)")
     p.add_argument("--chunk-interval-ms", type=float, default=0.0, help="the stub's pause between events")
     p.add_argument("--idle-seconds", type=float, default=0.0, help="with --cpu-only: first the gateway's CPU over this "
                    "long with no request, subtracted from the loop's for the time it ran (its timers and polls)")
@@ -169,10 +184,15 @@ def main() -> None:
             idle = (cpu_seconds(gw.pid) - cpu0) / a.idle_seconds
         if not a.cpu_only:
             os.kill(gw.pid, signal.SIGUSR1)
+        commands0 = redis_commands(a.redis_port) if redis is not None else {}
         cpu0, t0 = cpu_seconds(gw.pid), time.monotonic()
-        lat, errors = asyncio.run(raw_client.closed_loop([f"http://127.0.0.1:{a.port}"], raw, headers, 1, a.seconds,
-                                                         path=path))
+        lat, errors = asyncio.run(raw_client.closed_loop([f"http://127.0.0.1:{a.port}"], raw, headers, a.concurrency,
+                                                         a.seconds, path=path))
         cpu, ran = cpu_seconds(gw.pid) - cpu0, time.monotonic() - t0
+        # what a request asked of Redis: the private server's calls per command over the loop (the gateway is its
+        # only client; a pipeline's commands count one each: commands, not round trips)
+        commands1 = redis_commands(a.redis_port) if redis is not None else {}
+        commands = {k: v - commands0.get(k, 0) for k, v in commands1.items() if v > commands0.get(k, 0)}
         if not a.cpu_only:
             os.kill(gw.pid, signal.SIGUSR2)
             deadline = time.time() + 30
@@ -189,12 +209,18 @@ def main() -> None:
         what = (f"completions, {a.prompt_tokens}-token prompt ({len(raw) / 1024:.0f} KiB body), streamed with usage, "
                 f"{a.tokens} events")
     print(f"{'CPU' if a.cpu_only else 'cProfile (process CPU clock)'} of {'the gateway at ' + a.checkout if a.checkout else 'this gateway'}: "
-          f"{what}, prefix index {'in Redis' if a.redis else 'in memory'}, concurrency 1, {a.seconds:.0f} s, "
-          f"{errors} errors; load average {os.getloadavg()[0]:.2f}\n")
+          f"{what}, prefix index {'in Redis' if a.redis else 'in memory'}, concurrency {a.concurrency}, "
+          f"{a.seconds:.0f} s, {errors} errors; load average {os.getloadavg()[0]:.2f}\n")
+    if redis is not None:
+        n = max(len(lat), 1)
+        print("Redis calls per request (the server's count over the loop, the heartbeat's included; a script's own "
+              "calls under it): " + ", ".join(f"{k} {v / n:.2f}" for k, v in sorted(commands.items())
+                                              if k in ("evalsha", "hincrbyfloat", "hgetall", "zadd", "zrangebyscore",
+                                                       "hset", "get", "set", "incrbyfloat", "eval")))
     if a.cpu_only:
         lat.sort()
         print(f"{len(lat)} requests: {cpu * 1000 / max(len(lat), 1):.3f} ms of the gateway's CPU per request (no "
-              f"profiler), latency p50 {lat[len(lat) // 2] * 1000 if lat else 0:.2f} ms")
+              f"profiler), {len(lat) / ran:.1f} req/s, latency p50 {lat[len(lat) // 2] * 1000 if lat else 0:.2f} ms")
         if a.idle_seconds:
             print(f"idle: {idle * 1000:.2f} ms of CPU per second; net of it over the loop's {ran:.1f} s: "
                   f"{(cpu - idle * ran) * 1000 / max(len(lat), 1):.3f} ms per request")

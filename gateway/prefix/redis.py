@@ -31,7 +31,7 @@ from redis.exceptions import NoScriptError
 
 from gateway.prefix.memory import MemoryPrefixIndex
 from gateway.shared_redis import REDIS_ERRORS, RedisGuard
-from gateway.write_behind import Flusher
+from gateway.write_behind import Flusher, exchange_bound
 
 log = logging.getLogger("gateway.prefix")
 
@@ -234,7 +234,7 @@ class RedisPrefixIndex:
             return
         start = time.monotonic()
         try:
-            async with asyncio.timeout(self.timeout):
+            async with asyncio.timeout(exchange_bound(self.timeout, len(batch))):
                 pipe = self.r.pipeline(transaction=False)
                 for op in batch:
                     name, keys, args = self._script_args(*op)

@@ -22,7 +22,7 @@ import redis.asyncio as aioredis
 from gateway.background import BackgroundTask
 from gateway.prediction.ttft import LoadView
 from gateway.shared_redis import REDIS_ERRORS, RedisGuard
-from gateway.write_behind import Flusher
+from gateway.write_behind import Flusher, exchange_bound
 
 log = logging.getLogger("gateway.load")
 
@@ -194,7 +194,7 @@ class RedisLoadTracker:
         self._sending = batch
         start = time.monotonic()
         try:
-            async with asyncio.timeout(self.timeout):
+            async with asyncio.timeout(exchange_bound(self.timeout, len(fields))):
                 if len(fields) == 1:  # no pipeline object for one command (a quiet instance's usual)
                     await self.r.hincrbyfloat(*fields[0])
                 else:
