@@ -137,7 +137,7 @@ class Dispatcher:
             call = UpstreamCall(endpoint, adapt_body(body, target, stream, tenant, level), stream, request_id,
                                 first_byte, routing=req)
             try:
-                await self.feedback.dispatched(attempt)
+                self.feedback.dispatched(attempt)
                 attempt.sent_at = time.monotonic()
                 opened = await self._attempt(target, call, attempt, bp, tries.count, parent)
             except AttemptFailed as e:

@@ -5,14 +5,13 @@ Request outcomes: the routing engine (`routing/engine.py`) says what changes —
 release, TTFT learning — and this module applies it and counts it in the metrics. The virtual-clock fleet applies
 the same engine's effects to its in-memory state (`apply_effects`), so there is one set of rules.
 
-- dispatched: a speculative index entry (short TTL; awaited, so the next decision anywhere finds it) and the
-  request's uncached tokens as queued prefill (in this instance's view at once);
+- dispatched: a speculative index entry (short TTL) and the request's uncached tokens as queued prefill;
 - first token: the entry is confirmed for the residency TTL; prefill load released; TTFT observed vs predicted;
 - usage: the engine's cached_tokens below the prediction -> the entries beyond the real hit are invalidated
   (stale state after a restart or a silent eviction corrects itself);
 - finished / failed: in-flight released; a failed attempt's speculative entries are withdrawn.
-Everything but the speculative entry reaches the shared store with the other writes no request waits for, one
-exchange for all that were made since the last (`gateway/write_behind.py`).
+Each is in this instance's view at once and reaches the shared store with the other writes no request waits for,
+one exchange for all that were made since the last (`gateway/write_behind.py`).
 
 Events from outside the request path:
 - replica facts (the engine poller): an index key out of use (a new incarnation, a DP split or merge) is dropped; the
@@ -82,14 +81,12 @@ class Feedback:
     def _apply(self, effects: Sequence[Effect]) -> None:
         apply_effects(effects, self.index, self.loads)
 
-    async def dispatched(self, a: Attempt) -> None:
-        effects = self.engine.dispatched(a)
-        # the speculative entry is awaited: the next request with this prefix, decided a moment later here or on
-        # another instance, must find it in the shared index; the load is in this instance's view at once
-        apply_effects([e for e in effects if not isinstance(e, IndexWrite)], self.index, self.loads)
-        for e in effects:
-            if isinstance(e, IndexWrite):
-                await self.index.insert(e.replica, e.hashes, e.ttl)
+    def dispatched(self, a: Attempt) -> None:
+        """The load and the speculative prefix entry: in this instance's view at once, in the shared store with the
+        next exchange (sent on the loop's next turn when none is under way). Awaiting the entry held the upstream
+        send for a round trip and showed it to no one sooner: a request decided meanwhile anywhere misses it
+        either way."""
+        self._apply(self.engine.dispatched(a))
         if self.reservations is not None:  # after: briefly counted twice rather than not at all
             self.reservations.release(a.req.request_id)
         share = self._share.get((a.pool, a.name))

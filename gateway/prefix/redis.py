@@ -5,8 +5,8 @@ Data model (prefix `gw:` by default):
 - `gw:lru:<replica>`: sorted set of the replica's hashes by last touch, trimmed to the replica's capacity; trimming
   removes the replica from those `pfx` keys.
 Lookup is one EVALSHA that walks the chain and returns each replica's longest leading run; a write is one EVALSHA,
-awaited (a dispatch's speculative entry: the next decision must find it) or staged with the writes no request waits
-for (a first token's confirmation, corrections), which go as one pipeline (`gateway/write_behind.py`).
+and a request's writes (a dispatch's speculative entry, a first token's confirmation, corrections) are staged with
+every other write made since the last exchange and go as one pipeline (`gateway/write_behind.py`).
 A chain goes to Redis as one argument, its hashes in decimal joined by commas, and the scripts name the `pfx` keys
 from it (as DROP_LUA always did): a 13k-token prompt is ~50 hashes, and as ~50 KEYS each call cost the client ~50
 key strings, encodings and protocol chunks, three calls a request (docs/results/2026-11-28-request-cpu.md).

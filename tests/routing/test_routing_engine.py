@@ -104,11 +104,11 @@ def test_gateway_feedback_applies_exactly_the_engines_effects() -> None:
     async def gateway_side() -> None:
         d = engine.decide(req, infos, fb_index.match_sync(hashes), {i.name: fb_loads.view(i.name) for i in infos})
         ok, failed = Attempt(req, d.chosen, d), Attempt(req, d.ranked[1], d)
-        await fb.dispatched(ok)
+        fb.dispatched(ok)
         fb.first_token(ok, 1.0)
         fb.usage(ok, 5 * 256)  # the engine held far less than predicted: a correction
         fb.finished(ok)
-        await fb.dispatched(failed)
+        fb.dispatched(failed)
         fb.finished(failed, failed=True)
         await fb.drain()
 
@@ -194,7 +194,7 @@ def test_the_correction_learns_what_the_target_took_not_the_gateways_wait() -> N
         a = Attempt(req, d.chosen, d)
 
         async def run(a: Attempt = a, fb: Feedback = fb, wait: float = wait) -> None:
-            await fb.dispatched(a)
+            fb.dispatched(a)
             a.sent_at = 100.0
             # the engine took twice its raw prediction; the client waited that plus the gateway's `wait`
             engine_took = 2 * a.ttft_raw
