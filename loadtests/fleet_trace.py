@@ -73,6 +73,14 @@ async def run_target(a: argparse.Namespace, work: Path, name: str, redis_url: st
         for p in procs:
             p.wait_ready(300)
         await warm_up(urls[0])
+        # the router's own background (its polls of the engines, heartbeats, timers) with no request in flight:
+        # what of the CPU column it pays whatever the traffic
+        idle_s = getattr(a, "idle_s", 0.0)
+        idle = 0.0
+        if idle_s:
+            c0 = sum(cpu_seconds(p.pid) for p in procs)
+            await asyncio.sleep(idle_s)
+            idle = (sum(cpu_seconds(p.pid) for p in procs) - c0) / idle_s
         async with httpx.AsyncClient(timeout=30, trust_env=False) as c:
             before = await engine_tokens(c, mi)
         # the bar lives in this client process (router CPU below is the routers' processes); opened and closed
@@ -95,6 +103,9 @@ async def run_target(a: argparse.Namespace, work: Path, name: str, redis_url: st
     s["hit_usage"] = s.pop("hit_rate")
     s["engine_hit"] = (after[1] - before[1]) / max(after[0] - before[0], 1.0)
     s["cpu_ms_per_req"] = cpu / max(len(res), 1) * 1000
+    if idle_s:
+        s["idle_cpu_ms_per_s"] = idle * 1000
+        s["idle_ms_per_req"] = idle * wall / max(len(res), 1) * 1000  # the idle rate over the replay's wall time
     s["wall_s"] = wall
     s["errors"] = _errors(res)
     s["load_avg"] = os.getloadavg()
@@ -151,12 +162,15 @@ async def main_async(a: argparse.Namespace) -> None:
     rows = [[name, s["requests"], s["ok"], s["failed"], f"{s['engine_hit'] * 100:.1f}%",
              f"{s['engine_hit'] / bounds['lru'] * 100:.0f}%" if bounds["lru"] else "-", f"{s['ttft_p50']:.2f}",
              f"{s['ttft_p95']:.2f}", f"{s['ttft_p99']:.2f}", f"{s['within_sla'] * 100:.1f}%",
-             f"{s['cpu_ms_per_req']:.2f}", f"{s['send_lag_p95']:.2f}", f"{s['wall_s']:.0f}"]
+             f"{s['cpu_ms_per_req']:.2f}",
+             *([f"{s['idle_cpu_ms_per_s']:.1f}", f"{s['idle_ms_per_req']:.2f}"] if a.idle_s else []),
+             f"{s['send_lag_p95']:.2f}", f"{s['wall_s']:.0f}"]
             for name, s in results.items()]
     load = " / ".join(f"{x:.2f}" for x in os.getloadavg())
     print(f"\n{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load average {load} (1/5/15 min)\n{head}")
     print(table(["target", "requests", "ok", "failed", "hit (engines)", "of LRU bound", "TTFT p50", "TTFT p95",
-                 "TTFT p99", f"TTFT<={a.sla}s", "router CPU ms/req", "send lag p95", "wall s"], rows))
+                 "TTFT p99", f"TTFT<={a.sla}s", "router CPU ms/req",
+                 *(["idle CPU ms/s", "of it idle ms/req"] if a.idle_s else []), "send lag p95", "wall s"], rows))
     png = plot_trace_targets(Path(a.png) if a.png else OUT / f"{a.out}.png", results, bounds, a.sla,
                              f"{2 * a.nodes} MI355X ranks over HTTP, {len(sl)} requests of the conversation trace "
                              f"({a.slice_s / 60:g} min, time scale {a.time_scale:g})")
@@ -183,6 +197,9 @@ def fleet_args(p: argparse.ArgumentParser, *, slice_s: float, time_scale: float)
     p.add_argument("--routing-set", action="append", metavar="KEY=VALUE",
                    help="a routing setting for this router (repeatable), e.g. recompute_weight=0")
     p.add_argument("--concurrency", type=int, default=1024, help="most requests in flight")
+    p.add_argument("--idle-s", type=float, default=0.0, help="first each router's CPU over this long with no request "
+                   "(its polls, heartbeats, timers): columns idle CPU ms/s and the share of router CPU per request "
+                   "it accounts for over the replay")
 
 
 def ports(p: argparse.ArgumentParser) -> None:

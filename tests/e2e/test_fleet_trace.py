@@ -34,7 +34,7 @@ def test_fleet_trace_replays_a_slice_through_the_gateway(tmp_path: Path) -> None
     r = subprocess.run([sys.executable, "-m", "loadtests.fleet_trace", "--trace", str(trace), "--slice-s", "60",
                         "--nodes", "1", "--time-scale", "20", "--targets", "this router", "--out", str(tmp_path / "r"),
                         "--png", str(tmp_path / "r.png"), "--port", str(port), "--sim-port", str(sim_port),
-                        "--redis-port", str(redis_port)], capture_output=True, text=True, timeout=120)
+                        "--redis-port", str(redis_port), "--idle-s", "1"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     res = json.loads((tmp_path / "r.json").read_text())
     s = res["results"]["this router"]
@@ -42,3 +42,4 @@ def test_fleet_trace_replays_a_slice_through_the_gateway(tmp_path: Path) -> None
     assert s["engine_hit"] > 0.3  # later turns found their session's earlier blocks on the replica it went to
     assert res["bounds"]["ideal"] > s["engine_hit"] * 0.9
     assert "this router |" in r.stdout and (tmp_path / "r.png").stat().st_size > 10_000
+    assert s["idle_cpu_ms_per_s"] > 0 and "idle CPU ms/s" in r.stdout  # the router's own background, measured
