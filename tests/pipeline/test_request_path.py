@@ -453,7 +453,10 @@ def test_load_view_returns_to_zero_after_any_mix_of_outcomes(shared, redis_serve
             wait_until(lambda gw=gw: idle(gw), timeout=10, what=f"{shared} load view back to 0")
         prompt = [{"role": "user", "content": "a fresh prompt about routing " * 80}]
         routes = [post(gws[-1].urls[0], chat(messages=prompt)).headers["x-gateway-route"] for _ in range(2)]
-        assert routes == ["cold_ring", "prefix_hit"], routes
+        # a cold prompt placed on its ring, or away from a replica whose own answers ran over twice their
+        # prediction (`slow_replica`: on a busy machine one of the two in-process simulators can be), never as if
+        # the fleet were full; the second turn finds the first's prefix
+        assert routes[0] in ("cold_ring", "slow_replica") and routes[1] == "prefix_hit", routes
     finally:
         for gw in gws:
             gw.stop()
