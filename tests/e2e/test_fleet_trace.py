@@ -42,4 +42,5 @@ def test_fleet_trace_replays_a_slice_through_the_gateway(tmp_path: Path) -> None
     assert s["engine_hit"] > 0.3  # later turns found their session's earlier blocks on the replica it went to
     assert res["bounds"]["ideal"] > s["engine_hit"] * 0.9
     assert "this router |" in r.stdout and (tmp_path / "r.png").stat().st_size > 10_000
-    assert s["idle_cpu_ms_per_s"] > 0 and "idle CPU ms/s" in r.stdout  # the router's own background, measured
+    # the router's own background, measured and printed (over 1 s it may be below procfs' 10 ms tick: 0 is a reading)
+    assert s["idle_cpu_ms_per_s"] >= 0 and "idle CPU ms/s" in r.stdout
