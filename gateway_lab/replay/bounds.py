@@ -30,18 +30,23 @@ def ideal_hit_rate(trace: Sequence[TraceRecord]) -> float:
     return hit / total if total else 0.0
 
 
-def lru_hit_rate(trace: Sequence[TraceRecord], capacity_tokens: int) -> float:
+def lru_hits(trace: Sequence[TraceRecord], capacity_tokens: int) -> list[int]:
+    """Each request's hit tokens under the LRU bound (below), in trace order."""
     cap = max(1, capacity_tokens // BLOCK_TOKENS)
     lru: OrderedDict[int, None] = OrderedDict()
-    hit = total = 0
+    hits: list[int] = []
     for r in trace:
         keys = _keys(r)
         full = r.input_length // BLOCK_TOKENS
-        hit += sum(BLOCK_TOKENS for k in keys[:full] if k in lru)
-        total += r.input_length
+        hits.append(sum(BLOCK_TOKENS for k in keys[:full] if k in lru))
         for k in reversed(keys):
             lru[k] = None
             lru.move_to_end(k)
         while len(lru) > cap:
             lru.popitem(last=False)
-    return hit / total if total else 0.0
+    return hits
+
+
+def lru_hit_rate(trace: Sequence[TraceRecord], capacity_tokens: int) -> float:
+    total = sum(r.input_length for r in trace)
+    return sum(lru_hits(trace, capacity_tokens)) / total if total else 0.0
