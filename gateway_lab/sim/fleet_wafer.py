@@ -40,12 +40,14 @@ def run_fleet(policy: str, nodes: int, rate_per_node: float, duration: float = 1
               sla_s: float = 2.22, warm: bool = True, quantile_z: float = DEFAULT_Z,
               split_regimes: bool = True, recompute_weight: float | None = None,
               shortest_prefill_first: bool | None = None, replica_correction: bool = True,
-              load_bound_factor: float | None = None) -> FleetResult:
+              load_bound_factor: float | None = None, load_bound_floor: float | None = None) -> FleetResult:
     params: dict[str, Any] = {"type": policy}
     if recompute_weight is not None:
         params["recompute_weight"] = recompute_weight
     if load_bound_factor is not None:
         params["load_bound_factor"] = load_bound_factor
+    if load_bound_floor is not None:
+        params["load_bound_floor"] = load_bound_floor
     routing = Routing.model_validate({"policy": params, "ttft_quantile_z": quantile_z, "chunk_tokens": CHUNK})
     if shortest_prefill_first is not None:
         routing = routing.model_copy(update={"shortest_prefill_first": shortest_prefill_first})

@@ -68,20 +68,20 @@ def test_a_warm_replica_within_twice_the_mean_keeps_its_group():
 
 
 def test_one_replica_far_above_its_peers_diverts_to_a_warm_one_under_the_bound():
-    """r1 holds 8 in flight, its peers 1 each (bound 2 x 12/4 = 6): the group, warm on r1 and r3, goes to r3; the
-    decision says why."""
-    d = decide({"r1@0": 7, "r3@0": 7}, inflight(1, 8, 1, 1))
+    """r1 holds 16 in flight, its peers 1 each (bound max(2 x 20/4, a quarter of 48 slots) = 12): the group, warm on r1
+    and r3, goes to r3; the decision says why."""
+    d = decide({"r1@0": 7, "r3@0": 7}, inflight(1, 16, 1, 1))
     assert d.branch == "load_bound" and d.chosen.name == "r3"
 
 
 def test_the_piled_peer_of_a_replica_out_of_routing_passes_groups_on():
-    """Three replicas left (the fourth out): r1 took the displaced groups and holds 5 in flight, its peers 0 and 1
-    (bound 2 x 7/3 = 4.7): the group, warm only on r1, is placed on the ring among those under the bound, the same
-    replica on every instance with this view."""
+    """Three replicas left (the fourth out): r1 took the displaced groups and holds 14 in flight, its peers 0 and 1
+    (bound max(2 x 16/3, 12) = 12): the group, warm only on r1, is placed on the ring among those under the bound,
+    the same replica on every instance with this view."""
     infos = INFOS[:3]
-    d = decide({"r1@0": 7}, inflight(0, 5, 1), infos=infos)
+    d = decide({"r1@0": 7}, inflight(0, 14, 1), infos=infos)
     assert d.branch == "load_bound" and d.chosen.name in ("r0", "r2")
-    assert decide({"r1@0": 7}, inflight(0, 5, 1), infos=infos).chosen.name == d.chosen.name
+    assert decide({"r1@0": 7}, inflight(0, 14, 1), infos=infos).chosen.name == d.chosen.name
 
 
 def test_queued_prefill_does_not_count_as_requests():
@@ -96,14 +96,31 @@ def test_the_bound_counts_only_feasible_self_hosted_replicas():
     """A replica predicted past the SLA is no alternative: with the only one under the bound infeasible, the warm
     choice keeps the request."""
     one = prefix_sla_cost.Params(load_bound_factor=1)
-    assert decide({"r1@0": 7}, inflight(8, 8, 8, 0), one).chosen.name == "r3"  # bound 25/4: r3 alone under it
-    loads = inflight(8, 8, 8, 0)
+    assert decide({"r1@0": 7}, inflight(16, 16, 16, 0), one).chosen.name == "r3"  # bound 49/4: r3 alone under it
+    loads = inflight(16, 16, 16, 0)
     loads["r3"] = LoadView(queued_prefill_tokens=40_000, inflight=0)  # ~2.8 s predicted, limit 2.0 s
-    assert decide({"r1@0": 7}, loads, one).chosen.name == "r1"  # among the feasible three, bound 25/3: none under
+    assert decide({"r1@0": 7}, loads, one).chosen.name == "r1"  # among the feasible three, bound 49/3: none under
+
+
+def test_a_quarter_of_the_running_slots_is_never_past_the_bound():
+    """The floor: r1 holds 8 in flight against peers at 1 (twice the mean is 6), but with this request 9 of its 48
+    running slots: a batch that small decodes about as fast as an empty one, and moving the request recomputes its
+    context, so affinity keeps it. Past a quarter of the slots (12) the bound binds as before; floor 0 is the bound
+    without it; the floor is a share of the slots."""
+    assert prefix_sla_cost.Params().load_bound_floor == 0.25
+    assert decide({"r1@0": 7}, inflight(1, 8, 1, 1)).branch == "prefix_hit"
+    assert decide({"r1@0": 7}, inflight(1, 11, 1, 1)).branch == "prefix_hit"  # 12 with this one: at the floor
+    assert decide({"r1@0": 7}, inflight(1, 12, 1, 1)).branch == "load_bound"  # 13: past it (and past 2 x 16/4)
+    no_floor = prefix_sla_cost.Params(load_bound_floor=0)
+    d = decide({"r1@0": 7, "r3@0": 7}, inflight(1, 8, 1, 1), no_floor)
+    assert d.branch == "load_bound" and d.chosen.name == "r3"
+    for bad in (-0.1, 1.5):
+        with pytest.raises(ValidationError, match="load_bound_floor"):
+            Routing.model_validate({"policy": {"type": "prefix_sla_cost", "load_bound_floor": bad}})
 
 
 def test_factor_0_turns_it_off_and_under_1_is_refused():
-    assert decide({"r1@0": 7}, inflight(1, 8, 1, 1), prefix_sla_cost.Params(load_bound_factor=0)).branch == "prefix_hit"
+    assert decide({"r1@0": 7}, inflight(1, 16, 1, 1), prefix_sla_cost.Params(load_bound_factor=0)).branch == "prefix_hit"
     for bad in (0.5, -1, 101):
         with pytest.raises(ValidationError, match="load_bound_factor"):
             Routing.model_validate({"policy": {"type": "prefix_sla_cost", "load_bound_factor": bad}})
@@ -116,6 +133,6 @@ def test_the_engine_reads_the_tracked_load_and_explain_shows_it():
     eng = RoutingEngine(policy, uses_prefix=True, chunk_tokens=256, corrector=TtftCorrector(),
                         speculative_ttl_s=10, residency_ttl_s=900)
     assert eng.decide(req(1), INFOS, {"r2@0": 7}, inflight(0, 0, 1, 0)).chosen.name == "r2"
-    d = eng.decide(req(2), INFOS, {"r2@0": 7}, inflight(1, 1, 9, 1))
+    d = eng.decide(req(2), INFOS, {"r2@0": 7}, inflight(1, 1, 16, 1))
     assert d.branch == "load_bound" and d.chosen is not None and d.chosen.name != "r2"
-    assert {c["replica"]: c["inflight"] for c in d.explain()["candidates"]}["r2"] == 9
+    assert {c["replica"]: c["inflight"] for c in d.explain()["candidates"]}["r2"] == 16

@@ -38,16 +38,17 @@ def test_no_spill_fleet_near_capacity_stays_out_of_overload():
     deciding (recompute_weight 0), requests that cannot meet it take the replica fastest for them and recompute
     contexts others hold, and seed 0 tips into a full-batch overload (69% within SLA); pricing the recompute keeps it
     out (docs/routing.md: the sweep over seeds 0-7). Measured without the load bound (`load_bound_factor: 0`): at
-    1.25 the bound alone also keeps this seed out (99.7% within SLA with the SLA alone deciding; at its default of 2,
-    58%): it moves requests off a replica holding far more in flight than its peers before its queue tips, so the
-    ablation isolates the recompute pricing."""
+    1.25 and without its floor the bound alone also keeps this seed out (99.7% within SLA with the SLA alone deciding;
+    at its default of 2, 58%; at 1.25 with the default floor of a quarter of the running slots, 75%): it moves
+    requests off a replica holding far more in flight than its peers before its queue tips, so the ablation isolates
+    the recompute pricing."""
     priced = run_fleet("prefix_sla_cost", 4, 0.95 * 2.4, 120, 0, shortest_prefill_first=False, load_bound_factor=0)
     plain = run_fleet("prefix_sla_cost", 4, 0.95 * 2.4, 120, 0, recompute_weight=0, shortest_prefill_first=False,
                       load_bound_factor=0)
     assert priced.within_sla >= 0.97 > 0.8 > plain.within_sla
     assert priced.hit_rate > plain.hit_rate
     bounded = run_fleet("prefix_sla_cost", 4, 0.95 * 2.4, 120, 0, recompute_weight=0, shortest_prefill_first=False,
-                        load_bound_factor=1.25)
+                        load_bound_factor=1.25, load_bound_floor=0)
     assert bounded.within_sla >= 0.97
 
 

@@ -8,7 +8,8 @@ or a choice for the next rule to revise:
 4. `cheapest` — among the feasible, the cheapest (cost ties within `cost_tie`); the warmest of those (`prefix_hit`),
    or, with no meaningful hit, consistent hashing with bounded loads on the request's group key (`cold_ring`).
 5. `load_bound` — a self-hosted choice holding past `load_bound_factor` x the feasible self-hosted replicas' mean of
-   requests in flight gives the request to the cheapest of those under it (`load_bound`); never at light load.
+   requests in flight gives the request to the cheapest of those under it (`load_bound`); never at light load, nor
+   while the choice holds at most `load_bound_floor` of its running slots.
 6. `break_stickiness` — a feasible candidate faster by more than the stickiness penalty wins instead; a slow replica
    (its own TTFT correction past `slow_replica_factor`) keeps no stickiness.
 7. `warm_over_sla` — with nothing to spill to, a warm replica past the SLA but behind few requests beats a cold
@@ -50,6 +51,9 @@ class Params(PolicyParams):
                                      "more than this x the feasible self-hosted replicas' mean of requests in flight "
                                      "gives the request to the cheapest under it, warm or not; never while they hold "
                                      "fewer in flight than there are of them, nor below 2 (0: off; else >= 1)")
+    load_bound_floor: float = Field(default=0.25, ge=0, le=1, description="nor while the choice would hold at most "
+                                    "this share of its max_running requests in flight: a batch that small decodes "
+                                    "almost as fast as an empty one, and a move recomputes the request's context")
 
     @field_validator("slow_replica_factor")
     @classmethod
@@ -139,6 +143,7 @@ def cheapest(req: RoutingRequest, s: Split[R], p: Params, min_hit_tokens: int) -
 
 
 MIN_BOUND = 2.0  # a replica that would hold this many requests in flight or fewer is never past the bound
+FLOOR_SLOWNESS = 1.25  # load_bound_floor holds only for a replica whose own TTFT correction is at most this
 
 
 def load_bound(req: RoutingRequest, s: Split[R], chosen: Candidate[R], branch: str, p: Params,
@@ -152,14 +157,22 @@ def load_bound(req: RoutingRequest, s: Split[R], chosen: Candidate[R], branch: s
     affinity: while those replicas hold fewer requests in flight than there are of them, nothing is past the bound,
     so a conversation's turns stay where its context is. Past it a replica holds more than twice the mean (factor 2)
     and at least MIN_BOUND requests: with three replicas two thirds of all in flight, with four half; in a fleet of
-    two replicas it never binds (neither can hold more than twice the mean)."""
+    two replicas it never binds (neither can hold more than twice the mean). Nor while the choice would hold at most
+    `load_bound_floor` of its running slots (a quarter: 12 of 48): a batch that small decodes almost as fast as an
+    empty one, while the move recomputes the request's context elsewhere (on the conversation trace at 8 nodes the
+    bound moved a quarter of the requests, off replicas holding ~7 in flight, and kept 2 points of hit rate from it).
+    The floor holds only on a replica running as its pool's model says (its own correction at most FLOOR_SLOWNESS):
+    on a slowed one requests pile up because it is slow, and the bound is what moves them first (a replica slowed 6x
+    served 7 requests of its fault window with the bound at its old reach, 14 with the floor on it)."""
     if not p.load_bound_factor or not chosen.self_hosted:
         return chosen, branch
     hosted = [c for c in s.feasible if c.self_hosted]
     total = sum(c.load.inflight for c in hosted)
     if total < len(hosted):
         return chosen, branch
-    bound = max(MIN_BOUND, p.load_bound_factor * (total + 1) / len(hosted))
+    # the floor trusts the pool's timing model: a replica running slower than it says gets the bound without it
+    floor = p.load_bound_floor * chosen.info.timing.max_running if chosen.slowness <= FLOOR_SLOWNESS else 0.0
+    bound = max(MIN_BOUND, floor, p.load_bound_factor * (total + 1) / len(hosted))
     under = [c for c in hosted if c.load.inflight + 1 <= bound]
     if chosen.load.inflight + 1 <= bound or not under:
         return chosen, branch
