@@ -84,14 +84,37 @@ CASES = [
     Case("conversation", 4, _conversation(), "Mooncake conversation trace"),
     Case("conversation", 8, _conversation(), "Mooncake conversation trace"),
     Case("agent-default", 2, _agent(), "agent_workload defaults (600 sessions, 8 turns, 40 system prompts)"),
-    Case("agent-long", 2, _agent(sessions=150, rate=0.2, turns_mean=24, think_mean_s=3, tool_median=2_500, seed=1),
-         "150 long sessions (24 turns), short think times, big tool outputs"),
-    Case("agent-short", 2, _agent(sessions=2_000, rate=2.0, turns_mean=3, systems=8, system_median=8_000, zipf=1.4,
-                                  tool_median=800, seed=2),
-         "2,000 short sessions (3 turns) on 8 long shared system prompts"),
-    Case("agent-wide", 4, _agent(sessions=800, rate=1.0, systems=200, zipf=0.8, system_median=1_500,
-                                 tool_median=5_000, output_median=150, think_mean_s=15, burst_p=0.2, seed=3),
-         "800 sessions on 200 short system prompts, 5k-token tool outputs, long think times, bursty"),
+    Case(
+        "agent-long",
+        2,
+        _agent(sessions=150, rate=0.2, turns_mean=24, think_mean_s=3, tool_median=2_500, seed=1),
+        "150 long sessions (24 turns), short think times, big tool outputs",
+    ),
+    Case(
+        "agent-short",
+        2,
+        _agent(
+            sessions=2_000, rate=2.0, turns_mean=3, systems=8, system_median=8_000, zipf=1.4, tool_median=800, seed=2
+        ),
+        "2,000 short sessions (3 turns) on 8 long shared system prompts",
+    ),
+    Case(
+        "agent-wide",
+        4,
+        _agent(
+            sessions=800,
+            rate=1.0,
+            systems=200,
+            zipf=0.8,
+            system_median=1_500,
+            tool_median=5_000,
+            output_median=150,
+            think_mean_s=15,
+            burst_p=0.2,
+            seed=3,
+        ),
+        "800 sessions on 200 short system prompts, 5k-token tool outputs, long think times, bursty",
+    ),
     Case("wafer", 4, lambda: wafer_trace(64, 2_000), "Wafer: 64 groups of 12k shared + 8k new tokens, 1k out"),
 ]
 
@@ -121,8 +144,9 @@ def peak_busy(ts: Sequence[float], work: Sequence[float], window_s: float, ranks
     return best / (window_s * ranks)
 
 
-def speed_for(trace: Sequence[TraceRecord], targets: Sequence[tuple[Any, ReplicaConfig]], load: float,
-              window_s: float = WINDOW_S) -> float:
+def speed_for(
+    trace: Sequence[TraceRecord], targets: Sequence[tuple[Any, ReplicaConfig]], load: float, window_s: float = WINDOW_S
+) -> float:
     """The speed at which the busiest `window_s` (replayed time) of the trace's work, at the LRU bound's hits, keeps
     the fleet's ranks `load` busy (bisection; the busy share grows with the speed)."""
     kv = sum(cfg.max_total_num_tokens for _, cfg in targets)
@@ -151,8 +175,15 @@ class Row:
     def cells(self, policies: Sequence[str]) -> list[Any]:
         mine, base = self.runs[policies[0]], self.runs.get(BASELINE)
         of = mine["hit"] / self.lru_bound if self.lru_bound else 0.0
-        out = [self.trace, f"{self.nodes} ({2 * self.nodes} ranks)", f"{self.speed:g}", self.requests,
-               f"{self.lru_bound * 100:.1f}%", f"{mine['hit'] * 100:.1f}%", f"{of * 100:.1f}%"]
+        out = [
+            self.trace,
+            f"{self.nodes} ({2 * self.nodes} ranks)",
+            f"{self.speed:g}",
+            self.requests,
+            f"{self.lru_bound * 100:.1f}%",
+            f"{mine['hit'] * 100:.1f}%",
+            f"{of * 100:.1f}%",
+        ]
         out += [_p95(self.runs[p]) for p in policies]
         out += [f"{self.runs[p]['within_sla'] * 100:.1f}%" for p in policies]
         ok = of >= TARGET_OF_BOUND and (base is None or mine["p95"] <= base["p95"])
@@ -166,13 +197,24 @@ def _p95(run: dict[str, Any]) -> str:
 
 def headers(policies: Sequence[str]) -> list[str]:
     short = {MINE: "this router", BASELINE: "least-loaded", "round_robin": "round-robin"}
-    return (["trace", "nodes", "speed", "requests", "LRU bound", "hit", "of bound"]
-            + [f"p95 {short.get(p, p)}" for p in policies] + [f"within SLA {short.get(p, p)}" for p in policies]
-            + [f">= {TARGET_OF_BOUND * 100:.0f}% and p95 <= least-loaded"])
+    return (
+        ["trace", "nodes", "speed", "requests", "LRU bound", "hit", "of bound"]
+        + [f"p95 {short.get(p, p)}" for p in policies]
+        + [f"within SLA {short.get(p, p)}" for p in policies]
+        + [f">= {TARGET_OF_BOUND * 100:.0f}% and p95 <= least-loaded"]
+    )
 
 
-def run_case(case: Case, policies: Sequence[str], load: float, routing: Routing, details: bool,
-             trace_cache: dict[str, list[TraceRecord]], jitter: float = 0.0, seeds: int = 1) -> Row:
+def run_case(
+    case: Case,
+    policies: Sequence[str],
+    load: float,
+    routing: Routing,
+    details: bool,
+    trace_cache: dict[str, list[TraceRecord]],
+    jitter: float = 0.0,
+    seeds: int = 1,
+) -> Row:
     """Each policy on the case's trace at the rule's speed; with `jitter`, replayed under seeds 1..`seeds` and
     averaged (the p95's range kept: whether a difference is larger than the run-to-run noise)."""
     trace = trace_cache.setdefault(case.name, case.make())
@@ -184,42 +226,72 @@ def run_case(case: Case, policies: Sequence[str], load: float, routing: Routing,
     for policy in policies:
         rc = routing.model_copy(update={"policy": registry.params_for(policy, routing.policy)})
         t0 = time.process_time()
-        res: list[ReplayResult] = [replay(trace, targets, rc, speed=speed, bounds=bounds, label=policy, seed=seed,
-                                          jitter=jitter) for seed in (range(1, seeds + 1) if jitter else [0])]
+        res: list[ReplayResult] = [
+            replay(trace, targets, rc, speed=speed, bounds=bounds, label=policy, seed=seed, jitter=jitter)
+            for seed in (range(1, seeds + 1) if jitter else [0])
+        ]
 
         def mean(xs: Sequence[float]) -> float:
             return sum(xs) / len(xs)
 
         p95s = [r.ttft_p95 for r in res]
-        row.runs[policy] = {"hit": mean([r.hit_rate for r in res]), "p50": mean([r.ttft_p50 for r in res]),
-                            "p95": mean(p95s), "p95_range": [min(p95s), max(p95s)],
-                            "p99": mean([r.ttft_p99 for r in res]), "within_sla": mean([r.within_sla for r in res]),
-                            "cpu_s": time.process_time() - t0, "branches": res[0].branches, "tail": res[0].tail}
-        print(f"  {case.name} @ {case.nodes} nodes, speed {speed:g}, {policy}: hit {row.runs[policy]['hit'] * 100:.1f}% "
-              f"(bound {bounds[1] * 100:.1f}%), p95 {mean(p95s):.2f} s ({min(p95s):.2f}..{max(p95s):.2f}), "
-              f"{row.runs[policy]['cpu_s']:.0f} s CPU", file=sys.stderr)
+        row.runs[policy] = {
+            "hit": mean([r.hit_rate for r in res]),
+            "p50": mean([r.ttft_p50 for r in res]),
+            "p95": mean(p95s),
+            "p95_range": [min(p95s), max(p95s)],
+            "p99": mean([r.ttft_p99 for r in res]),
+            "within_sla": mean([r.within_sla for r in res]),
+            "cpu_s": time.process_time() - t0,
+            "branches": res[0].branches,
+            "tail": res[0].tail,
+        }
+        print(
+            f"  {case.name} @ {case.nodes} nodes, speed {speed:g}, {policy}: hit {row.runs[policy]['hit'] * 100:.1f}% "
+            f"(bound {bounds[1] * 100:.1f}%), p95 {mean(p95s):.2f} s ({min(p95s):.2f}..{max(p95s):.2f}), "
+            f"{row.runs[policy]['cpu_s']:.0f} s CPU",
+            file=sys.stderr,
+        )
         if details and policy == policies[0]:
             print(f"\n{case.name} @ {case.nodes} nodes, {policy}:\n{branch_table(res[0])}\n{tail_table(res[0])}\n")
     return row
 
 
 def _table(head: list[str], rows: list[list[Any]]) -> str:
-    return "\n".join("| " + " | ".join(str(c) for c in r) + " |" for r in
-                     [head, ["---"] * len(head), *rows])
+    return "\n".join("| " + " | ".join(str(c) for c in r) + " |" for r in [head, ["---"] * len(head), *rows])
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--only", default=None, help="comma-separated trace names (" +
-                    ", ".join(dict.fromkeys(c.name for c in CASES)) + "); NAME@NODES for one fleet")
+    ap.add_argument(
+        "--only",
+        default=None,
+        help="comma-separated trace names ("
+        + ", ".join(dict.fromkeys(c.name for c in CASES))
+        + "); NAME@NODES for one fleet",
+    )
     ap.add_argument("--policies", default=f"{MINE},{BASELINE}", help="the first is the one measured against the bound")
-    ap.add_argument("--load", type=float, default=LOAD, help="the estimated busy share of the fleet in the trace's "
-                    "busiest 5 minutes that sets the speed")
-    ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
-                    help="what-if a routing field or a field of the first policy (VALUE as JSON), e.g. load_bound_factor=3")
+    ap.add_argument(
+        "--load",
+        type=float,
+        default=LOAD,
+        help="the estimated busy share of the fleet in the trace's busiest 5 minutes that sets the speed",
+    )
+    ap.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="what-if a routing field or a field of the first policy (VALUE as JSON), e.g. load_bound_factor=3",
+    )
     ap.add_argument("--branches", action="store_true", help="also print the first policy's branches and tail per run")
-    ap.add_argument("--jitter", type=float, default=0.0, help="lognormal sigma of each engine forward (as gateway "
-                    "replay --jitter); with --seeds: each run averaged over seeds 1..N")
+    ap.add_argument(
+        "--jitter",
+        type=float,
+        default=0.0,
+        help="lognormal sigma of each engine forward (as gateway "
+        "replay --jitter); with --seeds: each run averaged over seeds 1..N",
+    )
     ap.add_argument("--seeds", type=int, default=1, help="with --jitter: seeds per run")
     ap.add_argument("--json", dest="json_out", help="write every run (with branches and tail) here")
     a = ap.parse_args(argv)
@@ -236,15 +308,18 @@ def main(argv: list[str] | None = None) -> int:
         what_if = {k: json.loads(v) for k, v in (kv.split("=", 1) for kv in a.set)}
         top = {k: v for k, v in what_if.items() if k in Routing.model_fields}  # routing.X, else routing.policy.X
         policy = {k: v for k, v in what_if.items() if k not in top}
-        routing = Routing.model_validate({**routing.model_dump(), **top,
-                                          "policy": {**routing.policy.model_dump(), **policy}})
+        routing = Routing.model_validate(
+            {**routing.model_dump(), **top, "policy": {**routing.policy.model_dump(), **policy}}
+        )
     cache: dict[str, list[TraceRecord]] = {}
     t0 = time.process_time()
     rows = [run_case(c, policies, a.load, routing, a.branches, cache, a.jitter, a.seeds) for c in cases]
     if a.set:
         print(f"\nwhat-if: {', '.join(a.set)}")
-    print(f"\nthis router against the LRU bound; speed: the fleet's estimated busy share "
-          f"{a.load:g} in the busiest {WINDOW_S / 60:.0f} minutes (loadtests/trace_table.py); TTFT SLA {routing.ttft_sla_ms / 1000:.2f} s; {time.process_time() - t0:.0f} s CPU")
+    print(
+        f"\nthis router against the LRU bound; speed: the fleet's estimated busy share "
+        f"{a.load:g} in the busiest {WINDOW_S / 60:.0f} minutes (loadtests/trace_table.py); TTFT SLA {routing.ttft_sla_ms / 1000:.2f} s; {time.process_time() - t0:.0f} s CPU"
+    )
     print(_table(headers(policies), [r.cells(policies) for r in rows]))
     if a.json_out:
         with open(a.json_out, "w") as f:

@@ -51,8 +51,9 @@ class Params(PolicyParams):
                                      "more than this x the feasible self-hosted replicas' mean of requests in flight "
                                      "gives the request to the cheapest under it, warm or not; never while they hold "
                                      "fewer in flight than there are of them, nor below 2 (0: off; else >= 1)")
-    load_bound_floor: float = Field(default=0.25, ge=0, le=1, description="nor while the choice would hold at most "
-                                    "this share of its max_running requests in flight: a batch that small decodes "
+    load_bound_floor: float = Field(default=0.25, ge=0, le=1, description="the load bound never binds while the "
+                                    "choice would hold at most this share of its max_running requests in flight "
+                                    "(on a replica running as its pool's model says): a batch that small decodes "
                                     "almost as fast as an empty one, and a move recomputes the request's context")
 
     @field_validator("slow_replica_factor")
