@@ -148,15 +148,17 @@ def speed_for(
     trace: Sequence[TraceRecord], targets: Sequence[tuple[Any, ReplicaConfig]], load: float, window_s: float = WINDOW_S
 ) -> float:
     """The speed at which the busiest `window_s` (replayed time) of the trace's work, at the LRU bound's hits, keeps
-    the fleet's ranks `load` busy (bisection; the busy share grows with the speed)."""
+    the fleet's ranks `load` busy (bisection; the busy share grows with the speed). A trace shorter than the window
+    at that speed is taken whole."""
     kv = sum(cfg.max_total_num_tokens for _, cfg in targets)
     cfg = targets[0][1]
     work = [work_seconds(r, h, cfg) for r, h in zip(trace, lru_hits(trace, kv), strict=True)]
     ts = [r.timestamp_ms / 1000 for r in trace]
+    span = max(ts[-1] - ts[0], 1e-3)
     lo, hi = 0.01, 100.0
     while hi - lo > 0.005:
         mid = (lo + hi) / 2
-        if mid * peak_busy(ts, work, window_s * mid, len(targets)) < load:
+        if mid * peak_busy(ts, work, min(window_s * mid, span), len(targets)) < load:
             lo = mid
         else:
             hi = mid
