@@ -22,6 +22,14 @@ the load heartbeat's absolute publish).
   call late.
 Each time a user marks Redis away it logs one line and, whenever a call is served from local state instead, counts
 `gateway_shared_state_fallbacks_total{what,reason}` (the callback given).
+
+Bounds: the client has no socket timeout (`build_client`); each call is bounded where it is made, by an
+`asyncio.timeout` of its user's configured timeout (`routing.redis_timeout_s`: prefix index, load, quarantine, flow
+tags; `routing.limits_redis_timeout_s`: rate limits, budgets, concurrency caps, stored responses;
+`routing.control_redis_timeout_s`: control state, audit, the control channel's subscribe; the idempotency store's
+1 s). A hung Redis (connected, never answering) therefore costs a call its bound, never a request, a background loop
+or a shutdown step its progress. The control channel's listener alone waits on Redis with no end (a pub/sub read of
+a second at a time, in its own task, cancelled at shutdown). redis-py cancelled mid-call drops that connection.
 """
 
 from __future__ import annotations
@@ -69,9 +77,13 @@ def default_max_connections(expected_inflight: int) -> int:
 
 def build_client(url: str, *, password: str | None, max_connections: int, pool_timeout: float,
                  connect_timeout: float) -> aioredis.Redis:
-    # a dead pooled connection (Redis restarted) is reconnected and the command resent once, on ConnectionError only
+    # a dead pooled connection (Redis restarted) is reconnected and the command resent once, on ConnectionError only.
+    # socket_timeout=None: no socket timeout of redis-py's own (8.x defaults to 5 s, which on Python 3.11 wraps every
+    # send in asyncio.wait_for, a task per command, and every read in a timeout context). Every call made with this
+    # client is bounded by its caller (an asyncio.timeout of the configured routing.*redis_timeout_s around it, see
+    # "Bounds" above); the connect alone keeps redis-py's bound (socket_connect_timeout).
     pool = BoundedPool.from_url(url, max_connections=max_connections, timeout=pool_timeout,
-                                socket_connect_timeout=connect_timeout, password=password,
+                                socket_connect_timeout=connect_timeout, socket_timeout=None, password=password,
                                 retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)))
     return aioredis.Redis.from_pool(pool)  # closing the client closes its pool
 

@@ -216,20 +216,25 @@ class RedisControlStore:
 
     async def events(self) -> AsyncIterator[dict[str, Any]]:
         """Messages on the channel; reconnects after an outage (the plane re-reads the whole state then, since
-        pub/sub does not replay what was missed)."""
+        pub/sub does not replay what was missed). The channel waits for messages a second at a time, in the
+        listener's own task (which shutdown cancels); the subscribe, and each wait with the reconnect redis-py may
+        make in it, are bounded by `timeout` more (a hung Redis: the channel is dropped and subscribed again a
+        second later)."""
         while True:
             pubsub = self.r.pubsub()
             try:
-                await pubsub.subscribe(self.channel)
+                async with asyncio.timeout(self.timeout):
+                    await pubsub.subscribe(self.channel)
                 yield {"kind": "resync"}
                 while True:
-                    msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+                    async with asyncio.timeout(1.0 + self.timeout):
+                        msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
                     if msg is not None and msg.get("type") == "message":
                         try:
                             yield json.loads(msg["data"])
                         except (ValueError, TypeError):
                             log.warning("ignoring a malformed control event")
-            except (RedisError, OSError) as e:
+            except (RedisError, OSError) as e:  # (TimeoutError is an OSError)
                 log.warning("control channel lost (%s); retrying", type(e).__name__)
                 await asyncio.sleep(1.0)
             finally:

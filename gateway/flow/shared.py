@@ -7,13 +7,15 @@ time) is merged back. Before serving, an instance merges the tags of the flows i
 on every instance counts against it everywhere. Tags only grow, so merging takes the larger value and the order of
 messages does not matter.
 
-Redis away (`RedisGuard`): charges and reads are skipped and counted as fallbacks; the instance orders by its local
+Every call is bounded by `routing.redis_timeout_s` (the pump awaits the refresh before it serves: a Redis that
+stops answering must not stop the queue). Redis away (`RedisGuard`): charges and reads are skipped and counted as fallbacks; the instance orders by its local
 tags alone — a fair share of what this instance serves — and nothing queued is lost or refused for it. When Redis
 answers again the tags merge back in (a flow's local tag ahead of Redis' stays ahead until Redis catches up).
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable
 
 import redis.asyncio as aioredis
@@ -58,7 +60,8 @@ class RedisFairTags:
             return
         started = self.guard.clock()
         try:
-            f, v = await self._charge(keys=[self._key(band)], args=[tenant, repr(amount), TTL_S, repr(tags.burst)])
+            async with asyncio.timeout(self.timeout_s):
+                f, v = await self._charge(keys=[self._key(band)], args=[tenant, repr(amount), TTL_S, repr(tags.burst)])
         except REDIS_ERRORS as e:
             self.guard.fallback(self.guard.failed(e, started))
             return
@@ -72,10 +75,11 @@ class RedisFairTags:
             return {}
         started = self.guard.clock()
         try:
-            pipe = self.client.pipeline(transaction=False)
-            for band in range(bands):
-                pipe.hgetall(self._key(band))
-            replies = await pipe.execute()
+            async with asyncio.timeout(self.timeout_s):
+                pipe = self.client.pipeline(transaction=False)
+                for band in range(bands):
+                    pipe.hgetall(self._key(band))
+                replies = await pipe.execute()
         except REDIS_ERRORS as e:
             self.guard.fallback(self.guard.failed(e, started))
             return {}
@@ -100,10 +104,11 @@ class RedisFairTags:
             return
         started = self.guard.clock()
         try:
-            pipe = self.client.pipeline(transaction=False)
-            for band, tenants in by_band.items():
-                pipe.hmget(self._key(band), [VTIME, *tenants])
-            replies = await pipe.execute()
+            async with asyncio.timeout(self.timeout_s):
+                pipe = self.client.pipeline(transaction=False)
+                for band, tenants in by_band.items():
+                    pipe.hmget(self._key(band), [VTIME, *tenants])
+                replies = await pipe.execute()
         except REDIS_ERRORS as e:
             self.guard.fallback(self.guard.failed(e, started))
             return

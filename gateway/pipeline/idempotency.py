@@ -127,14 +127,15 @@ async def end(store: IdempotencyStore, held: Held, tenant: str, request_id: str,
               headers: dict[str, str]) -> None:
     """Keep the outcome of a request that ended well (`ok`), or let its key go."""
     try:
-        if ok and stream:
-            too_long = held.size > held.max_bytes
-            outcome = Outcome(409 if too_long else 200, replayed(headers), b"" if too_long else b"".join(held.chunks),
-                              True)
-            await store.complete(tenant, held.key, held.fingerprint, outcome)
-        elif ok and held.outcome is not None:
-            await store.complete(tenant, held.key, held.fingerprint, held.outcome)
-        else:
-            await store.abandon(tenant, held.key)
-    except REDIS_ERRORS as e:  # the key lapses with its TTL; a repeat meanwhile gets 409
+        async with asyncio.timeout(STORE_TIMEOUT_S):  # a background task, but the shutdown's drain awaits it
+            if ok and stream:
+                too_long = held.size > held.max_bytes
+                outcome = Outcome(409 if too_long else 200, replayed(headers),
+                                  b"" if too_long else b"".join(held.chunks), True)
+                await store.complete(tenant, held.key, held.fingerprint, outcome)
+            elif ok and held.outcome is not None:
+                await store.complete(tenant, held.key, held.fingerprint, held.outcome)
+            else:
+                await store.abandon(tenant, held.key)
+    except REDIS_ERRORS as e:  # the key lapses with its TTL (a repeat meanwhile gets 409); TimeoutError is an OSError
         log.warning("idempotency key of request %s not updated: %s", request_id, type(e).__name__)

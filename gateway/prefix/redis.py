@@ -272,12 +272,22 @@ class RedisPrefixIndex:
         self.local.set_capacity(replica, chunks)
 
     async def size(self) -> int:
+        """Entries in the shared index (the admin's figure): a SCAN of the `lru` keys, each page's sizes in one
+        pipeline, every round trip bounded by `timeout`; this instance's own count when Redis does not answer."""
         if self.available:
             start = time.monotonic()
             try:
-                total = 0
-                async for key in self.r.scan_iter(match=f"{self.lru}*", count=500):
-                    total += await self.r.zcard(key)
+                total, cursor = 0, None
+                while cursor != 0:
+                    async with asyncio.timeout(self.timeout):
+                        cursor, keys = await self.r.scan(cursor or 0, match=f"{self.lru}*", count=500)
+                    if keys:
+                        async with asyncio.timeout(self.timeout):
+                            pipe = self.r.pipeline(transaction=False)
+                            for key in keys:
+                                pipe.zcard(key)
+                            total += sum(await pipe.execute())
+                self.guard.succeeded()
                 return total
             except REDIS_ERRORS as e:
                 self.guard.failed(e, start)
