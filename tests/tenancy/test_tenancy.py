@@ -3,6 +3,9 @@ openai SDK as the client. Each test states the promise it checks."""
 
 from __future__ import annotations
 
+import logging
+import os
+import signal
 import subprocess
 import sys
 import threading
@@ -385,6 +388,87 @@ def test_redis_outage_refuses_admin_writes_but_never_a_request(fleet):
         wait_until(lambda: admin(gw, "POST", "/admin/replicas/p-0/drain").status_code == 200, timeout=5)
         admin(gw, "POST", "/admin/replicas/p-0/undrain")
         assert chat(gw, "a").status_code == 200
+    finally:
+        gw.stop()
+        srv.stop()
+
+
+HUNG_DEADLINE_S = 30.0  # a call that waits this long waits on the hung Redis: no bound stopped it
+
+
+def post_chat(gw: Any, stream: bool, **headers: str) -> httpx.Response:
+    """A chat with a deadline that fails the test only when the request truly hangs."""
+    body = {"model": "glm-5.2", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 2, "stream": stream}
+    return httpx.post(gw.urls[0] + "/v1/chat/completions", json=body, timeout=HUNG_DEADLINE_S, trust_env=False,
+                      headers={"authorization": "Bearer sk-a", **headers})
+
+
+def test_a_hung_redis_never_hangs_a_request_the_probes_the_admin_state_or_the_shutdown(fleet, caplog):
+    """Redis SIGSTOPped: its connections stay open and new ones are accepted, but nothing is answered (a hung
+    server, unlike the refused connections of an outage). The shared client has no socket timeout; each call is
+    bounded where it is made. With every Redis user in play (rate limits, a budget, a fleet-wide concurrency cap,
+    flow control, the prefix index and load, idempotency keys, the control channel): requests, streamed or not, are
+    served on this instance's state; a request with an Idempotency-Key is refused (503) rather than risk serving it
+    twice; /healthz, the admin state and usage answer, an admin write is refused (503). After SIGCONT the changes go
+    through again and the spend made meanwhile reaches Redis, each request once. With Redis hung again the
+    graceful shutdown finishes, no step abandoned."""
+    sims, _ = fleet
+    srv = RedisServer()
+    cfg = cfg_for([sglang_pool("p", sims.urls[:1])],
+                  [tenant("a", rate_limits={"requests_per_minute": 10_000, "tokens_per_minute": 10_000_000},
+                          budget={"usd_per_day": 100}, max_concurrent=50, max_concurrent_scope="fleet")],
+                  redis_url=srv.url, flow={"enabled": True}, routing={"redis_hung_after_s": 1.0})
+    gw = start_gateway(cfg)
+    served = 0
+
+    def serve_both() -> None:
+        nonlocal served
+        r = post_chat(gw, stream=False)
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2
+        s = post_chat(gw, stream=True)
+        assert s.status_code == 200 and s.text.rstrip().endswith("data: [DONE]")
+        served += 2
+
+    def day() -> dict[str, Any]:
+        return dict(admin(gw, "GET", "/admin/usage?tenant=a").json()["tenants"]["a"]["day"])
+
+    try:
+        serve_both()
+        wait_until(lambda: day()["requests"] == 2, what="the first two requests settled in Redis")
+        os.kill(srv.proc.pid, signal.SIGSTOP)  # our own redis-server, by its PID
+        try:
+            for _ in range(3):
+                serve_both()
+            r = post_chat(gw, stream=False, **{"idempotency-key": "k-1"})
+            assert r.status_code == 503 and r.headers["retry-after"] == "1"
+            assert httpx.get(gw.urls[0] + "/healthz", timeout=HUNG_DEADLINE_S, trust_env=False).status_code == 200
+            state = httpx.get(gw.admin_url + "/admin/state", headers=ADMIN_H, timeout=HUNG_DEADLINE_S)
+            assert state.status_code == 200 and state.json()["pools"][0]["replicas"][0]["name"] == "p-0"
+            during = day()
+            assert during["shared"] is False and during["requests"] == served - 2  # this instance's, during the hang
+            assert admin(gw, "POST", "/admin/replicas/p-0/drain").status_code == 503  # not applied anywhere
+        finally:
+            os.kill(srv.proc.pid, signal.SIGCONT)
+
+        wait_until(lambda: admin(gw, "POST", "/admin/replicas/p-0/drain").status_code == 200, timeout=10,
+                   what="admin writes through Redis again")
+        assert admin(gw, "POST", "/admin/replicas/p-0/undrain").status_code == 200
+        serve_both()
+        wait_until(lambda: "shared" not in (d := day()) and d["pending_settlements"] == 0 and d["requests"] == served,
+                   timeout=10, what="the settlements queued during the hang replayed, every request once")
+
+        os.kill(srv.proc.pid, signal.SIGSTOP)
+        try:
+            serve_both()  # its settlements queue: the shutdown's last replay meets the hung Redis
+            caplog.set_level(logging.INFO, logger="gateway")
+            gw.stop()
+            gw.thread.join(HUNG_DEADLINE_S)
+            assert not gw.thread.is_alive()
+            abandoned = [r.fields for r in caplog.records
+                         if getattr(r, "fields", {}).get("event") == "shutdown_step_timeout"]
+            assert abandoned == []
+        finally:
+            os.kill(srv.proc.pid, signal.SIGCONT)
     finally:
         gw.stop()
         srv.stop()
