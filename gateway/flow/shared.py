@@ -8,9 +8,10 @@ on every instance counts against it everywhere. Tags only grow, so merging takes
 messages does not matter.
 
 Every call is bounded by `routing.redis_timeout_s` (the pump awaits the refresh before it serves: a Redis that
-stops answering must not stop the queue). Redis away (`RedisGuard`): charges and reads are skipped and counted as fallbacks; the instance orders by its local
-tags alone — a fair share of what this instance serves — and nothing queued is lost or refused for it. When Redis
-answers again the tags merge back in (a flow's local tag ahead of Redis' stays ahead until Redis catches up).
+stops answering must not stop the queue). Redis away (`RedisGuard`): charges and reads are skipped and counted as
+fallbacks; the instance orders by its local tags alone — a fair share of what this instance serves — and nothing
+queued is lost or refused for it. When Redis answers again the tags merge back in (a flow's local tag ahead of
+Redis' stays ahead until Redis catches up).
 """
 
 from __future__ import annotations
