@@ -12,7 +12,8 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
-from gateway.backends.openai_compat import HttpBackend, StreamBroken
+from gateway.backends.base import StreamBroken
+from gateway.backends.openai_compat import HttpBackend
 from gateway.config import RetryPolicy
 
 IDLE = 0.2
