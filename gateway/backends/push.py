@@ -95,10 +95,19 @@ class UpstreamPush:
 
     # -- the connection's BodySink ---------------------------------------------------------------------------------
     def data(self, body: bytes) -> None:
-        if self.paused or self.queue:
-            self.queue.append(body)
+        if self.paused or self.queue or self.stopped:
+            if not self.stopped:
+                self.queue.append(body)
             return
-        self._data(body)
+        # `_data` inline: once per event
+        self.since = self.loop.time()  # type: ignore[union-attr]
+        try:
+            payloads = self.split.feed(body)
+        except MalformedEvent as e:
+            self._broken(f"upstream sent a malformed event ({e})")
+            return
+        if payloads:
+            self.sink.read(payloads)  # type: ignore[union-attr]
 
     def done(self) -> None:
         if self.paused or self.queue:

@@ -190,7 +190,11 @@ class PushedStream(PushBody):
         if self.framer.ended:
             self._finish(chunk)
         elif chunk:
-            self._send(chunk)
+            if self.blocked:
+                self.backlog.append(chunk)
+            elif not self.emit(chunk):  # type: ignore[misc]  # `_send` inline: once per event
+                self.blocked = True
+                self.push.pause()
 
     def end(self, err: StreamBroken | None) -> None:
         if self.finished:
