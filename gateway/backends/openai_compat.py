@@ -154,30 +154,26 @@ class HttpBackend:
         push = UpstreamPush(h1, split, payloads, self.idle_timeout) if h1 is not None else None
         return Opened(first, _each(reads), None, resp.aclose, reads=reads, push=push)
 
-    async def _reads(self, source: H1Response | AsyncIterator[bytes], split: SseSplitter | None = None,
-                     pending: list[bytes] | None = None) -> AsyncIterator[list[bytes]]:
-        """The stream's payloads, a list per network read (an engine decoding sends an event per read): the first
-        payload alone, then the rest. The consumer pays one resumption per read, not one per event and layer.
-        `pending`: the stream after its first payload, which `_open_stream` took (`split` has the rest of that
-        read, `pending` its other payloads).
+    async def _reads(self, source: H1Response | AsyncIterator[bytes], split: SseSplitter,
+                     pending: list[bytes]) -> AsyncIterator[list[bytes]]:
+        """The stream's payloads after the first (which `_open_stream` took: `_first_read`), a list per network read
+        (an engine decoding sends an event per read), awaited by the consuming task: `pending` (the first read's
+        other payloads), then each read (`split` holds what the first read left of an event). The consumer pays one
+        resumption per read, not one per event and layer. (`backends/push.py` relays the same reads without a task.)
 
-        Until the first payload is out the caller bounds the wait (the first-byte timeout) and sees the transport's
-        own errors; after it, a failure is StreamBroken, and so is an upstream that sends nothing for `idle_timeout`.
-        The idle timeout covers only the wait for the next read, never the time between yields: time the consumer
+        A failure is StreamBroken, and so is an upstream that sends nothing for `idle_timeout`. The idle timeout covers only the wait for the next read, never the time between yields: time the consumer
         takes (a slow client) is not the upstream's. It is a watchdog, not a timer per read (asyncio.timeout made
         and cancelled a timer for every event): one timer, which on firing cancels the waiting task if the current
         wait has lasted `idle_timeout`, else sets itself for when that wait would. An H1 response is read directly
         (`poll`), an httpx one through its iterator."""
         h1 = source if isinstance(source, H1Response) else None
         raw = None if isinstance(source, H1Response) else source.__aiter__()
-        split = split if split is not None else SseSplitter()
         idle = self.idle_timeout
         loop = asyncio.get_running_loop()
         waiting_since: float | None = None  # when the wait in progress began (None: not waiting)
         waiter: asyncio.Task[Any] | None = None
         expired = False
         timer: asyncio.TimerHandle | None = None
-        first = pending is None
         if pending:  # what the first read brought after the first payload
             taken = pending[:]
             pending.clear()
@@ -203,14 +199,13 @@ class HttpBackend:
                 try:
                     got = h1.poll() if h1 is not None else None
                     if got.__class__ is not bytes:
-                        if not first:
-                            if waiter is None:  # after the first payload one task consumes the stream: the relay's
-                                waiter = asyncio.current_task()
-                                assert waiter is not None
-                            cancelling = waiter.cancelling()
-                            waiting_since = loop.time()
-                            if timer is None:
-                                timer = loop.call_at(waiting_since + idle, check)
+                        if waiter is None:  # one task consumes the stream: the relay's
+                            waiter = asyncio.current_task()
+                            assert waiter is not None
+                        cancelling = waiter.cancelling()
+                        waiting_since = loop.time()
+                        if timer is None:
+                            timer = loop.call_at(waiting_since + idle, check)
                         try:
                             if got is not None:
                                 got = await got  # type: ignore[misc]  # H1: the next read, or None: poll again
@@ -234,20 +229,11 @@ class HttpBackend:
                         raise StreamBroken(f"no chunk from upstream for {idle:.0f} s") from None
                     raise
                 except (httpx.HTTPError, H1Error) as e:
-                    if first:
-                        raise
                     raise StreamBroken(f"upstream stream broken: {type(e).__name__}") from None
                 except MalformedEvent as e:
-                    if first:
-                        raise
                     raise StreamBroken(f"upstream sent a malformed event ({e})") from None
                 if payloads:
-                    if first:
-                        first = False
-                        yield payloads[:1]
-                        del payloads[0]
-                    if payloads:
-                        yield payloads
+                    yield payloads
                 if ended:
                     return
         finally:

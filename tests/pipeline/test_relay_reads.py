@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import time
 from typing import Any
 
 import httpx
@@ -227,8 +228,9 @@ def _send_buffer_max() -> int:
 
 
 def test_a_client_that_reads_slowly_gets_the_same_body(stack, monkeypatch):
-    """A client whose socket pushes back (it reads nothing for a while, then everything): the relay pauses the
-    upstream until the client drains, then goes on; the body is the one a fast reader gets."""
+    """A client whose socket pushes back (it reads nothing for longer than the upstream idle timeout, then
+    everything): the relay pauses the upstream until the client drains, then goes on; the body is the one a fast
+    reader gets."""
     up, base, _ = stack
     big = "x" * 16_000
     n = 3 * _send_buffer_max() // len(big)  # past what the gateway's socket buffers before it pushes back
@@ -248,6 +250,7 @@ def test_a_client_that_reads_slowly_gets_the_same_body(stack, monkeypatch):
     s = _open_raw(base, body, rcvbuf=4096)
     try:
         wait_until(lambda: pauses, timeout=30, what="the client's socket pushing back (the upstream paused)")
+        time.sleep(IDLE * 1.5)  # the client's time, not the upstream's silence: no idle timeout for it
         s.settimeout(30)
         got = b""
         while chunk := s.recv(65536):
