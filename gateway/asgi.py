@@ -153,10 +153,11 @@ class EventStreamResponse(Response):
         on_cut: Callable[[bool], bytes | Response] | None = None,
     ) -> None:
         """`first()` returns the first chunk, or a Response (an error) to send instead of the stream;
-        `rest()` yields the remaining chunks (or pushes them: `PushBody`). `on_close(disconnected)` runs however it ends. `on_stall()` is told
-        before a stalled connection is cut (then `on_close(True)`: the client is as good as gone). `live`: where the
-        stream registers while it runs, so it can be cut; `on_cut(committed)` says how a cut one ends: the last
-        chunk (committed: the status line was sent) or the response to send instead (not committed)."""
+        `rest()` yields the remaining chunks (or pushes them: `PushBody`). `on_close(disconnected)` runs however it
+        ends. `on_stall()` is told before a stalled connection is cut (then `on_close(True)`: the client is as good
+        as gone). `live`: where the stream registers while it runs, so it can be cut; `on_cut(committed)` says how a
+        cut one ends: the last chunk (committed: the status line was sent) or the response to send instead (not
+        committed)."""
         self.status_code = 200
         self.background = None
         # No content-length: the body is chunked and its end is the stream's end. `headers` is read at commit
@@ -287,7 +288,7 @@ class EventStreamResponse(Response):
                         y = coro.send(None)  # type: ignore[union-attr]
                     except StopIteration:
                         return True
-                    except BaseException as e:  # noqa: BLE001 - the send failed (the client is gone): the task's to raise
+                    except BaseException as e:  # noqa: BLE001 - the send failed: the task's to raise
                         failed.append(e)
                     else:
                         waiting.append((coro, y))

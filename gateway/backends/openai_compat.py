@@ -161,8 +161,9 @@ class HttpBackend:
         other payloads), then each read (`split` holds what the first read left of an event). The consumer pays one
         resumption per read, not one per event and layer. (`backends/push.py` relays the same reads without a task.)
 
-        A failure is StreamBroken, and so is an upstream that sends nothing for `idle_timeout`. The idle timeout covers only the wait for the next read, never the time between yields: time the consumer
-        takes (a slow client) is not the upstream's. It is a watchdog, not a timer per read (asyncio.timeout made
+        A failure is StreamBroken, and so is an upstream that sends nothing for `idle_timeout`. The idle timeout
+        covers only the wait for the next read, never the time between yields: time the consumer takes (a slow
+        client) is not the upstream's. It is a watchdog, not a timer per read (asyncio.timeout made
         and cancelled a timer for every event): one timer, which on firing cancels the waiting task if the current
         wait has lasted `idle_timeout`, else sets itself for when that wait would. An H1 response is read directly
         (`poll`), an httpx one through its iterator."""
