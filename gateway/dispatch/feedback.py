@@ -179,7 +179,8 @@ class Feedback:
 
 def apply_effects(effects: Sequence[Effect], index: PrefixIndex, loads: LoadTracker) -> None:
     """Apply a request's effects: in this instance's view at once, in a shared store's copy with the other writes no
-    one waits for (`gateway/write_behind.py`); the virtual-clock fleet applies them to its in-memory state the same way."""
+    one waits for (`gateway/write_behind.py`); the virtual-clock fleet applies them to its in-memory state the same
+    way."""
     for e in effects:
         if isinstance(e, LoadDelta):
             loads.apply(e.replica, e.prefill_tokens, e.requests)

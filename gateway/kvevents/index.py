@@ -97,9 +97,12 @@ class PreciseIndex:
                 break
         return n
 
-    async def insert(self, replica: str, hashes: Sequence[int], ttl: float) -> None:
+    def _spec_ttl(self, ttl: float) -> float:
         # a dispatch's entry stands until its first token; later ones only until the events have caught up
-        self.spec.insert_sync(replica, hashes, ttl if ttl <= self.dispatch_ttl_s else self.lag_ttl_s)
+        return ttl if ttl <= self.dispatch_ttl_s else self.lag_ttl_s
+
+    async def insert(self, replica: str, hashes: Sequence[int], ttl: float) -> None:
+        self.spec.insert_sync(replica, hashes, self._spec_ttl(ttl))
         await self.inner.insert(replica, hashes, ttl)
 
     async def invalidate(self, replica: str, hashes: Sequence[int]) -> None:
@@ -107,7 +110,7 @@ class PreciseIndex:
         await self.inner.invalidate(replica, hashes)
 
     def insert_soon(self, replica: str, hashes: Sequence[int], ttl: float) -> None:
-        self.spec.insert_sync(replica, hashes, ttl if ttl <= self.dispatch_ttl_s else self.lag_ttl_s)
+        self.spec.insert_sync(replica, hashes, self._spec_ttl(ttl))
         self.inner.insert_soon(replica, hashes, ttl)
 
     def invalidate_soon(self, replica: str, hashes: Sequence[int]) -> None:
@@ -134,7 +137,7 @@ class PreciseIndex:
         return self.combine(hashes, keys, self.inner.match_sync(hashes, keys))  # type: ignore[attr-defined]
 
     def insert_sync(self, replica: str, hashes: Sequence[int], ttl: float) -> None:
-        self.spec.insert_sync(replica, hashes, ttl if ttl <= self.dispatch_ttl_s else self.lag_ttl_s)
+        self.spec.insert_sync(replica, hashes, self._spec_ttl(ttl))
         self.inner.insert_sync(replica, hashes, ttl)  # type: ignore[attr-defined]
 
     def invalidate_sync(self, replica: str, hashes: Sequence[int]) -> None:

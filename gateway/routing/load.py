@@ -5,7 +5,8 @@ Redis layout: `gw:load:<replica>` hash with fields `<gateway id>:p` (prefill tok
 (requests), changed with HINCRBYFLOAT, the deltas applied since the last exchange sent together as one
 (`gateway/write_behind.py`: nothing on a request's path waits for them); `gw:gateways` sorted set of gateway ids by
 last heartbeat. Readers sum only gateways whose heartbeat is fresh, so a crashed instance's load disappears after
-`dead_after` seconds instead of leaking forever. Snapshots are cached for `snapshot_ttl` and local changes are applied on top at once.
+`dead_after` seconds instead of leaking forever. Snapshots are cached for `snapshot_ttl` and local changes are
+applied on top at once.
 """
 
 from __future__ import annotations
