@@ -37,6 +37,40 @@ from gateway.settings.pools import PoolTiming
 class LoadView:
     queued_prefill_tokens: float = 0.0  # uncached tokens dispatched to the replica and not yet at first token
     inflight: float = 0.0  # requests dispatched and not finished
+    # the part of the queued prefill sent with a priority the replica schedules by: (rank, tokens, requests), highest
+    # rank first (`ahead_of`); the rest of `queued_prefill_tokens` is ahead of every request
+    ranked: tuple[tuple[int, float, float], ...] = ()
+
+
+def ahead_of(load: LoadView, rank: int | None) -> LoadView:
+    """The load a request of `rank` finds ahead of it on a replica that prefills its waiting queue by priority
+    (`rank` None: arrival order, all of it). SGLang with `--enable-priority-scheduling` takes the waiting request of
+    the highest priority first, earliest first within one, but a request already part-way through a chunked prefill
+    finishes first whatever its priority; so ahead of it: the unranked part, every queued request of its rank or
+    higher, and of the lower ranks at most one request, as long as they are on average (which one is in progress
+    the gateway cannot see). Why it matters: the gateway raises short cached turns (`prefill_level`) and flows under
+    their share (flow control's `under_share_priority`) above long cold prompts; counting those prompts as ahead
+    predicted such a turn late, so routing moved it off the replica holding its prefix and flow control held it for
+    room it would not have waited for. Where the ranked parts sum to more than the queue (a drain estimate, a
+    clamp), they are scaled down to it."""
+    if rank is None or not load.ranked:
+        return load
+    q = load.queued_prefill_tokens
+    total = 0.0
+    for _, tokens, _ in load.ranked:
+        total += tokens
+    if total <= 0 or q <= 0:
+        return load
+    scale = min(1.0, q / total)
+    ahead = lower = lower_n = 0.0
+    for r, tokens, n in load.ranked:
+        if r >= rank:
+            ahead += tokens
+        else:
+            lower += tokens
+            lower_n += n
+    head = min(lower, lower / lower_n) if lower_n >= 1 else lower
+    return LoadView(max(0.0, q - total) + scale * (ahead + head), load.inflight)
 
 
 FREE, SLOT_WAIT = "free", "slot_wait"
@@ -196,4 +230,4 @@ class QueueDrain:
         elif draining:  # it was prefilling since `at`; otherwise the start is unknown: credit none
             done = min(q, done + DRAIN_SHARE * t.prefill_tokens_per_s * max(0.0, now - at))
         self._state[name] = (done, q, now, q > 0 and load.inflight < t.max_running * DRAIN_BELOW)
-        return LoadView(q - done, load.inflight)
+        return LoadView(q - done, load.inflight, load.ranked)  # the ranked parts are scaled down to it (`ahead_of`)
