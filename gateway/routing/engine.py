@@ -53,7 +53,7 @@ class LoadDelta:
     prefill_tokens: float
     requests: float
     rank: int | None = None  # the priority the prefill tokens were sent with (None: arrival order; LoadView.ranked)
-    queued: float = 0.0  # requests into (+1) or out of (-1) the prefill queue at that rank (ranked only)
+    square: float = 0.0  # the request's prefill tokens squared, in (+) or out (-) at that rank (ranked only)
 
 
 Effect = IndexWrite | IndexDrop | LoadDelta
@@ -149,7 +149,7 @@ class RoutingEngine:
     # -- feedback ----------------------------------------------------------------------------------------------
     def dispatched(self, a: Attempt) -> list[Effect]:
         a.open = a.prefill_open = True
-        out: list[Effect] = [LoadDelta(a.name, a.uncached, 1, a.rank, 1 if a.rank is not None else 0)]
+        out: list[Effect] = [LoadDelta(a.name, a.uncached, 1, a.rank, a.uncached ** 2 if a.rank is not None else 0)]
         if a.indexed:
             out.append(IndexWrite(a.key, tuple(a.req.hashes), self.speculative_ttl_s))
         return out
@@ -168,7 +168,7 @@ class RoutingEngine:
     @staticmethod
     def _prefilled(a: Attempt) -> LoadDelta:
         """Its prefill is out of the target's queue (first token, or ended before one)."""
-        return LoadDelta(a.name, -a.uncached, 0, a.rank, -1 if a.rank is not None else 0)
+        return LoadDelta(a.name, -a.uncached, 0, a.rank, -(a.uncached ** 2) if a.rank is not None else 0)
 
     def usage(self, a: Attempt, reported_cached: int | None) -> list[Effect]:
         if reported_cached is None or not a.indexed or reported_cached >= a.predicted_cached - self.chunk_tokens:
@@ -216,5 +216,5 @@ def merged_load(tracked: LoadView, engine: LoadView | None) -> LoadView:
     ranked = tracked.ranked
     if ranked and q > 0:
         f = eq / q
-        ranked = tuple((r, tokens * f, n) for r, tokens, n in ranked)
+        ranked = tuple((r, tokens * f, sq * f) for r, tokens, sq in ranked)  # more of the same sizes
     return LoadView(eq, inflight, ranked)

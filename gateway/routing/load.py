@@ -32,7 +32,7 @@ class LoadTracker(Protocol):
     async def snapshot(self, names: Sequence[str]) -> dict[str, LoadView]: ...
 
     def apply(self, name: str, prefill_tokens: float, requests: float, rank: int | None = None,
-              queued: float = 0.0) -> None:
+              square: float = 0.0) -> None:
         """A delta (the routing engine's LoadDelta), in this instance's view at once; shared when convenient."""
 
     async def settle(self) -> None:
@@ -41,16 +41,17 @@ class LoadTracker(Protocol):
 
 class LoadSum:
     """One replica's load summed from deltas or fields: queued prefill tokens (all of them), requests in flight, and
-    the queued prefill per rank (tokens, requests) where it was sent with a priority the replica schedules by."""
+    the queued prefill per rank (its tokens, and each request's tokens squared, summed) where it was sent with a
+    priority the replica schedules by (`prediction/ttft.py: ahead_of`)."""
 
     __slots__ = ("n", "p", "ranked")
 
     def __init__(self) -> None:
         self.p = 0.0
         self.n = 0.0
-        self.ranked: dict[int, list[float]] = {}  # rank -> [tokens, queued requests]
+        self.ranked: dict[int, list[float]] = {}  # rank -> [tokens, sum of tokens squared]
 
-    def add(self, prefill_tokens: float, requests: float, rank: int | None = None, queued: float = 0.0) -> None:
+    def add(self, prefill_tokens: float, requests: float, rank: int | None = None, square: float = 0.0) -> None:
         self.p += prefill_tokens
         self.n += requests
         if rank is not None:
@@ -58,7 +59,7 @@ class LoadSum:
             if b is None:
                 b = self.ranked[rank] = [0.0, 0.0]
             b[0] += prefill_tokens
-            b[1] += queued
+            b[1] += square
 
     def merge(self, other: LoadSum) -> None:
         self.p += other.p
@@ -96,12 +97,12 @@ class MemoryLoadTracker:
         return s.view() if s is not None else LoadView()
 
     def apply(self, name: str, prefill_tokens: float, requests: float, rank: int | None = None,
-              queued: float = 0.0) -> None:
+              square: float = 0.0) -> None:
         """A delta (the routing engine's LoadDelta; the virtual-clock fleet's too)."""
         s = self.sums.get(name)
         if s is None:
             s = self.sums[name] = LoadSum()
-        s.add(prefill_tokens, requests, rank, queued)
+        s.add(prefill_tokens, requests, rank, square)
 
     async def snapshot(self, names: Sequence[str]) -> dict[str, LoadView]:
         return {n: self.view(n) for n in names}
@@ -112,12 +113,12 @@ class MemoryLoadTracker:
 
 def _fields(gid: str, s: LoadSum) -> list[tuple[str, float]]:
     """A sum as this instance's fields of the replica's hash: `<id>:p` (queued prefill tokens, all of them), `<id>:n`
-    (requests), and per rank `<id>:r<rank>:p` / `<id>:r<rank>:c` (its tokens, its queued requests). An older
+    (requests), and per rank `<id>:r<rank>:p` / `<id>:r<rank>:s` (its tokens, their squares summed). An older
     gateway reading the hash takes `<id>:r<rank>` for a gateway id it does not know and skips those fields."""
     out = [(f"{gid}:p", s.p), (f"{gid}:n", s.n)]
     for r, (tokens, c) in s.ranked.items():
         out.append((f"{gid}:r{r}:p", tokens))
-        out.append((f"{gid}:r{r}:c", c))
+        out.append((f"{gid}:r{r}:s", c))
     return out
 
 
@@ -143,7 +144,7 @@ def parse_fields(fields: dict[bytes | str, bytes | str], live: set[str]) -> Load
         if kind == "p":
             s.add(0.0, 0.0, rank, 0.0)
             s.ranked[rank][0] += float(v)
-        elif kind == "c":
+        elif kind == "s":
             s.add(0.0, 0.0, rank, float(v))
     return s.view()
 
@@ -252,18 +253,18 @@ class RedisLoadTracker:
         return out
 
     def apply(self, name: str, prefill_tokens: float, requests: float, rank: int | None = None,
-              queued: float = 0.0) -> None:
-        self.local.apply(name, prefill_tokens, requests, rank, queued)
+              square: float = 0.0) -> None:
+        self.local.apply(name, prefill_tokens, requests, rank, square)
         d = self._pending.get(name)
         if d is None:
             d = self._pending[name] = LoadSum()
-        d.add(prefill_tokens, requests, rank, queued)
+        d.add(prefill_tokens, requests, rank, square)
         if not self.guard.available:
             return  # the heartbeat republishes this instance's absolute load once Redis answers
         u = self._unsent.get(name)
         if u is None:
             u = self._unsent[name] = LoadSum()
-        u.add(prefill_tokens, requests, rank, queued)
+        u.add(prefill_tokens, requests, rank, square)
         self._writes.kick()
 
     async def _send(self) -> None:
@@ -335,7 +336,7 @@ class Reservations:
             s = extra.get(name)
             if s is None:
                 s = extra[name] = LoadSum()
-            s.add(tokens, 1, rank, 1 if rank is not None else 0)
+            s.add(tokens, 1, rank, tokens * tokens if rank is not None else 0)
         out = dict(views)
         for name, s in extra.items():
             out[name] = s.view(out.get(name, LoadView()))

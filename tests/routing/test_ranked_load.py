@@ -25,30 +25,43 @@ GPU = GpuHourPricing(gpus_per_replica=4, usd_per_gpu_hour=2.1, prefill_tokens_pe
 T = PoolTiming()
 
 
+def sq(*tokens: float) -> float:
+    return sum(t * t for t in tokens)
+
+
 def test_ahead_of_counts_its_rank_and_above_and_one_lower_request():
-    load = LoadView(60_000, 6, ((12, 4_000, 1), (3, 40_000, 2)))  # 16,000 unranked, 4,000 at 12, two of 20,000 at 3
+    # 16,000 unranked, 4,000 at 12, two of 20,000 at 3
+    load = LoadView(60_000, 6, ((12, 4_000, sq(4_000)), (3, 40_000, sq(20_000, 20_000))))
     assert ahead_of(load, None) is load  # arrival order: all of it
     assert ahead_of(load, 12).queued_prefill_tokens == 16_000 + 4_000 + 20_000  # one rank-3 prompt may be under way
-    # above both ranks: one of the three lower requests, at their mean length
-    assert ahead_of(load, 13).queued_prefill_tokens == pytest.approx(16_000 + 44_000 / 3)
+    # above both ranks: one lower request under way, as long as the time the replica spends on them says on average
+    assert ahead_of(load, 13).queued_prefill_tokens == pytest.approx(16_000 + sq(4_000, 20_000, 20_000) / 44_000)
     assert ahead_of(load, 3).queued_prefill_tokens == 60_000  # the lowest rank waits for everything
     assert ahead_of(load, 2).queued_prefill_tokens == 60_000
     assert ahead_of(load, 12).inflight == 6
 
 
+def test_a_long_prompt_among_short_ones_is_the_one_likely_under_way():
+    """Twenty 500-token turns and one 60k-token cold prompt at a lower rank: the replica is most likely in the long
+    prompt's prefill (it takes 6x the time of all twenty), so nearly all of it counts — not their mean (3,300)."""
+    load = LoadView(70_000, 21, ((2, 70_000, sq(*[500] * 20, 60_000)),))
+    head = ahead_of(load, 9).queued_prefill_tokens
+    assert head == pytest.approx(sq(*[500] * 20, 60_000) / 70_000) and 50_000 < head < 60_000
+
+
 def test_ahead_of_scales_parts_that_sum_past_the_queue():
     """A queue estimated smaller than its ranked parts (the drain estimate): each part shrinks alike."""
-    load = LoadView(10_000, 2, ((9, 10_000, 1), (0, 10_000, 1)))
+    load = LoadView(10_000, 2, ((9, 10_000, sq(10_000)), (0, 10_000, sq(10_000))))
     assert ahead_of(load, 9).queued_prefill_tokens == pytest.approx(0.5 * (10_000 + 10_000))
     assert ahead_of(load, 10).queued_prefill_tokens == pytest.approx(0.5 * 10_000)
 
 
 def test_an_engine_gauge_above_the_tracked_queue_is_ranked_as_the_tracked_one():
-    merged = merged_load(LoadView(10_000, 2, ((9, 2_000, 1), (0, 8_000, 1))), LoadView(20_000, 3))
+    merged = merged_load(LoadView(10_000, 2, ((9, 2_000, sq(2_000)), (0, 8_000, sq(8_000)))), LoadView(20_000, 3))
     assert merged.queued_prefill_tokens == 20_000 and merged.inflight == 3
-    assert merged.ranked == ((9, 4_000, 1), (0, 16_000, 1))
-    low = merged_load(LoadView(10_000, 2, ((9, 2_000, 1),)), LoadView(5_000, 1))
-    assert low == LoadView(10_000, 2, ((9, 2_000, 1),))
+    assert merged.ranked == ((9, 4_000, 2 * sq(2_000)), (0, 16_000, 2 * sq(8_000)))  # twice as many of those sizes
+    low = merged_load(LoadView(10_000, 2, ((9, 2_000, sq(2_000)),)), LoadView(5_000, 1))
+    assert low == LoadView(10_000, 2, ((9, 2_000, sq(2_000)),))
 
 
 def engine() -> RoutingEngine:
@@ -74,7 +87,7 @@ def test_a_cached_turn_behind_long_cold_prompts_keeps_its_replica_where_they_que
     its SLA, kept there only as the policy's trade of a late turn against recomputing its context (`warm_over_sla`;
     flow control would hold it for room)."""
     eng = engine()
-    cold = ((3, 36_000, 3),) if ranked else ()
+    cold = ((3, 36_000, sq(12_000, 12_000, 12_000)),) if ranked else ()
     loads = {"r0": LoadView(36_000, 3, cold), "r1": LoadView()}
     req = turn(20_000)
     cached = {"r0@0": len(req.hashes) - 2}
@@ -94,7 +107,7 @@ def test_flow_control_boost_puts_a_request_ahead_in_the_prediction():
     """Two cold prompts of the same length: the one sent 10 higher (a flow under its share) has only the prompt under
     way ahead of it; the other, the whole queue."""
     eng = engine()
-    loads = {"r0": LoadView(48_000, 4, ((4, 48_000, 4),))}
+    loads = {"r0": LoadView(48_000, 4, ((4, 48_000, sq(12_000, 12_000, 12_000, 12_000)),))}
     plain = eng.decide(turn(12_000), [info("r0", True)], {}, loads).features["r0"]
     boosted = eng.decide(turn(12_000, priority=10), [info("r0", True)], {}, loads).features["r0"]
     assert (plain.rank, boosted.rank) == (3, 13)  # 12k uncached tokens: prefill level 3
@@ -115,9 +128,9 @@ def test_the_engines_effects_keep_each_rank_in_the_memory_view():
     short = dispatch(eng, turn(300, "a"), loads, index)
     long = dispatch(eng, turn(20_000, "b"), loads, index)
     assert (short.rank, long.rank) == (8, 2)
-    assert loads.view("r0") == LoadView(20_300, 2, ((8, 300, 1), (2, 20_000, 1)))
+    assert loads.view("r0") == LoadView(20_300, 2, ((8, 300, sq(300)), (2, 20_000, sq(20_000))))
     apply_effects(eng.first_token(short, 0.2), index, loads)
-    assert loads.view("r0") == LoadView(20_000, 2, ((2, 20_000, 1),))
+    assert loads.view("r0") == LoadView(20_000, 2, ((2, 20_000, sq(20_000)),))
     apply_effects(eng.finished(long, failed=True), index, loads)  # ended before its first token
     apply_effects(eng.finished(short), index, loads)
     assert loads.view("r0") == LoadView()
@@ -127,8 +140,8 @@ def test_a_reservation_is_ranked_as_its_decision():
     r = Reservations()
     r.reserve("a", "r0", 12_000, 4)
     r.reserve("b", "r0", 500, None)
-    assert r.overlay({"r0": LoadView(1_000, 1, ((9, 1_000, 1),))})["r0"] == \
-        LoadView(13_500, 3, ((9, 1_000, 1), (4, 12_000, 1)))
+    assert r.overlay({"r0": LoadView(1_000, 1, ((9, 1_000, sq(1_000)),))})["r0"] == \
+        LoadView(13_500, 3, ((9, 1_000, sq(1_000)), (4, 12_000, sq(12_000))))
 
 
 def test_ranked_parts_reach_the_other_instance_and_an_older_reader_skips_them(redis_server):
@@ -142,11 +155,11 @@ def test_ranked_parts_reach_the_other_instance_and_an_older_reader_skips_them(re
         short = dispatch(eng, turn(300, "a"), a, index)
         dispatch(eng, turn(20_000, "b"), a, index)
         await a.settle()
-        want = LoadView(20_300, 2, ((8, 300, 1), (2, 20_000, 1)))
+        want = LoadView(20_300, 2, ((8, 300, sq(300)), (2, 20_000, sq(20_000))))
         assert (await b.snapshot(["r0"]))["r0"] == want
         apply_effects(eng.first_token(short, 0.2), index, a)
         await a.settle()
-        assert (await b.snapshot(["r0"]))["r0"] == LoadView(20_000, 2, ((2, 20_000, 1),))
+        assert (await b.snapshot(["r0"]))["r0"] == LoadView(20_000, 2, ((2, 20_000, sq(20_000)),))
         # a gateway of the previous layout sums `<id>:p` and `<id>:n` of live ids, and the rest as requests
         fields = await c2.hgetall(f"{prefix}load:r0")
         old_p = old_n = 0.0
@@ -160,7 +173,7 @@ def test_ranked_parts_reach_the_other_instance_and_an_older_reader_skips_them(re
         assert (old_p, old_n) == (20_000, 2)
         # the heartbeat's absolute publish writes the same fields
         await a._publish_all()
-        assert (await b.snapshot(["r0"]))["r0"] == LoadView(20_000, 2, ((2, 20_000, 1),))
+        assert (await b.snapshot(["r0"]))["r0"] == LoadView(20_000, 2, ((2, 20_000, sq(20_000)),))
         await c1.aclose()
         await c2.aclose()
 
