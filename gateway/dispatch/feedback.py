@@ -183,7 +183,7 @@ def apply_effects(effects: Sequence[Effect], index: PrefixIndex, loads: LoadTrac
     way."""
     for e in effects:
         if isinstance(e, LoadDelta):
-            loads.apply(e.replica, e.prefill_tokens, e.requests, e.rank, e.square)
+            loads.apply(e.replica, e.prefill_tokens, e.requests)
         elif isinstance(e, IndexWrite):
             index.insert_soon(e.replica, e.hashes, e.ttl)
         elif e.hashes:

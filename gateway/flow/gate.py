@@ -42,12 +42,6 @@ def tightened(req: RoutingRequest, bound_s: float) -> RoutingRequest:
     return replace(req, ttft_sla_s=bound_s)
 
 
-def boosted(req: RoutingRequest, boost: int) -> RoutingRequest:
-    """`req` with flow control's addition to its engine priority (`FlowController.engine_boost`), decided on as it
-    will be sent: on a target that schedules by priority it decides what of the queue is ahead of the request."""
-    return replace(req, priority=req.priority + boost) if boost else req
-
-
 def within(decision: Decision[Any], bound_s: float) -> Decision[Any] | None:
     """The decision to dispatch on under `bound_s`: the decision itself when its chosen target is predicted within
     the bound (or predicts nothing); else the policy's next choice in its own ranking that is, moved first (branch

@@ -26,7 +26,7 @@ from gateway.background import BackgroundTask
 from gateway.config import PoolTiming
 from gateway.errors import NoCapacity, RateLimited
 from gateway.flow.controller import FlowController, Refusal, Ticket
-from gateway.flow.gate import Pass, boosted, bound, meets_sla, placed_cost, tightened, verdict
+from gateway.flow.gate import Pass, bound, meets_sla, placed_cost, tightened, verdict
 from gateway.flow.metrics import FlowMetrics
 from gateway.flow.settings import FlowControl
 from gateway.flow.shared import RedisFairTags
@@ -65,7 +65,7 @@ class Held:
 class FlowGate:
     def __init__(self, cfg: FlowControl, decide: Decide, release: Callable[[str], None], metrics: FlowMetrics,
                  shared: RedisFairTags | None = None, clock: Callable[[], float] = time.monotonic,
-                 reserve: Callable[[str, str, float, int | None], None] | None = None) -> None:
+                 reserve: Callable[[str, str, float], None] | None = None) -> None:
         """`decide`: the router's decision (claims the chosen target's load); `release`: drop that claim (a decision
         that did not admit); `reserve`: claim another target's (the gate let the request through on the policy's
         next choice, `gate.within`)."""
@@ -119,7 +119,7 @@ class FlowGate:
             self._charged(t, held=False, waited=0.0)
             return None
         if not len(self.ctl):  # nobody waiting here: go now if routing predicts the SLA, else wait in the fair order
-            decision = await self.decide(boosted(rreq, self.ctl.engine_boost(t)), route)
+            decision = await self.decide(rreq, route)
             go = meets_sla(decision, rreq, self.cfg.queue_for(t.band))
             if go is not None and not len(self.ctl):
                 now = self.clock()
@@ -192,12 +192,11 @@ class FlowGate:
         while (t := ctl.head(now, p.skip)) is not None:
             h: Held = t.payload
             q = self.cfg.queue_for(t.band)
-            rreq = boosted(h.rreq, ctl.engine_boost(t))
             if ctl.under_share(t):  # first in the fair order and under its share: its whole SLA (gate.meets_sla)
-                decision = await self.decide(rreq, h.route)
+                decision = await self.decide(h.rreq, h.route)
                 go = p.free(meets_sla(decision, h.rreq, q))
             else:
-                decision = await self.decide(tightened(rreq, bound(h.rreq, h.timing, q)), h.route)
+                decision = await self.decide(tightened(h.rreq, bound(h.rreq, h.timing, q)), h.route)
                 go = p.free(verdict(decision, h.rreq, q))
             now = self.clock()
             if t.state != "queued":  # cancelled while the decision was awaited
@@ -221,7 +220,7 @@ class FlowGate:
         if first is None or chosen is None or chosen.name == first.name or self.reserve is None:
             return
         self.release(rreq.request_id)
-        self.reserve(rreq.request_id, chosen.name, chosen.uncached_tokens, chosen.rank)
+        self.reserve(rreq.request_id, chosen.name, chosen.uncached_tokens)
 
     def _refuse(self, r: Refusal) -> None:
         t, band = r.ticket, self.cfg.bands[r.ticket.band].name
@@ -268,7 +267,7 @@ class FlowGate:
 
 def build(cfg: FlowControl, decide: Decide, release: Callable[[str], None], registry: Any, redis_client: Any,
           prefix: str, timeout_s: float, guard: Any,
-          reserve: Callable[[str, str, float, int | None], None] | None = None) -> FlowGate:
+          reserve: Callable[[str, str, float], None] | None = None) -> FlowGate:
     """The gateway's flow gate: tags shared through Redis when the gateway has one."""
     shared = RedisFairTags(redis_client, prefix, timeout_s, guard) if redis_client is not None else None
     return FlowGate(cfg, decide, release, FlowMetrics(registry), shared, reserve=reserve)

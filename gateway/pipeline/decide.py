@@ -19,7 +19,7 @@ from gateway.routing.decision import Decision
 from gateway.routing.pipeline import Router
 from gateway.routing.request import RoutingRequest, session_group
 from gateway.settings.routing import Routing
-from gateway.upstreams import DEFAULT_PRIORITY_VALUES, Target
+from gateway.upstreams import Target
 
 
 def routing_request(r: Routing, gateway_id: str, tenant: Tenant, endpoint: str, parsed: ParsedRequest, model: str,
@@ -39,7 +39,6 @@ def routing_request(r: Routing, gateway_id: str, tenant: Tenant, endpoint: str, 
         parsed.max_output_tokens, hashes, (t.ttft_sla_ms or r.ttft_sla_ms) / 1000.0, t.objective or r.objective,
         t.on_sla_miss or r.on_sla_miss, group,
         affinity_hint=hint[0] if hint else None, affinity_tokens=max(int(hint[1]), 0) if hint else 0,
-        priority=DEFAULT_PRIORITY_VALUES.get(t.priority, 0),
     )
 
 

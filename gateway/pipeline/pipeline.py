@@ -206,8 +206,6 @@ class Pipeline:
             stage = "decide"
             if held is None or rreq is None:  # not held: routed now, on the fleet as it is now
                 rreq = await self._routing(ex)
-                if ex.engine_boost:  # where it goes in an engine's queue decides what is ahead of it there
-                    rreq = replace(rreq, priority=rreq.priority + ex.engine_boost)
             ex.rreq = rreq
             ex.decision = await decide.decide(st.router, st.metrics, ex.rreq, ex.route, held)
             ex.headers["x-gateway-route"] = ex.decision.branch

@@ -37,44 +37,6 @@ from gateway.settings.pools import PoolTiming
 class LoadView:
     queued_prefill_tokens: float = 0.0  # uncached tokens dispatched to the replica and not yet at first token
     inflight: float = 0.0  # requests dispatched and not finished
-    # the part of the queued prefill sent with a priority the replica schedules by: (rank, tokens, the sum of each
-    # request's tokens squared), highest rank first (`ahead_of`); the rest of `queued_prefill_tokens` is ahead of
-    # every request
-    ranked: tuple[tuple[int, float, float], ...] = ()
-
-
-def ahead_of(load: LoadView, rank: int | None) -> LoadView:
-    """The load a request of `rank` finds ahead of it on a replica that prefills its waiting queue by priority
-    (`rank` None: arrival order, all of it). SGLang with `--enable-priority-scheduling` takes the waiting request of
-    the highest priority first, earliest first within one, but a request already part-way through a chunked prefill
-    finishes first whatever its priority; so ahead of it: the unranked part, every queued request of its rank or
-    higher, and of the lower ranks the one under way. Which one that is the gateway cannot see; the replica spends
-    its time on each in proportion to its length, so the one under way is, on average, sum(x^2) / sum(x) long over
-    the lower requests' uncached tokens x — a long cold prompt among many short turns counts nearly in full, which
-    a mean per request would not (on the noisy neighbour over HTTP it put the victim's first turns behind the
-    aggressor's 60k-token prompts, late after dispatch). Why it matters: the gateway raises short cached turns
-    (`prefill_level`) and flows under their share (flow control's `under_share_priority`) above long cold prompts;
-    counting those prompts as ahead predicted such a turn late, so routing moved it off the replica holding its
-    prefix or kept it there only as a late turn, and flow control held it for room it would not have waited for.
-    Where the ranked parts sum to more than the queue (a drain estimate, a clamp), they are scaled down to it."""
-    if rank is None or not load.ranked:
-        return load
-    q = load.queued_prefill_tokens
-    total = 0.0
-    for _, tokens, _ in load.ranked:
-        total += tokens
-    if total <= 0 or q <= 0:
-        return load
-    scale = min(1.0, q / total)
-    ahead = lower = lower_sq = 0.0
-    for r, tokens, sq in load.ranked:
-        if r >= rank:
-            ahead += tokens
-        else:
-            lower += tokens
-            lower_sq += sq
-    head = min(lower, lower_sq / lower) if lower > 0 else 0.0
-    return LoadView(max(0.0, q - total) + scale * (ahead + head), load.inflight)
 
 
 FREE, SLOT_WAIT = "free", "slot_wait"
@@ -234,4 +196,4 @@ class QueueDrain:
         elif draining:  # it was prefilling since `at`; otherwise the start is unknown: credit none
             done = min(q, done + DRAIN_SHARE * t.prefill_tokens_per_s * max(0.0, now - at))
         self._state[name] = (done, q, now, q > 0 and load.inflight < t.max_running * DRAIN_BELOW)
-        return LoadView(q - done, load.inflight, load.ranked)  # the ranked parts are scaled down to it (`ahead_of`)
+        return LoadView(q - done, load.inflight)

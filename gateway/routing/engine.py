@@ -52,8 +52,6 @@ class LoadDelta:
     replica: str  # target name
     prefill_tokens: float
     requests: float
-    rank: int | None = None  # the priority the prefill tokens were sent with (None: arrival order; LoadView.ranked)
-    square: float = 0.0  # the request's prefill tokens squared, in (+) or out (-) at that rank (ranked only)
 
 
 Effect = IndexWrite | IndexDrop | LoadDelta
@@ -84,7 +82,6 @@ class Attempt:
         self.ttft = cand.ttft if cand else 0.0
         self.regime = cand.regime if cand else FREE
         self.queued_prefill = cand.load.queued_prefill_tokens if cand else 0.0  # on the target, at the decision
-        self.rank = cand.rank if cand else None  # its priority there, as the decision predicted it (LoadView.ranked)
         self.prefill_open = False
         self.open = False
         # when the request went to the target (monotonic; 0 until the dispatcher sends it): what the engine took is
@@ -120,7 +117,7 @@ class RoutingEngine:
                 v = self.drain.remaining(t.name, t.timing, v, now)
             views[t.name] = merged_load(v, engine_loads.get(t.name) if engine_loads else None)
         cands = build_candidates(req, targets, matches if self.uses_prefix else {}, views, self.corrector.get,
-                                 self.chunk_tokens, self.level)
+                                 self.chunk_tokens)
         decision = self.policy(req, cands)
         if len(decision.features) < len(cands):  # keep every candidate's features for feedback and explain
             decision = replace(decision, features={c.name: c for c in cands})
@@ -134,22 +131,16 @@ class RoutingEngine:
         still finishes first). 0 where the target's queued prefill is past FAIR_AFTER_SLAS x the request's SLA: an
         overloaded replica stays first come, first served, or short requests arriving without pause would starve the
         long ones (the agent sessions at 2x: p95 35 s instead of 14 s)."""
-        if a.info is None:
+        if not self.shortest_prefill_first or a.info is None or not a.info.self_hosted:
             return 0
-        return self.level(a.info, a.uncached, LoadView(a.queued_prefill), a.req.ttft_sla_s)
-
-    def level(self, info: TargetInfo[Any], uncached: int, load: LoadView, sla_s: float) -> int:
-        """`prefill_level` on a target with `load` queued (the decision's features and the dispatch read the same)."""
-        if not self.shortest_prefill_first or not info.self_hosted:
+        if a.queued_prefill / a.info.timing.prefill_tokens_per_s > FAIR_AFTER_SLAS * a.req.ttft_sla_s:
             return 0
-        if load.queued_prefill_tokens / info.timing.prefill_tokens_per_s > FAIR_AFTER_SLAS * sla_s:
-            return 0
-        return prefill_level(uncached)
+        return prefill_level(a.uncached)
 
     # -- feedback ----------------------------------------------------------------------------------------------
     def dispatched(self, a: Attempt) -> list[Effect]:
         a.open = a.prefill_open = True
-        out: list[Effect] = [LoadDelta(a.name, a.uncached, 1, a.rank, a.uncached ** 2 if a.rank is not None else 0)]
+        out: list[Effect] = [LoadDelta(a.name, a.uncached, 1)]
         if a.indexed:
             out.append(IndexWrite(a.key, tuple(a.req.hashes), self.speculative_ttl_s))
         return out
@@ -158,17 +149,12 @@ class RoutingEngine:
         out: list[Effect] = []
         if a.prefill_open:
             a.prefill_open = False
-            out.append(self._prefilled(a))
+            out.append(LoadDelta(a.name, -a.uncached, 0))
         if a.indexed:
             out.append(IndexWrite(a.key, tuple(a.req.hashes), self.residency_ttl_s))
         if observed_ttft is not None and a.ttft_raw > 0:
             self.corrector.observe(a.pool, a.ttft_raw, observed_ttft, a.regime, a.name, alone=a.queued_prefill <= 0)
         return out
-
-    @staticmethod
-    def _prefilled(a: Attempt) -> LoadDelta:
-        """Its prefill is out of the target's queue (first token, or ended before one)."""
-        return LoadDelta(a.name, -a.uncached, 0, a.rank, -(a.uncached ** 2) if a.rank is not None else 0)
 
     def usage(self, a: Attempt, reported_cached: int | None) -> list[Effect]:
         if reported_cached is None or not a.indexed or reported_cached >= a.predicted_cached - self.chunk_tokens:
@@ -181,7 +167,7 @@ class RoutingEngine:
         before_first_token = a.prefill_open
         if a.prefill_open:
             a.prefill_open = False
-            out.append(self._prefilled(a))
+            out.append(LoadDelta(a.name, -a.uncached, 0))
         if a.open:
             a.open = False
             out.append(LoadDelta(a.name, 0, -1))
@@ -204,17 +190,7 @@ def prefill_level(uncached_tokens: int) -> int:
 
 
 def merged_load(tracked: LoadView, engine: LoadView | None) -> LoadView:
-    """The gateways' count, floored by the engine's own gauges (which lag, but see traffic from anywhere). The
-    engine does not say at what priority its queue is: a queue larger than the gateways' is taken to be ranked as
-    theirs is (each rank's part scaled up alike)."""
+    """The gateways' count, floored by the engine's own gauges (which lag, but see traffic from anywhere)."""
     if engine is None:
         return tracked
-    q, eq = tracked.queued_prefill_tokens, engine.queued_prefill_tokens
-    inflight = max(tracked.inflight, engine.inflight)
-    if eq <= q:
-        return LoadView(q, inflight, tracked.ranked) if inflight != tracked.inflight else tracked
-    ranked = tracked.ranked
-    if ranked and q > 0:
-        f = eq / q
-        ranked = tuple((r, tokens * f, sq * f) for r, tokens, sq in ranked)  # more of the same sizes
-    return LoadView(eq, inflight, ranked)
+    return LoadView(max(tracked.queued_prefill_tokens, engine.queued_prefill_tokens), max(tracked.inflight, engine.inflight))

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from gateway.prediction.pricing import request_cost
-from gateway.prediction.ttft import FREE, LoadView, ahead_of, predict_ttft, regime
+from gateway.prediction.ttft import FREE, LoadView, predict_ttft, regime
 from gateway.routing.request import RoutingRequest
 from gateway.settings.pools import GpuHourPricing, PerTokenPricing, PoolTiming
 
@@ -27,7 +27,6 @@ class TargetInfo(Generic[R]):
     ref: R  # the caller's handle on the target, handed back in the decision (opaque here)
     weight: float = 1.0  # on-call preference: routing cost is divided by it (billing is not)
     prefix_cache: bool = True  # the gateway tracks its prefix cache (self-hosted engines; hosted APIs are opaque)
-    ranked: bool = False  # it prefills its waiting queue by the priority the gateway sends (`Candidate.rank`)
 
     @property
     def self_hosted(self) -> bool:
@@ -48,9 +47,6 @@ class Candidate(Generic[R]):
     # the replica's own TTFT correction, what its pool's does not explain: ~1 for a healthy replica, ~6 for one whose
     # forwards run 6x slower (a gray failure); the policy leaves such a replica however warm it is
     slowness: float = 1.0
-    # where the target prefills by priority: the request's there (its class, flow control's boost and its prefill
-    # level on this target; higher first), which decides what of the queue is ahead of it (`ahead_of`); else None
-    rank: int | None = None
 
     @property
     def name(self) -> str:
@@ -67,7 +63,7 @@ class Candidate(Generic[R]):
     def explain(self) -> dict[str, Any]:
         return {"replica": self.name, "pool": self.info.pool, "cached_tokens": self.cached_tokens,
                 "queued_prefill_tokens": round(self.load.queued_prefill_tokens), "inflight": round(self.load.inflight, 1),
-                "regime": self.regime, "rank": self.rank, "predicted_ttft_s": round(self.ttft, 3),
+                "regime": self.regime, "predicted_ttft_s": round(self.ttft, 3),
                 "ttft_correction": round(self.ttft / self.ttft_raw, 3) if self.ttft_raw > 0 else None,
                 "replica_slowness": round(self.slowness, 3),
                 "cost_usd": round(self.cost, 8)}
@@ -75,11 +71,9 @@ class Candidate(Generic[R]):
 
 def build_candidates(req: RoutingRequest, targets: Sequence[TargetInfo[R]], matches: Mapping[str, int],
                      loads: Mapping[str, LoadView], correction: Callable[[str, str, str | None], float],
-                     chunk_tokens: int,
-                     level: Callable[[TargetInfo[R], int, LoadView, float], int] | None = None) -> list[Candidate[R]]:
+                     chunk_tokens: int) -> list[Candidate[R]]:
     """`correction(pool, regime, replica)`: what a prediction is multiplied by on that replica (replica None: the
-    pool's alone). `level(target, uncached, load, sla)`: what the request adds to its priority there
-    (`RoutingEngine.level`); None: nothing."""
+    pool's alone)."""
     out: list[Candidate[R]] = []
     expected_out = req.max_output_tokens
     pooled: dict[tuple[str, str], float] = {}  # (pool, regime) -> the pool's correction: one lookup, not one each
@@ -88,10 +82,7 @@ def build_candidates(req: RoutingRequest, targets: Sequence[TargetInfo[R]], matc
         cached = min(chunks * chunk_tokens, max(req.prompt_tokens - 1, 0))
         uncached = req.prompt_tokens - cached
         load = loads.get(t.name, LoadView())
-        rank = None
-        if t.ranked:
-            rank = req.priority + (level(t, uncached, load, req.ttft_sla_s) if level is not None else 0)
-        raw = predict_ttft(t.timing, ahead_of(load, rank), uncached)
+        raw = predict_ttft(t.timing, load, uncached)
         reg = regime(t.timing, load)
         out_tokens = expected_out if expected_out is not None else t.timing.expected_output_tokens
         pool = pooled.get((t.pool, reg))
@@ -100,5 +91,5 @@ def build_candidates(req: RoutingRequest, targets: Sequence[TargetInfo[R]], matc
         own = correction(t.pool, reg, t.name)
         out.append(Candidate(t, chunks, cached, uncached, load, raw * own, raw,
                              request_cost(t.pricing, req.prompt_tokens, cached, out_tokens) / max(t.weight, 1e-9), reg,
-                             own / pool if pool > 0 else 1.0, rank))
+                             own / pool if pool > 0 else 1.0))
     return out

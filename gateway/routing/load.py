@@ -31,122 +31,31 @@ log = logging.getLogger("gateway.load")
 class LoadTracker(Protocol):
     async def snapshot(self, names: Sequence[str]) -> dict[str, LoadView]: ...
 
-    def apply(self, name: str, prefill_tokens: float, requests: float, rank: int | None = None,
-              square: float = 0.0) -> None:
+    def apply(self, name: str, prefill_tokens: float, requests: float) -> None:
         """A delta (the routing engine's LoadDelta), in this instance's view at once; shared when convenient."""
 
     async def settle(self) -> None:
         """Every delta applied so far is shared (shutdown, tests)."""
 
 
-class LoadSum:
-    """One replica's load summed from deltas or fields: queued prefill tokens (all of them), requests in flight, and
-    the queued prefill per rank (its tokens, and each request's tokens squared, summed) where it was sent with a
-    priority the replica schedules by (`prediction/ttft.py: ahead_of`)."""
-
-    __slots__ = ("n", "p", "ranked")
-
-    def __init__(self) -> None:
-        self.p = 0.0
-        self.n = 0.0
-        self.ranked: dict[int, list[float]] = {}  # rank -> [tokens, sum of tokens squared]
-
-    def add(self, prefill_tokens: float, requests: float, rank: int | None = None, square: float = 0.0) -> None:
-        self.p += prefill_tokens
-        self.n += requests
-        if rank is not None:
-            b = self.ranked.get(rank)
-            if b is None:
-                b = self.ranked[rank] = [0.0, 0.0]
-            b[0] += prefill_tokens
-            b[1] += square
-
-    def merge(self, other: LoadSum) -> None:
-        self.p += other.p
-        self.n += other.n
-        for r, (tokens, n) in other.ranked.items():
-            self.add(0.0, 0.0, r, 0.0)
-            b = self.ranked[r]
-            b[0] += tokens
-            b[1] += n
-
-    def view(self, base: LoadView | None = None) -> LoadView:
-        """This sum as a view (`base`: a view it is a delta on)."""
-        p, n = self.p, self.n
-        ranked = self.ranked
-        if base is not None:
-            p += base.queued_prefill_tokens
-            n += base.inflight
-            if base.ranked:
-                ranked = {r: [tokens, c] for r, tokens, c in base.ranked}
-                for r, (tokens, c) in self.ranked.items():
-                    b = ranked.setdefault(r, [0.0, 0.0])
-                    b[0] += tokens
-                    b[1] += c
-        parts = tuple(sorted(((r, b[0], max(0.0, b[1])) for r, b in ranked.items() if b[0] > 0.5),
-                             reverse=True)) if ranked else ()
-        return LoadView(max(0.0, p), max(0.0, n), parts)
-
-
 class MemoryLoadTracker:
     def __init__(self) -> None:
-        self.sums: dict[str, LoadSum] = {}
+        self.prefill: dict[str, float] = {}
+        self.requests: dict[str, float] = {}
 
     def view(self, name: str) -> LoadView:
-        s = self.sums.get(name)
-        return s.view() if s is not None else LoadView()
+        return LoadView(max(0.0, self.prefill.get(name, 0.0)), max(0.0, self.requests.get(name, 0.0)))
 
-    def apply(self, name: str, prefill_tokens: float, requests: float, rank: int | None = None,
-              square: float = 0.0) -> None:
+    def apply(self, name: str, prefill_tokens: float, requests: float) -> None:
         """A delta (the routing engine's LoadDelta; the virtual-clock fleet's too)."""
-        s = self.sums.get(name)
-        if s is None:
-            s = self.sums[name] = LoadSum()
-        s.add(prefill_tokens, requests, rank, square)
+        self.prefill[name] = self.prefill.get(name, 0.0) + prefill_tokens
+        self.requests[name] = self.requests.get(name, 0.0) + requests
 
     async def snapshot(self, names: Sequence[str]) -> dict[str, LoadView]:
         return {n: self.view(n) for n in names}
 
     async def settle(self) -> None:
         return None
-
-
-def _fields(gid: str, s: LoadSum) -> list[tuple[str, float]]:
-    """A sum as this instance's fields of the replica's hash: `<id>:p` (queued prefill tokens, all of them), `<id>:n`
-    (requests), and per rank `<id>:r<rank>:p` / `<id>:r<rank>:s` (its tokens, their squares summed). An older
-    gateway reading the hash takes `<id>:r<rank>` for a gateway id it does not know and skips those fields."""
-    out = [(f"{gid}:p", s.p), (f"{gid}:n", s.n)]
-    for r, (tokens, c) in s.ranked.items():
-        out.append((f"{gid}:r{r}:p", tokens))
-        out.append((f"{gid}:r{r}:s", c))
-    return out
-
-
-def parse_fields(fields: dict[bytes | str, bytes | str], live: set[str]) -> LoadView:
-    """A replica's hash summed over the live gateways' fields (`_fields`)."""
-    s = LoadSum()
-    for k, v in fields.items():
-        k = k.decode() if isinstance(k, bytes) else k
-        head, _, kind = k.rpartition(":")
-        if head in live:
-            if kind == "p":
-                s.p += float(v)
-            elif kind == "n":
-                s.n += float(v)
-            continue
-        gid, _, tag = head.rpartition(":")
-        if gid not in live or not tag.startswith("r"):
-            continue
-        try:
-            rank = int(tag[1:])
-        except ValueError:
-            continue
-        if kind == "p":
-            s.add(0.0, 0.0, rank, 0.0)
-            s.ranked[rank][0] += float(v)
-        elif kind == "s":
-            s.add(0.0, 0.0, rank, float(v))
-    return s.view()
 
 
 class RedisLoadTracker:
@@ -163,11 +72,11 @@ class RedisLoadTracker:
         self.local = MemoryLoadTracker()  # this instance's own load: the fallback view and the source of truth for writes
         self._cache: dict[str, LoadView] = {}
         self._cache_at = 0.0
-        self._pending: dict[str, LoadSum] = {}  # deltas since the cached snapshot
+        self._pending: dict[str, tuple[float, float]] = {}  # deltas since the cached snapshot
         # deltas not yet in Redis: staged, and in the exchange under way (write_behind.py)
-        self._unsent: dict[str, LoadSum] = {}
-        self._sending: dict[str, LoadSum] = {}
-        self._acked: list[dict[str, LoadSum]] = []  # exchanges done while a snapshot was being read
+        self._unsent: dict[str, list[float]] = {}
+        self._sending: dict[str, list[float]] = {}
+        self._acked: list[dict[str, list[float]]] = []  # exchanges done while a snapshot was being read
         self._reading = 0  # snapshots being read
         self._writes = Flusher(self._send, "load-writes")
         # a single slow call reads this instance's view once; only an outage (or a hung Redis) switches to it
@@ -206,8 +115,9 @@ class RedisLoadTracker:
         """Write this instance's absolute load (repairs whatever was lost while Redis was away, or raced)."""
         self._unsent = {}  # the absolute values below include them
         pipe = self.r.pipeline(transaction=False)
-        for name, s in self.local.sums.items():
-            pipe.hset(self._key(name), mapping=dict(_fields(self.id, s)))
+        for name in set(self.local.prefill) | set(self.local.requests):
+            v = self.local.view(name)
+            pipe.hset(self._key(name), mapping={f"{self.id}:p": v.queued_prefill_tokens, f"{self.id}:n": v.inflight})
         await pipe.execute()
 
     async def snapshot(self, names: Sequence[str]) -> dict[str, LoadView]:
@@ -231,47 +141,55 @@ class RedisLoadTracker:
             finally:
                 self._reading -= 1
             live = {g.decode() if isinstance(g, bytes) else g for g in res[0]} | {self.id}
-            cache = {n: parse_fields(fields, live) for n, fields in zip(names, res[1:])}
+            cache = {}
+            for n, fields in zip(names, res[1:]):
+                p = q = 0.0
+                for k, v in fields.items():
+                    k = k.decode() if isinstance(k, bytes) else k
+                    gid, _, kind = k.rpartition(":")
+                    if gid in live:
+                        if kind == "p":
+                            p += float(v)
+                        else:
+                            q += float(v)
+                cache[n] = LoadView(max(0.0, p), max(0.0, q))
             # what this instance applied that Redis may not have had when it answered stays on top of it: deltas
             # not sent, under way, or acknowledged while this read was (replies on two connections come in either
             # order). One that made it may count twice until the next snapshot: briefly too much, never too little.
-            pending: dict[str, LoadSum] = {}
+            pending: dict[str, tuple[float, float]] = {}
             for deltas in (*self._acked, self._sending, self._unsent):
-                for n, d in deltas.items():
-                    acc = pending.get(n)
-                    if acc is None:
-                        acc = pending[n] = LoadSum()
-                    acc.merge(d)
+                for n, (dp, dq) in deltas.items():
+                    p0, q0 = pending.get(n, (0.0, 0.0))
+                    pending[n] = (p0 + dp, q0 + dq)
             if not self._reading:
                 self._acked = []
             self._cache, self._cache_at, self._pending = cache, now, pending
         out = {}
         for n in names:
             v = self._cache.get(n, LoadView())
-            delta = self._pending.get(n)
-            out[n] = delta.view(v) if delta is not None else v
+            dp, dq = self._pending.get(n, (0.0, 0.0))
+            out[n] = LoadView(max(0.0, v.queued_prefill_tokens + dp), max(0.0, v.inflight + dq))
         return out
 
-    def apply(self, name: str, prefill_tokens: float, requests: float, rank: int | None = None,
-              square: float = 0.0) -> None:
-        self.local.apply(name, prefill_tokens, requests, rank, square)
-        d = self._pending.get(name)
-        if d is None:
-            d = self._pending[name] = LoadSum()
-        d.add(prefill_tokens, requests, rank, square)
+    def apply(self, name: str, prefill_tokens: float, requests: float) -> None:
+        self.local.apply(name, prefill_tokens, requests)
+        p0, q0 = self._pending.get(name, (0.0, 0.0))
+        self._pending[name] = (p0 + prefill_tokens, q0 + requests)
         if not self.guard.available:
             return  # the heartbeat republishes this instance's absolute load once Redis answers
-        u = self._unsent.get(name)
-        if u is None:
-            u = self._unsent[name] = LoadSum()
-        u.add(prefill_tokens, requests, rank, square)
+        d = self._unsent.get(name)
+        if d is None:
+            d = self._unsent[name] = [0.0, 0.0]
+        d[0] += prefill_tokens
+        d[1] += requests
         self._writes.kick()
 
     async def _send(self) -> None:
         """One exchange for every delta staged since the last (a request's add and its first token's release, if
         both are staged, cancel out and send nothing)."""
         batch, self._unsent = self._unsent, {}
-        fields = [(self._key(n), f, v) for n, s in batch.items() for f, v in _fields(self.id, s) if v]
+        fields = [(self._key(n), f"{self.id}:{kind}", v) for n, (dp, dq) in batch.items()
+                  for kind, v in (("p", dp), ("n", dq)) if v]
         if not fields:
             return
         self._sending = batch
@@ -311,14 +229,13 @@ class Reservations:
     def __init__(self, ttl_s: float = 5.0, clock: Callable[[], float] = time.monotonic) -> None:
         self.ttl_s = ttl_s
         self.clock = clock
-        # request id -> (target, prefill tokens, at, its rank there)
-        self._by_id: dict[str, tuple[str, float, float, int | None]] = {}
+        self._by_id: dict[str, tuple[str, float, float]] = {}  # request id -> (target, prefill tokens, at)
 
     def __len__(self) -> int:
         return len(self._by_id)
 
-    def reserve(self, request_id: str, name: str, prefill_tokens: float, rank: int | None = None) -> None:
-        self._by_id[request_id] = (name, prefill_tokens, self.clock(), rank)
+    def reserve(self, request_id: str, name: str, prefill_tokens: float) -> None:
+        self._by_id[request_id] = (name, prefill_tokens, self.clock())
 
     def release(self, request_id: str) -> None:
         self._by_id.pop(request_id, None)
@@ -328,17 +245,16 @@ class Reservations:
         if not self._by_id:
             return views
         cutoff = self.clock() - self.ttl_s
-        extra: dict[str, LoadSum] = {}
-        for rid, (name, tokens, at, rank) in list(self._by_id.items()):
+        extra: dict[str, tuple[float, float]] = {}
+        for rid, (name, tokens, at) in list(self._by_id.items()):
             if at < cutoff:
                 del self._by_id[rid]
                 continue
-            s = extra.get(name)
-            if s is None:
-                s = extra[name] = LoadSum()
-            s.add(tokens, 1, rank, tokens * tokens if rank is not None else 0)
+            p, n = extra.get(name, (0.0, 0.0))
+            extra[name] = (p + tokens, n + 1)
         out = dict(views)
-        for name, s in extra.items():
-            out[name] = s.view(out.get(name, LoadView()))
+        for name, (p, n) in extra.items():
+            v = out.get(name, LoadView())
+            out[name] = LoadView(v.queued_prefill_tokens + p, v.inflight + n)
         return out
 

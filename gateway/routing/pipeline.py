@@ -28,8 +28,7 @@ class Router(Protocol):
 
 
 def target_info(t: Target) -> TargetInfo[Target]:
-    return TargetInfo(t.name, t.index_key, t.pool, t.timing, t.pricing, t, t.weight, prefix_cache=t.caps.prefix_cache,
-                      ranked=t.priority_for("normal") is not None)
+    return TargetInfo(t.name, t.index_key, t.pool, t.timing, t.pricing, t, t.weight, prefix_cache=t.caps.prefix_cache)
 
 
 class PipelineRouter:
@@ -69,8 +68,7 @@ class PipelineRouter:
         chosen = decision.chosen
         if chosen is not None and not dry_run:
             cand = decision.features.get(chosen.name)
-            self.reservations.reserve(req.request_id, chosen.name, cand.uncached_tokens if cand else req.prompt_tokens,
-                                      cand.rank if cand else None)
+            self.reservations.reserve(req.request_id, chosen.name, cand.uncached_tokens if cand else req.prompt_tokens)
         return decision
 
     def hinted(self, req: RoutingRequest, infos: list[TargetInfo[Target]], matches: dict[str, int]) -> dict[str, int]:

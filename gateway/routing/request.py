@@ -24,9 +24,6 @@ class RoutingRequest:
     # turn, and that turn's prompt tokens, which it holds in its cache whatever the prefix index says now
     affinity_hint: str | None = None
     affinity_tokens: int = 0
-    # its engine priority before the prefill level (higher first): the tenant class's value (high 10, normal 0,
-    # low -10) plus what flow control adds (`FlowController.engine_boost`); read where a target schedules by priority
-    priority: int = 0
 
 
 # The agent session a request belongs to, named by the client (Claude Code's x-claude-code-session-id, Codex's

@@ -13,7 +13,7 @@ space).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from gateway.config import GpuHourPricing, PerTokenPricing, PoolTiming, Routing
@@ -119,8 +119,7 @@ class Fleet:
         yet, so it is measured here only)."""
         self.loop = EventLoop()
         clock = lambda: self.loop.now  # noqa: E731
-        # a self-hosted rank that schedules by priority: routing predicts what of its queue is ahead of each request
-        self.infos = [replace(info, ranked=info.self_hosted and schedule == "priority") for info, _ in targets]
+        self.infos = [info for info, _ in targets]
         self.ranks: dict[str, VirtualRank] = {}
         for i, (info, cfg) in enumerate(targets):
             # only the first token and the finish matter here: one TOKENS event per request, not one per step;
@@ -203,13 +202,9 @@ class Fleet:
         self.loop.run()
         return self.records
 
-    def _decide(self, inst: Instance, job: Job, req: RoutingRequest | None = None, boost: int = 0) -> Decision[Any]:
-        """`boost`: flow control's addition to its engine priority (the gateway decides on it too: flow/gate.boosted)."""
+    def _decide(self, inst: Instance, job: Job, req: RoutingRequest | None = None) -> Decision[Any]:
         eng, infos = inst.engine, self.infos
         req = req or job.req
-        priority = self.tenant_priority.get(req.tenant, 0) + boost
-        if priority != req.priority:
-            req = replace(req, priority=priority)
         matches = inst.index.match_sync(req.hashes, [i.key for i in infos]) if eng.uses_prefix and req.hashes else {}
         loads = {i.name: inst.loads.view(i.name) for i in infos}
         return eng.decide(req, infos, matches, loads, self.loop.now)
@@ -229,16 +224,16 @@ class Fleet:
                        job.output_len, now, req.ttft_sla_s, pol.queue_timeout_s, (k, job),
                        bound(req, self.flow_timing, ctl.cfg.queue_for(ctl.cfg.band_index(pol.band))))
         if not ctl.contended(now):  # a lone flow goes straight to routing, charged for what it uses
-            decision = self._decide(inst, job, boost=ctl.engine_boost(t))
+            decision = self._decide(inst, job)
             ctl.charge(t, now, placed_cost(ctl, t, decision))
             self._dispatch(k, inst, job, decision, now, t)
             return
         if not len(ctl):  # nobody waiting: go now if routing predicts the SLA (gateway/flow/gate.py: meets_sla)
-            q, boost = ctl.cfg.queue_for(t.band), ctl.engine_boost(t)
-            go = meets_sla(self._decide(inst, job, boost=boost), req, q)
+            q = ctl.cfg.queue_for(t.band)
+            go = meets_sla(self._decide(inst, job), req, q)
             if go is not None:
                 if self.preempt and late(go, req, 0.0) and self._preempt(inst, t, job):
-                    go = meets_sla(self._decide(inst, job, boost=boost), req, q) or go
+                    go = meets_sla(self._decide(inst, job), req, q) or go
                 ctl.charge(t, now, placed_cost(ctl, t, go))
                 self._dispatch(k, inst, job, go, now, t)
                 return
@@ -264,12 +259,12 @@ class Fleet:
         p = Pass(cfg.lookahead)
         while (t := ctl.head(now, p.skip)) is not None:
             k, job = t.payload
-            q, boost = cfg.queue_for(t.band), ctl.engine_boost(t)
+            q = cfg.queue_for(t.band)
             if ctl.under_share(t):  # first in the fair order and under its share: its whole SLA (gate.meets_sla)
-                decision = self._decide(inst, job, boost=boost)
+                decision = self._decide(inst, job)
                 go = p.free(meets_sla(decision, job.req, q))
             else:
-                decision = self._decide(inst, job, tightened(job.req, bound(job.req, self.flow_timing, q)), boost)
+                decision = self._decide(inst, job, tightened(job.req, bound(job.req, self.flow_timing, q)))
                 go = p.free(verdict(decision, job.req, q))
             if self.preempt and (go is None or late(go, job.req, now - t.arrived)) and self._preempt(inst, t, job):
                 continue  # decide again: the lower bands' requests it cancelled are off their target

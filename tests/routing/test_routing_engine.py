@@ -61,8 +61,6 @@ def test_replay_and_gateway_make_the_same_decision_for_the_same_inputs(policy: s
     features: the replay runs the gateway's routing, not a copy."""
     cfg = gateway_config(policy, queue_drain)
     registry = UpstreamRegistry(cfg)
-    for t in registry.targets:  # as their /server_info says when started as deploy/sglang/ starts them (and simulated)
-        t.state.priority_scheduling = True
     route = cfg.models[0]
     aio = asyncio.new_event_loop()
     seen: list[str] = []
