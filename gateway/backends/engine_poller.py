@@ -156,7 +156,7 @@ class EnginePoller:
             self._failed(server, t, str(e))
             for x in targets:
                 x.state.engine_load = None
-        except (httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError) as e:  # JSON not of the shape read
+        except (httpx.HTTPError, ValueError, KeyError, TypeError) as e:
             self._unreachable(server, e)
             for x in targets:
                 x.state.engine_load = x.state.kv_usage = None
@@ -307,7 +307,7 @@ def _kv_usage(data: dict[str, Any]) -> dict[int, float]:
     """Rank -> the engine's KV-cache use (`token_usage`, 0..1, clamped: an engine's number is bounded before it is
     shown), for the console; ranks that do not report it are left out."""
     out = {}
-    for i, x in enumerate(data.get("loads") or []):
+    for i, x in enumerate(_objects(data.get("loads") or [])):
         u = x.get("token_usage")
         if isinstance(u, (int, float)) and u == u:
             out[int(x.get("dp_rank", i))] = min(max(float(u), 0.0), 1.0)
@@ -325,15 +325,24 @@ def _assign_kv(targets: list[Target], usage: dict[int, float] | None) -> None:
             t.state.kv_usage = usage.get(t.dp_rank)
 
 
-def _rows_v1_loads(data: dict[str, Any]) -> list[tuple[int, LoadView]]:
+def _objects(items: Any) -> list[dict[str, Any]]:
+    """The rows of a load answer; any other shape raises TypeError: the server is taken as not answering."""
+    if not isinstance(items, list) or not all(isinstance(x, dict) for x in items):
+        raise TypeError(f"load rows of another shape: {type(items).__name__}")
+    return items
+
+
+def _rows_v1_loads(data: Any) -> list[tuple[int, LoadView]]:
     # 0.5.9 has no num_waiting_uncached_tokens: the prefill floor reads 0 there (the gateways' own count remains)
+    if not isinstance(data, dict):
+        raise TypeError(f"/v1/loads answered a JSON {type(data).__name__}, not an object")
     return [(int(x.get("dp_rank", i)), LoadView(float(x.get("num_waiting_uncached_tokens", 0)),
                                                 float(x.get("num_running_reqs", 0) + x.get("num_waiting_reqs", 0))))
-            for i, x in enumerate(data.get("loads") or [])]
+            for i, x in enumerate(_objects(data.get("loads") or []))]
 
 
 def _rows_get_load(data: Any) -> list[tuple[int, LoadView]]:
-    rows = data if isinstance(data, list) else []
+    rows = _objects(data) if isinstance(data, list) else []
     return [(int(x.get("dp_rank", i)), LoadView(float(x.get("num_pending_tokens", 0)), float(x.get("num_reqs", 0))))
             for i, x in enumerate(rows)]
 
