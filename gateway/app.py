@@ -22,6 +22,7 @@ from gateway.backends.engine_poller import EnginePoller
 from gateway.backends.health import HealthChecker
 from gateway.backends.hosted import LiteLLMBackend
 from gateway.backends.openai_compat import HttpBackend, SGLangBackend
+from gateway.backends.polls import PollClient
 from gateway.config import GatewayConfig
 from gateway.control.plane import ControlPlane
 from gateway.control.store import MemoryControlStore, RedisControlStore
@@ -85,7 +86,8 @@ def create_app(config: GatewayConfig, *, span_exporter: Any = None, transport: h
                                          "openai": HttpBackend(http, config.retry, t.idle),
                                          "litellm": LiteLLMBackend()}
         tracer, provider = build_tracer(config.observability.tracing_exporter, config.observability.service_name, span_exporter)
-        health = HealthChecker(registry, http, config.health, metrics)
+        gets = PollClient(http)  # the polls' and probes' GETs: one keep-alive pool per replica, shared
+        health = HealthChecker(registry, http, config.health, metrics, gets)
         rc = config.routing
         redis_client = None
         index: PrefixIndex
@@ -141,7 +143,7 @@ def create_app(config: GatewayConfig, *, span_exporter: Any = None, transport: h
         if precise is not None:
             precise.manager.feedback = feedback
         recorder = TraceRecorder(config.recording, rc.chunk_tokens)  # off unless recording.path is set
-        poller = EnginePoller(registry, http, feedback, rc.chunk_tokens, rc.load_poll_s, config, metrics.registry)
+        poller = EnginePoller(registry, http, feedback, rc.chunk_tokens, rc.load_poll_s, config, metrics.registry, gets)
         state = AppState(
             config=config, registry=registry, policies=policies, control=control, limiter=limiter, budget=budget,
             metrics=metrics, http=http,
@@ -186,7 +188,7 @@ def create_app(config: GatewayConfig, *, span_exporter: Any = None, transport: h
                 ("control", control.stop), ("policies", policies.stop),
                 *([("flow", state.flow.stop)] if state.flow is not None else []),
                 ("pipeline drain", app.state.proxy.drain), ("concurrency", state.concurrency.stop),
-                ("health", health.stop), ("engine poller", poller.stop),
+                ("health", health.stop), ("engine poller", poller.stop), ("poll client", gets.close),
                 *([("kv events", precise.manager.stop)] if precise is not None else []),
                 ("feedback", feedback.drain), ("recorder", recorder.close),
                 ("budget", budget.stop),  # after the pipeline's settlements: a last replay of anything still queued

@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 
@@ -109,7 +109,13 @@ class Report:
         return [f.check for f in self.findings]
 
 
-async def server_info(client: httpx.AsyncClient, base_url: str, headers: dict[str, str],
+class Getter(Protocol):
+    """What reads a server's answers: an httpx.AsyncClient, or the polls' lean one (backends/polls.py)."""
+
+    async def get(self, url: str, *, headers: dict[str, str], timeout: float) -> Any: ...
+
+
+async def server_info(client: Getter, base_url: str, headers: dict[str, str],
                       timeout: float = 2.0) -> tuple[int, dict[str, Any] | None]:
     """(status, body) of /server_info, falling back to /get_server_info on 404; raises httpx.HTTPError."""
     r = await client.get(f"{base_url}/server_info", headers=headers, timeout=timeout)

@@ -31,6 +31,7 @@ from prometheus_client import Gauge
 
 from gateway import preflight
 from gateway.backends import vllm_engine
+from gateway.backends.polls import PollClient
 from gateway.background import BackgroundTask
 from gateway.config import GatewayConfig, SGLangPool, VLLMPool
 from gateway.observability.logging import log_event
@@ -55,9 +56,12 @@ class ReplicaFacts(Protocol):
 
 class EnginePoller:
     def __init__(self, registry: UpstreamRegistry, client: httpx.AsyncClient, facts: ReplicaFacts, chunk_tokens: int,
-                 period: float, config: GatewayConfig | None = None, metrics_registry: Any = None) -> None:
+                 period: float, config: GatewayConfig | None = None, metrics_registry: Any = None,
+                 gets: PollClient | None = None) -> None:
         self.registry = registry
-        self.client = client
+        self.client = client  # the preflights (rare: at start and after a reconnect)
+        self._own_gets = gets is None
+        self.gets = PollClient(client) if gets is None else gets  # every poll's GETs (backends/polls.py)
         self.facts = facts
         self.chunk_tokens = chunk_tokens
         self.period = period
@@ -100,6 +104,8 @@ class EnginePoller:
 
     async def stop(self) -> None:
         await self._bg.stop()
+        if self._own_gets:
+            self.gets.close()
 
     async def poll_once(self, info: bool = True, servers: dict[str, list[Target]] | None = None) -> None:
         """Poll `servers` (default: every server the registry has) once, concurrently."""
@@ -131,13 +137,17 @@ class EnginePoller:
                 targets = await self._preflight(server, t) or targets
             elif info:
                 targets = await self._server_info(server, t) or targets
-            r = await self.client.get(f"{t.base_url}/v1/loads", headers=self._headers(t), timeout=2.0)
+            r = await self.gets.get(f"{t.base_url}/v1/loads", headers=self._headers(t), timeout=2.0)
             if r.status_code == 404:
-                r = await self.client.get(f"{t.base_url}/get_load", headers=self._headers(t), timeout=2.0)
+                r = await self.gets.get(f"{t.base_url}/get_load", headers=self._headers(t), timeout=2.0)
                 rows = _rows_get_load(r.json()) if r.status_code == 200 else None
+            elif r.status_code == 200:
+                data = r.json()  # once: the rows and the KV use are both read from it
+                rows = _rows_v1_loads(data)
+                _assign_kv(targets, _kv_usage(data))
             else:
-                rows = _rows_v1_loads(r.json()) if r.status_code == 200 else None
-                _assign_kv(targets, _kv_usage(r.json()) if r.status_code == 200 else None)
+                rows = None
+                _assign_kv(targets, None)
             self._reachable[server] = True
             self._refused.discard(server)
             self._backoff.pop(server, None)
@@ -230,7 +240,7 @@ class EnginePoller:
                         raise _Answered(reason)
                     raise httpx.ConnectError("refused") if rep.refused else httpx.ReadTimeout("unreachable")
                 targets = await self._record(server, t, rep) or targets
-            r = await self.client.get(f"{t.base_url}/metrics", headers=self._headers(t), timeout=2.0)
+            r = await self.gets.get(f"{t.base_url}/metrics", headers=self._headers(t), timeout=2.0)
             if r.status_code != 200:
                 raise _Answered(f"/metrics answered {r.status_code}")
             view = vllm_engine.load_from_metrics(r.text)
@@ -251,7 +261,7 @@ class EnginePoller:
                 x.state.engine_load = None
 
     async def _server_info(self, server: str, t: Target) -> list[Target] | None:
-        _, data = await preflight.server_info(self.client, t.base_url, self._headers(t))
+        _, data = await preflight.server_info(self.gets, t.base_url, self._headers(t))
         if data is None:
             return None
         return await self._apply(server, t, preflight.ServerFacts.from_info(data))
@@ -297,7 +307,7 @@ def _kv_usage(data: dict[str, Any]) -> dict[int, float]:
     """Rank -> the engine's KV-cache use (`token_usage`, 0..1, clamped: an engine's number is bounded before it is
     shown), for the console; ranks that do not report it are left out."""
     out = {}
-    for i, x in enumerate(data.get("loads") or []):
+    for i, x in enumerate(_objects(data.get("loads") or [])):
         u = x.get("token_usage")
         if isinstance(u, (int, float)) and u == u:
             out[int(x.get("dp_rank", i))] = min(max(float(u), 0.0), 1.0)
@@ -315,15 +325,24 @@ def _assign_kv(targets: list[Target], usage: dict[int, float] | None) -> None:
             t.state.kv_usage = usage.get(t.dp_rank)
 
 
-def _rows_v1_loads(data: dict[str, Any]) -> list[tuple[int, LoadView]]:
+def _objects(items: Any) -> list[dict[str, Any]]:
+    """The rows of a load answer; any other shape raises TypeError: the server is taken as not answering."""
+    if not isinstance(items, list) or not all(isinstance(x, dict) for x in items):
+        raise TypeError(f"load rows of another shape: {type(items).__name__}")
+    return items
+
+
+def _rows_v1_loads(data: Any) -> list[tuple[int, LoadView]]:
     # 0.5.9 has no num_waiting_uncached_tokens: the prefill floor reads 0 there (the gateways' own count remains)
+    if not isinstance(data, dict):
+        raise TypeError(f"/v1/loads answered a JSON {type(data).__name__}, not an object")
     return [(int(x.get("dp_rank", i)), LoadView(float(x.get("num_waiting_uncached_tokens", 0)),
                                                 float(x.get("num_running_reqs", 0) + x.get("num_waiting_reqs", 0))))
-            for i, x in enumerate(data.get("loads") or [])]
+            for i, x in enumerate(_objects(data.get("loads") or []))]
 
 
 def _rows_get_load(data: Any) -> list[tuple[int, LoadView]]:
-    rows = data if isinstance(data, list) else []
+    rows = _objects(data) if isinstance(data, list) else []
     return [(int(x.get("dp_rank", i)), LoadView(float(x.get("num_pending_tokens", 0)), float(x.get("num_reqs", 0))))
             for i, x in enumerate(rows)]
 

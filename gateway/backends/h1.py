@@ -7,6 +7,9 @@ per origin. Hosted endpoints (TLS, proxies, HTTP/2) keep using httpx.
 
 Errors: `H1ConnectError` (could not connect), `H1Dropped` (the connection closed before any response byte — a
 reused keep-alive connection the server had just closed; safe to retry), `H1Error` (anything else).
+
+`H1Pool.get` is the engine polls' GET (backends/polls.py): the whole answer within one deadline, its body bounded;
+besides the errors above it raises `H1Timeout` and `H1TooLarge`.
 """
 
 from __future__ import annotations
@@ -32,6 +35,18 @@ class H1Dropped(H1Error):
     server may have timed it out just as we sent), so the same request may go again on a fresh one."""
 
     reused = False
+
+
+class H1Timeout(H1Error):
+    """A GET did not end within its deadline; `connecting`: it was still connecting."""
+
+    def __init__(self, message: str, connecting: bool) -> None:
+        super().__init__(message)
+        self.connecting = connecting
+
+
+class H1TooLarge(H1Error):
+    """A GET's body passed its bound (the connection is closed, not read to the end)."""
 
 
 class _Conn(asyncio.Protocol):
@@ -223,6 +238,71 @@ class H1Pool:
                 e.reused = reused
             raise
         return H1Response(conn), reused
+
+    async def get(self, path: str, headers: dict[str, str], timeout: float, max_body: int) -> tuple[int, bytes]:
+        """A GET read to its end within `timeout` s, connecting included: (status, body). A body over `max_body`
+        bytes raises H1TooLarge; refused or failed connects H1ConnectError; the deadline H1Timeout. A pooled
+        connection the server had just closed is replaced once by a fresh one (a GET is idempotent)."""
+        head = [b"GET ", path.encode(), b" HTTP/1.1\r\nhost: ", self.host_header, b"\r\n"]
+        for k, v in headers.items():
+            head += [k.encode(), b": ", v.encode("latin-1"), b"\r\n"]
+        head.append(b"\r\n")
+        request = b"".join(head)
+        connecting = False
+        try:
+            async with asyncio.timeout(timeout):
+                conn = self._take_idle()
+                if conn is not None:
+                    try:
+                        return await self._get_on(conn, request, max_body)
+                    except H1Dropped:
+                        pass  # the server closed it as we sent: once more on a fresh one
+                connecting = True
+                loop = asyncio.get_running_loop()
+                try:
+                    _, conn = await loop.create_connection(lambda: _Conn(self), self.host, self.port)
+                except OSError as e:
+                    raise H1ConnectError(str(e)) from None
+                connecting = False
+                return await self._get_on(conn, request, max_body)
+        except TimeoutError:
+            raise H1Timeout(f"no whole answer within {timeout:g} s", connecting) from None
+
+    async def _get_on(self, conn: _Conn, request: bytes, max_body: int) -> tuple[int, bytes]:
+        assert conn.transport is not None
+        try:
+            conn.transport.write(request)
+            await conn.headers_done
+            length = conn.headers.get(b"content-length")
+            if length is not None and length.isdigit() and int(length) > max_body:
+                raise H1TooLarge(f"body of {int(length)} bytes, over {max_body}")
+            resp = H1Response(conn)
+            parts: list[bytes] = []
+            size = 0
+            while True:
+                try:
+                    got = resp.poll()
+                except H1Error:
+                    if conn.closed and conn.status and not (b"content-length" in conn.headers
+                                                            or b"transfer-encoding" in conn.headers):
+                        break  # a body that ends with the connection (no length given): complete
+                    raise
+                data = got if isinstance(got, bytes) else await got
+                if data is None:
+                    continue
+                if not data:
+                    break
+                size += len(data)
+                if size > max_body:
+                    raise H1TooLarge(f"body over {max_body} bytes")
+                parts.append(data)
+            status = conn.status
+            await resp.aclose()  # back to the pool when kept alive and read to its end
+            return status, b"".join(parts)
+        except BaseException:
+            if conn.transport is not None:
+                conn.transport.close()
+            raise
 
     def close(self) -> None:
         while self._idle:

@@ -23,6 +23,7 @@ from enum import Enum
 
 import httpx
 
+from gateway.backends.polls import PollClient
 from gateway.background import BackgroundTask
 from gateway.config import HealthChecks
 from gateway.observability.metrics import GatewayMetrics
@@ -41,9 +42,12 @@ class Probe(Enum):
 
 
 class HealthChecker:
-    def __init__(self, registry: UpstreamRegistry, client: httpx.AsyncClient, cfg: HealthChecks, metrics: GatewayMetrics) -> None:
+    def __init__(self, registry: UpstreamRegistry, client: httpx.AsyncClient, cfg: HealthChecks, metrics: GatewayMetrics,
+                 gets: PollClient | None = None) -> None:
         self.registry = registry
         self.client = client
+        self._own_gets = gets is None
+        self.gets = PollClient(client) if gets is None else gets  # the probes' GETs (backends/polls.py)
         self.cfg = cfg
         self.metrics = metrics
         self._bg = BackgroundTask(self._run, "health-checks")
@@ -55,6 +59,8 @@ class HealthChecker:
 
     async def stop(self) -> None:
         await self._bg.stop()
+        if self._own_gets:
+            self.gets.close()
 
     async def check_all(self) -> None:
         groups: dict[tuple[str, str], list[Target]] = {}
@@ -71,7 +77,7 @@ class HealthChecker:
     async def _probe(self, t: Target, path: str) -> Probe:
         headers = {"authorization": f"Bearer {t.api_key}"} if t.api_key else {}
         try:
-            r = await self.client.get(f"{t.base_url}{path}", headers=headers, timeout=self.cfg.timeout_s)
+            r = await self.gets.get(f"{t.base_url}{path}", headers=headers, timeout=self.cfg.timeout_s)
         except httpx.HTTPError:
             return Probe.DOWN
         if r.status_code in (401, 403):

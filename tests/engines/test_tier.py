@@ -76,6 +76,19 @@ def test_chat_and_completions_non_streaming(gateway: ServerThread, model_dir: Pa
     assert c.json()["object"] == "text_completion" and c.json()["usage"]["completion_tokens"] == 3
 
 
+def test_the_polls_read_real_servers_over_the_lean_client(gateway: ServerThread, sglang_env: EngineEnv) -> None:
+    """The engine poller's load and /server_info reads and the health probe go over backends/polls.py's keep-alive
+    pools: every target has the engine's load and release, and is reachable and healthy."""
+    st = gateway.app.state.gateway
+    wait_until(lambda: all(t.state.engine_load is not None for t in st.registry.targets), timeout=30,
+               what="the engines' loads")
+    for t in st.registry.targets:
+        assert t.state.healthy and t.state.version and sglang_env.recipe.version.startswith(t.state.version), t.state
+    assert st.poller._reachable and all(st.poller._reachable.values())
+    assert st.health.gets is st.poller.gets  # one pool per server, the probes reuse the polls' connections
+    assert all(p is not None and p.port for p in st.poller.gets._pools.values())
+
+
 def test_streaming_chat_ends_with_usage_and_done(gateway: ServerThread) -> None:
     events: list[str] = []
     with httpx.stream("POST", f"{gateway.urls[0]}/v1/chat/completions", headers=H, timeout=120,
