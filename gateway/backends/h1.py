@@ -15,6 +15,7 @@ import asyncio
 import collections
 import time
 from collections.abc import AsyncIterator
+from typing import Protocol
 
 import httptools
 
@@ -32,6 +33,17 @@ class H1Dropped(H1Error):
     server may have timed it out just as we sent), so the same request may go again on a fresh one."""
 
     reused = False
+
+
+class BodySink(Protocol):
+    """Takes a response's body from the connection's callbacks instead of the queue `H1Response.poll` reads
+    (`backends/push.py`): each read, the end, or the error."""
+
+    def data(self, body: bytes) -> None: ...
+
+    def done(self) -> None: ...
+
+    def fail(self, err: H1Error) -> None: ...
 
 
 class _Conn(asyncio.Protocol):
@@ -52,6 +64,7 @@ class _Conn(asyncio.Protocol):
         self.got_bytes = False
         self.error: H1Error | None = None
         self.waiter: asyncio.Future[bytes | None] | None = None
+        self.sink: BodySink | None = None  # set: the body goes there, not to `chunks`
         self.headers_done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
     # -- asyncio.Protocol ------------------------------------------------------------------------------------
@@ -83,6 +96,9 @@ class _Conn(asyncio.Protocol):
         # once per network read of a stream: a reader waiting in `H1Response.poll` is handed the bytes themselves
         if not body:
             return  # b"" is `H1Response.poll`'s end of body
+        if self.sink is not None:
+            self.sink.data(body)
+            return
         w = self.waiter
         if w is not None and not w.done() and not self.chunks:
             w.set_result(body)
@@ -92,6 +108,8 @@ class _Conn(asyncio.Protocol):
     def on_message_complete(self) -> None:
         self.keep_alive = self.parser.should_keep_alive()  # llhttp forgets it once the callback returns
         self.done = True
+        if self.sink is not None:
+            self.sink.done()
         self._wake()
 
     # -- internals ---------------------------------------------------------------------------------------------
@@ -104,6 +122,8 @@ class _Conn(asyncio.Protocol):
         if not self.headers_done.done():
             self.headers_done.set_exception(err)
             self.headers_done.exception()  # mark retrieved: the caller may already be gone
+        if self.sink is not None:
+            self.sink.fail(err)
         self._wake()
         if self.transport is not None:
             self.transport.close()
@@ -146,6 +166,32 @@ class H1Response:
             raise c.error
         c.waiter = w = asyncio.get_running_loop().create_future()
         return w
+
+    def attach(self, sink: BodySink) -> None:
+        """Hand the body to `sink` from the connection's callbacks from now on (no `poll`): what arrived before is
+        handed over first, its reads and then its end or error."""
+        c = self._conn
+        c.sink = sink
+        while c.chunks and c.sink is sink:
+            sink.data(c.chunks.popleft())
+        if c.sink is sink:
+            if c.done:
+                sink.done()
+            elif c.error is not None:
+                sink.fail(c.error)
+
+    def detach(self) -> None:
+        self._conn.sink = None
+
+    def pause_reading(self) -> None:
+        t = self._conn.transport
+        if t is not None and not t.is_closing():
+            t.pause_reading()
+
+    def resume_reading(self) -> None:
+        t = self._conn.transport
+        if t is not None and not t.is_closing():
+            t.resume_reading()
 
     async def aread(self) -> bytes:
         return b"".join([chunk async for chunk in self.aiter_raw()])
