@@ -240,8 +240,12 @@ class H1Pool:
         return None
 
     def release(self, c: _Conn) -> None:
+        """Pool a connection whose response was read to its end, its transport read again (a paused one would take
+        the next request and never see the answer)."""
         c.last_used = time.monotonic()
         c._reset()
+        if c.transport is not None and not c.transport.is_reading():
+            c.transport.resume_reading()
         if len(self._idle) < self.max_idle:
             self._idle.append(c)
         elif c.transport is not None:

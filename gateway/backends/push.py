@@ -25,7 +25,8 @@ class UpstreamPush:
     """The rest of an H1 stream after its first payload: `pending` (the first read's other payloads), then each read
     as the connection's callbacks get it. Implements `base.PushReads` for the connection's `BodySink`."""
 
-    __slots__ = ("idle", "loop", "paused", "pending", "queue", "resp", "since", "sink", "split", "stopped", "timer")
+    __slots__ = ("held", "idle", "loop", "paused", "pending", "queue", "resp", "since", "sink", "split", "stopped",
+                 "timer")
 
     def __init__(self, resp: H1Response, split: SseSplitter, pending: list[bytes], idle: float) -> None:
         self.resp, self.split, self.pending, self.idle = resp, split, pending, idle
@@ -33,7 +34,10 @@ class UpstreamPush:
         self.loop: asyncio.AbstractEventLoop | None = None
         # what arrived while paused, in order: a read, b"" (the end) or the connection's error
         self.queue: collections.deque[bytes | H1Error] = collections.deque()
-        self.paused = False
+        self.paused = False  # the sink asked for nothing more until `resume`
+        # the connection's transport is not being read (`pause` stopped it). Not the same as `paused`: `resume`
+        # clears `paused` first and hands over the queue, which may end the stream before reading starts again.
+        self.held = False
         self.stopped = False
         self.since: float | None = None  # when the wait for the upstream in progress began (None: not waiting)
         self.timer: asyncio.TimerHandle | None = None
@@ -56,7 +60,9 @@ class UpstreamPush:
         if not self.paused and not self.stopped:
             self.paused = True
             self.since = None
-            self.resp.pause_reading()
+            if not self.held:
+                self.held = True
+                self.resp.pause_reading()
 
     def resume(self) -> None:
         if not self.paused or self.stopped:
@@ -73,6 +79,7 @@ class UpstreamPush:
                 self._done()
         if self.paused or self.stopped:
             return
+        self.held = False
         self.resp.resume_reading()
         assert self.loop is not None
         self.since = self.loop.time()
@@ -88,8 +95,9 @@ class UpstreamPush:
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
-        if self.paused:  # a connection that ended while paused may go back to the pool: reading again
-            self.paused = False
+        self.paused = False
+        if self.held:  # a response whose end arrived before the pause goes back to the pool: reading again
+            self.held = False
             self.resp.resume_reading()
         self.queue.clear()
 
