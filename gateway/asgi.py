@@ -10,6 +10,12 @@ was already decided (a failure there is the callback's to log, never the connect
 registered in a `LiveStreams` can be cut (a shutdown past its drain timeout): it then ends with what `on_cut` gives
 — a last event, or an error response if nothing was sent yet — and a proper end of body, never a silent close. The
 server cancelling the response (uvicorn past its graceful timeout) is treated as a cut too.
+
+The rest of the body is an async iterator of chunks, or a `PushBody`: chunks produced from callbacks (an upstream
+read relayed from the HTTP client's read callback), each sent there by stepping the server's `send` — which for
+uvicorn completes without suspending unless the client's socket pushes back — so the response's task sleeps until
+the body ends, fails, or a send has to wait for the socket (then the task finishes that send, with the stall
+watchdog on it, and the body goes on).
 """
 
 from __future__ import annotations
@@ -52,6 +58,55 @@ class LiveStreams:
         return len(cuts)
 
 
+class PushBody:
+    """A body whose chunks come from callbacks. `attach(emit, wake)` starts it: it calls `emit(chunk)` for each chunk
+    (False: the send did not complete — the client's socket pushed back — and nothing more may be emitted until
+    `resume()`), and `wake()` once it has `finished` (`result()` then returns, or raises what failed it). `detach()`
+    ends it early (the client left, a cut, a stall): no call after it. Every method runs on the event loop."""
+
+    finished = False
+
+    def attach(self, emit: Callable[[bytes], bool], wake: Callable[[], None]) -> None:
+        raise NotImplementedError
+
+    def resume(self) -> None:
+        raise NotImplementedError
+
+    def detach(self) -> None:
+        raise NotImplementedError
+
+    def result(self) -> None:
+        raise NotImplementedError
+
+
+class _Resumed:
+    """Awaits a coroutine that already ran up to its first suspension (`yielded`, what it suspended on)."""
+
+    __slots__ = ("coro", "yielded")
+
+    def __init__(self, coro: Any, yielded: Any) -> None:
+        self.coro, self.yielded = coro, yielded
+
+    def __await__(self) -> Any:
+        coro, y = self.coro, self.yielded
+        while True:
+            try:
+                sent = yield y
+            except GeneratorExit:
+                coro.close()
+                raise
+            except BaseException as e:  # noqa: BLE001 - handed to the coroutine, as a task would
+                try:
+                    y = coro.throw(e)
+                except StopIteration as stop:
+                    return stop.value
+            else:
+                try:
+                    y = coro.send(sent)
+                except StopIteration as stop:
+                    return stop.value
+
+
 CUT_SEND_S = 2.0  # a cut stream's last event gets this long to reach its client
 
 
@@ -89,7 +144,7 @@ class EventStreamResponse(Response):
     def __init__(
         self,
         first: Callable[[], Awaitable[Response | bytes]],
-        rest: Callable[[], AsyncIterator[bytes]],
+        rest: Callable[[], AsyncIterator[bytes] | PushBody],
         headers: dict[str, str] | None = None,
         on_close: Callable[[bool], Awaitable[None] | None] | None = None,
         stall_timeout: float | None = None,
@@ -98,10 +153,11 @@ class EventStreamResponse(Response):
         on_cut: Callable[[bool], bytes | Response] | None = None,
     ) -> None:
         """`first()` returns the first chunk, or a Response (an error) to send instead of the stream;
-        `rest()` yields the remaining chunks. `on_close(disconnected)` runs however it ends. `on_stall()` is told
-        before a stalled connection is cut (then `on_close(True)`: the client is as good as gone). `live`: where the
-        stream registers while it runs, so it can be cut; `on_cut(committed)` says how a cut one ends: the last
-        chunk (committed: the status line was sent) or the response to send instead (not committed)."""
+        `rest()` yields the remaining chunks (or pushes them: `PushBody`). `on_close(disconnected)` runs however it
+        ends. `on_stall()` is told before a stalled connection is cut (then `on_close(True)`: the client is as good
+        as gone). `live`: where the stream registers while it runs, so it can be cut; `on_cut(committed)` says how a
+        cut one ends: the last chunk (committed: the status line was sent) or the response to send instead (not
+        committed)."""
         self.status_code = 200
         self.background = None
         # No content-length: the body is chunked and its end is the stream's end. `headers` is read at commit
@@ -204,11 +260,63 @@ class EventStreamResponse(Response):
 
             async def pump() -> None:
                 nonlocal sending_since
-                async for chunk in self._rest():
-                    sending_since = loop.time()
-                    await body_send({"type": "http.response.body", "body": chunk, "more_body": True})
-                    sending_since = None
+                rest = self._rest()
+                if isinstance(rest, PushBody):
+                    await pushed(rest)
+                else:
+                    async for chunk in rest:
+                        sending_since = loop.time()
+                        await body_send({"type": "http.response.body", "body": chunk, "more_body": True})
+                        sending_since = None
                 await body_send({"type": "http.response.body", "body": b"", "more_body": False})
+
+            async def pushed(body: PushBody) -> None:
+                """The body's chunks sent from its callbacks; the task wakes only to finish a send that waits for
+                the client's socket, or at the body's end."""
+                nonlocal sending_since
+                waiting: list[tuple[Any, Any]] = []  # a send that waits: (its coroutine, what it suspended on)
+                failed: list[BaseException] = []
+                waiter: asyncio.Future[None] | None = None
+
+                def wake() -> None:
+                    if waiter is not None and not waiter.done():
+                        waiter.set_result(None)
+
+                def emit(chunk: bytes) -> bool:
+                    coro = body_send({"type": "http.response.body", "body": chunk, "more_body": True})
+                    try:
+                        y = coro.send(None)  # type: ignore[union-attr]
+                    except StopIteration:
+                        return True
+                    except BaseException as e:  # noqa: BLE001 - the send failed: the task's to raise
+                        failed.append(e)
+                    else:
+                        waiting.append((coro, y))
+                    wake()
+                    return False
+
+                try:
+                    body.attach(emit, wake)
+                    while True:
+                        if failed:
+                            raise failed[0]
+                        if waiting:
+                            coro, y = waiting.pop()
+                            sending_since = loop.time()
+                            await _Resumed(coro, y)
+                            sending_since = None
+                            body.resume()
+                            continue
+                        if body.finished:
+                            body.result()
+                            return
+                        waiter = loop.create_future()
+                        await waiter
+                        waiter = None
+                finally:
+                    body.detach()
+                    for coro, _ in waiting:  # never finished (cancelled meanwhile)
+                        coro.close()
 
             self._current = task = asyncio.ensure_future(pump())
             if self._cutting:

@@ -30,6 +30,37 @@ class AttemptFailed(Exception):
         self.replica_answered = False  # set by the dispatcher: the replica answered other requests meanwhile
 
 
+class StreamBroken(Exception):
+    """The upstream stream failed after the first event reached the client."""
+
+
+class ReadSink(Protocol):
+    """Where a pushed stream's reads go (`PushReads.start`), called from the HTTP client's read callback."""
+
+    def read(self, payloads: list[bytes]) -> None:
+        """The payloads of one network read (one or more events)."""
+
+    def end(self, err: StreamBroken | None) -> None:
+        """The stream ended (None), or broke (an error, the idle timeout, a malformed event); nothing follows."""
+
+
+class PushReads(Protocol):
+    """A stream's reads after its first payload, handed to a sink from the HTTP client's read callback rather than
+    awaited by a task (`backends/push.py`): no future, no task wakeup per read."""
+
+    def start(self, sink: ReadSink) -> None:
+        """Begin: what already arrived is handed over at once, then each read as it arrives."""
+
+    def pause(self) -> None:
+        """Hand nothing more until `resume` (the client's socket pushed back); the upstream is not read meanwhile,
+        and its silence then is not counted by the idle timeout."""
+
+    def resume(self) -> None: ...
+
+    def stop(self) -> None:
+        """Hand nothing more, ever (idempotent): the relay ended, or its client left."""
+
+
 @dataclass
 class Opened:
     """A successful attempt: for streams the first payload and the rest; else the parsed JSON body."""
@@ -42,8 +73,10 @@ class Opened:
     # prefill rank, sent as x-gateway-pd)
     choice: str | None = None
     # the same stream as `rest`, a list of payloads per network read (a relay that takes a read at a time);
-    # None: a backend without it (the relay reads `rest` then). Either is consumed, never both.
+    # None: a backend without it (the relay reads `rest` then). One of `rest`, `reads`, `push` is consumed.
     reads: AsyncIterator[list[bytes]] | None = None
+    # the same stream pushed from the HTTP client's read callback (`PushReads`); None: a backend without it
+    push: PushReads | None = None
 
 
 @dataclass(frozen=True)

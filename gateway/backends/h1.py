@@ -18,6 +18,7 @@ import asyncio
 import collections
 import time
 from collections.abc import AsyncIterator
+from typing import Protocol
 
 import httptools
 
@@ -49,6 +50,17 @@ class H1TooLarge(H1Error):
     """A GET's body passed its bound (the connection is closed, not read to the end)."""
 
 
+class BodySink(Protocol):
+    """Takes a response's body from the connection's callbacks instead of the queue `H1Response.poll` reads
+    (`backends/push.py`): each read, the end, or the error."""
+
+    def data(self, body: bytes) -> None: ...
+
+    def done(self) -> None: ...
+
+    def fail(self, err: H1Error) -> None: ...
+
+
 class _Conn(asyncio.Protocol):
     def __init__(self, pool: H1Pool) -> None:
         self.pool = pool
@@ -67,6 +79,7 @@ class _Conn(asyncio.Protocol):
         self.got_bytes = False
         self.error: H1Error | None = None
         self.waiter: asyncio.Future[bytes | None] | None = None
+        self.sink: BodySink | None = None  # set: the body goes there, not to `chunks`
         self.headers_done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
     # -- asyncio.Protocol ------------------------------------------------------------------------------------
@@ -98,6 +111,9 @@ class _Conn(asyncio.Protocol):
         # once per network read of a stream: a reader waiting in `H1Response.poll` is handed the bytes themselves
         if not body:
             return  # b"" is `H1Response.poll`'s end of body
+        if self.sink is not None:
+            self.sink.data(body)
+            return
         w = self.waiter
         if w is not None and not w.done() and not self.chunks:
             w.set_result(body)
@@ -107,6 +123,8 @@ class _Conn(asyncio.Protocol):
     def on_message_complete(self) -> None:
         self.keep_alive = self.parser.should_keep_alive()  # llhttp forgets it once the callback returns
         self.done = True
+        if self.sink is not None:
+            self.sink.done()
         self._wake()
 
     # -- internals ---------------------------------------------------------------------------------------------
@@ -119,6 +137,8 @@ class _Conn(asyncio.Protocol):
         if not self.headers_done.done():
             self.headers_done.set_exception(err)
             self.headers_done.exception()  # mark retrieved: the caller may already be gone
+        if self.sink is not None:
+            self.sink.fail(err)
         self._wake()
         if self.transport is not None:
             self.transport.close()
@@ -161,6 +181,32 @@ class H1Response:
             raise c.error
         c.waiter = w = asyncio.get_running_loop().create_future()
         return w
+
+    def attach(self, sink: BodySink) -> None:
+        """Hand the body to `sink` from the connection's callbacks from now on (no `poll`): what arrived before is
+        handed over first, its reads and then its end or error."""
+        c = self._conn
+        c.sink = sink
+        while c.chunks and c.sink is sink:
+            sink.data(c.chunks.popleft())
+        if c.sink is sink:
+            if c.done:
+                sink.done()
+            elif c.error is not None:
+                sink.fail(c.error)
+
+    def detach(self) -> None:
+        self._conn.sink = None
+
+    def pause_reading(self) -> None:
+        t = self._conn.transport
+        if t is not None and not t.is_closing():
+            t.pause_reading()
+
+    def resume_reading(self) -> None:
+        t = self._conn.transport
+        if t is not None and not t.is_closing():
+            t.resume_reading()
 
     async def aread(self) -> bytes:
         return b"".join([chunk async for chunk in self.aiter_raw()])
@@ -209,8 +255,12 @@ class H1Pool:
         return None
 
     def release(self, c: _Conn) -> None:
+        """Pool a connection whose response was read to its end, its transport read again (a paused one would take
+        the next request and never see the answer)."""
         c.last_used = time.monotonic()
         c._reset()
+        if c.transport is not None and not c.transport.is_reading():
+            c.transport.resume_reading()
         if len(self._idle) < self.max_idle:
             self._idle.append(c)
         elif c.transport is not None:

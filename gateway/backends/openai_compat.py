@@ -11,8 +11,9 @@ from typing import Any
 import httpx
 import orjson
 
-from gateway.backends.base import AttemptFailed, Opened, UpstreamCall
+from gateway.backends.base import AttemptFailed, Opened, StreamBroken, UpstreamCall
 from gateway.backends.h1 import H1ConnectError, H1Dropped, H1Error, H1Pool, H1Response
+from gateway.backends.push import UpstreamPush
 from gateway.backends.sse import MalformedEvent, SseSplitter
 from gateway.config import RetryPolicy
 from gateway.upstreams import Target
@@ -130,44 +131,54 @@ class HttpBackend:
             raise AttemptFailed(f"upstream body broken: {type(e).__name__}") from None
 
     async def _open_stream(self, resp: Any, call: UpstreamCall) -> Opened:
-        reads = self._reads(resp if isinstance(resp, H1Response) else resp.aiter_raw())
+        h1 = resp if isinstance(resp, H1Response) else None
+        raw = resp.aiter_raw().__aiter__() if h1 is None else None
+        split = SseSplitter()
         try:
             async with asyncio.timeout(call.first_byte_timeout):
-                first = (await reads.__anext__())[0]
-        except StopAsyncIteration:
-            raise AttemptFailed("upstream closed the stream before any event") from None
+                payloads = await _first_read(h1, raw, split)
         except TimeoutError:
             raise AttemptFailed("no first token before the first-byte timeout", timeout=True) from None
         except (httpx.HTTPError, H1Error) as e:
             raise AttemptFailed(f"stream broken before the first event: {type(e).__name__}") from None
         except MalformedEvent as e:  # a protocol failure of this upstream: the next replica may do better
             raise AttemptFailed(f"upstream sent a malformed stream: {e}") from None
+        if not payloads:
+            raise AttemptFailed("upstream closed the stream before any event") from None
+        first = payloads.pop(0)
         if first.startswith(b'{"error"'):
             err = _inband_error(first)
             raise AttemptFailed(err[0], status=err[1], overloaded=err[1] in (429, 503))
-        return Opened(first, _each(reads), None, resp.aclose, reads=reads)
+        # the rest, to be taken one way: a read at a time by a task (`reads`, `rest`), or pushed (`push`)
+        reads = self._reads(h1 if h1 is not None else raw, split, payloads)  # type: ignore[arg-type]
+        push = UpstreamPush(h1, split, payloads, self.idle_timeout) if h1 is not None else None
+        return Opened(first, _each(reads), None, resp.aclose, reads=reads, push=push)
 
-    async def _reads(self, source: H1Response | AsyncIterator[bytes]) -> AsyncIterator[list[bytes]]:
-        """The stream's payloads, a list per network read (an engine decoding sends an event per read): the first
-        payload alone, then the rest. The consumer pays one resumption per read, not one per event and layer.
+    async def _reads(self, source: H1Response | AsyncIterator[bytes], split: SseSplitter,
+                     pending: list[bytes]) -> AsyncIterator[list[bytes]]:
+        """The stream's payloads after the first (which `_open_stream` took: `_first_read`), a list per network read
+        (an engine decoding sends an event per read), awaited by the consuming task: `pending` (the first read's
+        other payloads), then each read (`split` holds what the first read left of an event). The consumer pays one
+        resumption per read, not one per event and layer. (`backends/push.py` relays the same reads without a task.)
 
-        Until the first payload is out the caller bounds the wait (the first-byte timeout) and sees the transport's
-        own errors; after it, a failure is StreamBroken, and so is an upstream that sends nothing for `idle_timeout`.
-        The idle timeout covers only the wait for the next read, never the time between yields: time the consumer
-        takes (a slow client) is not the upstream's. It is a watchdog, not a timer per read (asyncio.timeout made
+        A failure is StreamBroken, and so is an upstream that sends nothing for `idle_timeout`. The idle timeout
+        covers only the wait for the next read, never the time between yields: time the consumer takes (a slow
+        client) is not the upstream's. It is a watchdog, not a timer per read (asyncio.timeout made
         and cancelled a timer for every event): one timer, which on firing cancels the waiting task if the current
         wait has lasted `idle_timeout`, else sets itself for when that wait would. An H1 response is read directly
         (`poll`), an httpx one through its iterator."""
         h1 = source if isinstance(source, H1Response) else None
         raw = None if isinstance(source, H1Response) else source.__aiter__()
-        split = SseSplitter()
         idle = self.idle_timeout
         loop = asyncio.get_running_loop()
         waiting_since: float | None = None  # when the wait in progress began (None: not waiting)
         waiter: asyncio.Task[Any] | None = None
         expired = False
         timer: asyncio.TimerHandle | None = None
-        first = True
+        if pending:  # what the first read brought after the first payload
+            taken = pending[:]
+            pending.clear()
+            yield taken
 
         def check() -> None:
             nonlocal timer, expired
@@ -189,14 +200,13 @@ class HttpBackend:
                 try:
                     got = h1.poll() if h1 is not None else None
                     if got.__class__ is not bytes:
-                        if not first:
-                            if waiter is None:  # after the first payload one task consumes the stream: the relay's
-                                waiter = asyncio.current_task()
-                                assert waiter is not None
-                            cancelling = waiter.cancelling()
-                            waiting_since = loop.time()
-                            if timer is None:
-                                timer = loop.call_at(waiting_since + idle, check)
+                        if waiter is None:  # one task consumes the stream: the relay's
+                            waiter = asyncio.current_task()
+                            assert waiter is not None
+                        cancelling = waiter.cancelling()
+                        waiting_since = loop.time()
+                        if timer is None:
+                            timer = loop.call_at(waiting_since + idle, check)
                         try:
                             if got is not None:
                                 got = await got  # type: ignore[misc]  # H1: the next read, or None: poll again
@@ -220,25 +230,43 @@ class HttpBackend:
                         raise StreamBroken(f"no chunk from upstream for {idle:.0f} s") from None
                     raise
                 except (httpx.HTTPError, H1Error) as e:
-                    if first:
-                        raise
                     raise StreamBroken(f"upstream stream broken: {type(e).__name__}") from None
                 except MalformedEvent as e:
-                    if first:
-                        raise
                     raise StreamBroken(f"upstream sent a malformed event ({e})") from None
                 if payloads:
-                    if first:
-                        first = False
-                        yield payloads[:1]
-                        del payloads[0]
-                    if payloads:
-                        yield payloads
+                    yield payloads
                 if ended:
                     return
         finally:
             if timer is not None:
                 timer.cancel()
+
+
+async def _first_read(h1: H1Response | None, raw: AsyncIterator[bytes] | None, split: SseSplitter) -> list[bytes]:
+    """The payloads of the first read that brings any (none: the stream ended without an event). The transport's
+    errors and MalformedEvent are raised as they are: before the first payload they fail the attempt."""
+    while True:
+        if h1 is not None:
+            got = h1.poll()
+            if got.__class__ is not bytes:
+                got = await got  # type: ignore[misc]
+                if got is None:
+                    continue
+        else:
+            assert raw is not None
+            try:
+                got = await raw.__anext__()
+            except StopAsyncIteration:
+                got = b""
+            else:
+                if not got:
+                    continue
+        data: bytes = got
+        if not data:
+            return split.end()
+        payloads = split.feed(data)
+        if payloads:
+            return payloads
 
 
 async def _each(reads: AsyncIterator[list[bytes]]) -> AsyncIterator[bytes]:
@@ -295,10 +323,6 @@ def backoff_s(r: RetryPolicy, attempt: int) -> float:
     """The wait after failed attempt number `attempt` (1-based): exponential from `backoff_initial`, plus up to
     `jitter` at random, at most `backoff_max`."""
     return max(0.0, min(r.backoff_initial * 2.0 ** min(attempt - 1, 60) + random.uniform(0, r.jitter), r.backoff_max))
-
-
-class StreamBroken(Exception):
-    """The upstream stream failed after the first event reached the client."""
 
 
 class _DroppedConnection(Exception):

@@ -21,7 +21,8 @@ import orjson
 from starlette.responses import Response
 
 from gateway.api.error_handlers import to_response
-from gateway.backends.openai_compat import StreamBroken, sanitize_upstream_text
+from gateway.asgi import PushBody
+from gateway.backends.openai_compat import sanitize_upstream_text
 from gateway.config import GatewayConfig
 from gateway.control.plane import ControlPlane
 from gateway.dispatch.dispatcher import Dispatched, Dispatcher
@@ -32,21 +33,10 @@ from gateway.pipeline.budget import usage_bound
 from gateway.pipeline.exchange import Exchange
 from gateway.pipeline.outcome import Outcome
 from gateway.pipeline.refusal import upstream_reason
+from gateway.pipeline.relay_stream import Framer, PushedStream, error_of, framed, stream_error
 from gateway.pipeline.usage import UsageBound, clean_usage, usage_counts
 from gateway.prediction.pricing import request_cost
 from gateway.upstreams import UpstreamRegistry
-
-DONE = b"data: [DONE]\n\n"
-
-
-def error_of(message: str, type_: str = "server_error", code: str = "upstream_error") -> dict[str, Any]:
-    return {"message": message, "type": type_, "param": None, "code": code}
-
-
-def stream_error(ex: Exchange, error: dict[str, Any]) -> bytes:
-    """An in-band error event after the commit point, in the client's API (its encoder's event, else chat SSE)."""
-    enc = ex.call.encoder
-    return enc.error(error) if enc is not None else b"data: " + orjson.dumps({"error": error}) + b"\n\n"
 
 
 def cut_by_shutdown(ex: Exchange, out: Outcome, committed: bool) -> bytes | Response:
@@ -155,67 +145,16 @@ class Relay:
         idempotency.streamed(ex.idem, first)
         return first
 
-    async def stream_rest(self, ex: Exchange, out: Outcome) -> AsyncIterator[bytes]:
-        """The stream after its first chunk: what each upstream network read brought, as one chunk for the client
-        (an engine decoding sends an event per read, so this runs once per event: its work here is kept to a few
-        byte operations, each layer under it resumed once per read)."""
+    def stream_rest(self, ex: Exchange, out: Outcome) -> AsyncIterator[bytes] | PushBody:
+        """The stream after its first chunk (relay_stream.py): pushed from the HTTP client's read callback when the
+        backend can (an H1 upstream) and the client's API is the upstream's own, else a read at a time."""
         d = out.dispatched
         assert d is not None and d.opened.rest is not None
+        framer = Framer(self, ex, out)
+        if d.opened.push is not None and ex.call.encoder is None:
+            return PushedStream(framer, d.opened.push)
         reads = d.opened.reads if d.opened.reads is not None else _one_by_one(d.opened.rest)
-        saw_done = False
-        enc, held = ex.call.encoder, ex.idem
-        swap = self._swap(ex, out)  # per stream, not per event
-        old, new, old2, new2 = swap
-        plain = enc is None and old == new  # nothing to rename: the payload is framed as it came
-        try:
-            async for payloads in reads:
-                if len(payloads) == 1:  # the common read: one event
-                    payload = payloads[0]
-                    if payload[:8] != b'{"error"' and payload != b"[DONE]":
-                        out.chunks += 1
-                        if enc is not None or (b'"usage"' in payload and b'"choices":[]' in payload):
-                            chunk = self._relay(ex, out, payload, swap, counted=True)
-                            if not chunk:
-                                continue
-                        elif plain:
-                            chunk = b"data: " + payload + b"\n\n"
-                        else:
-                            chunk = b"data: " + payload.replace(old, new, 1).replace(old2, new2, 1) + b"\n\n"
-                        if held is not None:
-                            idempotency.streamed(held, chunk)
-                        yield chunk
-                        continue
-                parts = []
-                end = b""
-                for payload in payloads:
-                    if payload == b"[DONE]":
-                        saw_done = True
-                        end = enc.done() if enc is not None else DONE
-                        break
-                    if payload.startswith(b'{"error"'):
-                        out.end("stream_error", "upstream error event")
-                        end = stream_error(ex, self._rewrap_error(payload))
-                        break
-                    chunk = self._relay(ex, out, payload, swap)
-                    if chunk:
-                        parts.append(chunk)
-                if parts:
-                    chunk = b"".join(parts) if len(parts) > 1 else parts[0]
-                    if held is not None:
-                        idempotency.streamed(held, chunk)
-                    yield chunk
-                if end:
-                    if saw_done:
-                        idempotency.streamed(held, end)
-                    yield end
-                    return
-        except StreamBroken as e:
-            out.end("stream_error", str(e))
-            yield stream_error(ex, error_of(f"The upstream replica failed mid-stream: {e}"))
-            return
-        if not saw_done:
-            out.end("stream_error", "upstream closed the stream before [DONE]")
-            yield stream_error(ex, error_of("The upstream replica closed the stream before it was complete."))
+        return framed(framer, reads)
 
     def _relay(self, ex: Exchange, out: Outcome, payload: bytes,
                swap: tuple[bytes, bytes, bytes, bytes] | None = None, counted: bool = False) -> bytes | None:

@@ -1,4 +1,5 @@
-"""The upstream idle timeout of a relayed stream (`HttpBackend._reads`): what counts as the upstream's silence.
+"""The upstream idle timeout of a relayed stream awaited a read at a time (`HttpBackend._reads`; the pushed path's:
+tests/pipeline/test_relay_reads.py): what counts as the upstream's silence.
 
 A stream whose upstream stops sending must end as a broken stream (the relay's error event), whatever else waits on
 the same task; time the consumer spends (a slow client, while the relay is suspended between chunks) is never the
@@ -12,7 +13,9 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
-from gateway.backends.openai_compat import HttpBackend, StreamBroken
+from gateway.backends.base import StreamBroken
+from gateway.backends.openai_compat import HttpBackend, _first_read
+from gateway.backends.sse import SseSplitter
 from gateway.config import RetryPolicy
 
 IDLE = 0.2
@@ -35,9 +38,9 @@ async def _chunks(gaps: list[float], then_hang: bool = False) -> AsyncIterator[b
 
 async def _payloads(backend: HttpBackend, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
     """The payloads after the first, one by one, as the relay reads them (a list per read)."""
-    reads = backend._reads(chunks)
-    assert await reads.__anext__() == [b'{"first":1}']
-    async for payloads in reads:
+    raw, split = chunks.__aiter__(), SseSplitter()
+    assert await _first_read(None, raw, split) == [b'{"first":1}']
+    async for payloads in backend._reads(raw, split, []):
         for p in payloads:
             yield p
 

@@ -35,7 +35,8 @@ from gateway.api.responses.affinity import served_by
 from gateway.api.responses.store import ResponseStore
 from gateway.api.responses.translate import new_id, parse_request
 from gateway.asgi import EventStreamResponse
-from gateway.backends.openai_compat import StreamBroken, sanitize_upstream_text
+from gateway.backends.base import StreamBroken
+from gateway.backends.openai_compat import sanitize_upstream_text
 from gateway.config import ModelRoute
 from gateway.dispatch.dispatcher import Dispatched
 from gateway.errors import GatewayError, InvalidRequest, ModelNotFound
