@@ -195,17 +195,20 @@ class H1Response:
             elif c.error is not None:
                 sink.fail(c.error)
 
+    # Once released the connection may serve another request: a late call from this response's relay (a stop that
+    # runs after the close, at shutdown) must not take that request's sink or pause its reads.
     def detach(self) -> None:
-        self._conn.sink = None
+        if not self._released:
+            self._conn.sink = None
 
     def pause_reading(self) -> None:
         t = self._conn.transport
-        if t is not None and not t.is_closing():
+        if not self._released and t is not None and not t.is_closing():
             t.pause_reading()
 
     def resume_reading(self) -> None:
         t = self._conn.transport
-        if t is not None and not t.is_closing():
+        if not self._released and t is not None and not t.is_closing():
             t.resume_reading()
 
     async def aread(self) -> bytes:

@@ -182,3 +182,40 @@ async def test_the_pool_takes_a_finished_connection_back_reading_however_its_res
     finally:
         pool.close()
         await up.close()
+
+
+async def test_a_released_response_cannot_touch_the_request_its_connection_serves_next():
+    """A relay's late stop (after its response was closed and the connection pooled, e.g. at shutdown) calls detach
+    and the read switches on its old response: the next request on that connection keeps its sink and its reads."""
+    up = Upstream()
+    pool = H1Pool("127.0.0.1", await up.start())
+    try:
+        old, _ = await pool.request("/health", b"{}", {}, 1.0)
+        assert await old.aread() == b"ok"
+        await old.aclose()
+        new, reused = await pool.request("/v1/chat/completions", b"stream", {}, 1.0)
+        assert reused and new._conn is old._conn
+        split = SseSplitter()
+        payloads = await _first_read(new, None, split)
+        push = UpstreamPush(new, split, payloads[1:], idle=30.0)
+        got: list[bytes] = []
+
+        class Sink:
+            def read(self, more: list[bytes]) -> None:
+                got.extend(more)
+
+            def end(self, err: StreamBroken | None) -> None:
+                pass
+
+        push.start(Sink())  # type: ignore[arg-type]
+        old.pause_reading()
+        old.detach()
+        conn = new._conn
+        assert conn.sink is not None and conn.transport is not None and conn.transport.is_reading()
+        up.go_on.set()
+        await _until(lambda: b"[DONE]" in got, "the next request's stream read to its end")
+        push.stop()
+        await new.aclose()
+    finally:
+        pool.close()
+        await up.close()
