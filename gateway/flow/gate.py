@@ -22,6 +22,7 @@ do not predict) always does.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -121,20 +122,33 @@ class Pass:
     """One pass over the queue (`lookahead`): the requests the fleet had no room for, passed over so that those
     behind them in the fair order are not held too, and the targets they wait for (their decision's first choice,
     typically the replica holding their prefix). A request behind them goes only on another target: passing over a
-    request must not hand the replica it waits for to the requests it was ahead of."""
+    request must not hand the replica it waits for to the requests it was ahead of. `elsewhere(target, t)`: whether
+    another gateway instance has a request ahead of `t` waiting for `target` (`waits.WaitBoard`), which holds `t` off
+    that target alike."""
 
-    def __init__(self, lookahead: int) -> None:
+    def __init__(self, lookahead: int, elsewhere: Callable[[str, Ticket], bool] | None = None) -> None:
         self.lookahead = lookahead
+        self.elsewhere = elsewhere
         self.skip: set[Ticket] = set()
         self.waited_for: set[str] = set()
+        self.waits: dict[str, tuple[int, float]] = {}  # target -> its most urgent waiter's (band, start tag)
 
-    def free(self, go: Decision[Any] | None) -> Decision[Any] | None:
-        """`go`, unless it takes a target a request passed over in this pass waits for."""
-        return go if go is None or go.chosen is None or go.chosen.name not in self.waited_for else None
+    def free(self, go: Decision[Any] | None, t: Ticket) -> Decision[Any] | None:
+        """`go`, unless it takes a target a request passed over in this pass, or one ahead of `t` on another
+        instance, waits for."""
+        if go is None or go.chosen is None:
+            return go
+        name = go.chosen.name
+        if name in self.waited_for or (self.elsewhere is not None and self.elsewhere(name, t)):
+            return None
+        return go
 
-    def passed(self, t: Ticket, decision: Decision[Any]) -> bool:
-        """Pass over `t`; False when the pass has looked far enough."""
+    def passed(self, t: Ticket, decision: Decision[Any], start: float = 0.0) -> bool:
+        """Pass over `t` (its flow's start tag `start`); False when the pass has looked far enough."""
         self.skip.add(t)
         if decision.chosen is not None:
-            self.waited_for.add(decision.chosen.name)
+            name = decision.chosen.name
+            self.waited_for.add(name)
+            if name not in self.waits or (t.band, start) < self.waits[name]:
+                self.waits[name] = (t.band, start)
         return len(self.skip) < self.lookahead

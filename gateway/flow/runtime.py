@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -30,10 +31,15 @@ from gateway.flow.gate import Pass, bound, meets_sla, placed_cost, tightened, ve
 from gateway.flow.metrics import FlowMetrics
 from gateway.flow.settings import FlowControl
 from gateway.flow.shared import RedisFairTags
+from gateway.flow.waits import Wait, WaitBoard
 from gateway.routing.decision import Decision
 from gateway.routing.request import RoutingRequest
 
 log = logging.getLogger("gateway.flow")
+
+# the watch's longest period: also how stale the other instances' waits may be to a request that finds nothing
+# queued here (the board's entries live waits.TTL_S)
+WATCH_MAX_S = 0.25
 
 # decide(request, route, tightened request) -> the routing engine's decision, with the chosen target's load claimed
 Decide = Callable[[RoutingRequest, Any], Awaitable[Decision[Any]]]
@@ -83,6 +89,10 @@ class FlowGate:
         self._tags_seen: dict[tuple[int, str], float] = {}
         self._bg: set[asyncio.Task[None]] = set()
         self._served: dict[tuple[int, str], tuple[float, float]] = {}  # flow -> (cost / weight in window, last at)
+        # the targets queued requests wait for, here and (read from Redis) on the other instances (waits.py)
+        self.instance = uuid.uuid4().hex[:12]
+        self.board = WaitBoard()
+        self._published: dict[str, Wait] = {}
         metrics.fairness.set_function(self.fairness)
 
     def start(self) -> None:
@@ -121,6 +131,8 @@ class FlowGate:
         if not len(self.ctl):  # nobody waiting here: go now if routing predicts the SLA, else wait in the fair order
             decision = await self.decide(rreq, route)
             go = meets_sla(decision, rreq, self.cfg.queue_for(t.band))
+            if go is not None and go.chosen is not None and self._elsewhere(go.chosen.name, t):
+                go = None  # another instance's request ahead of it waits for that target: the queue instead
             if go is not None and not len(self.ctl):
                 now = self.clock()
                 self._claim(rreq, decision, go)
@@ -157,10 +169,12 @@ class FlowGate:
                 await self.watch_once()
             except Exception:  # logged, tried again: contention seen late is a fairness lapse, not an outage
                 log.exception("flow watch failed")
-            await asyncio.sleep(max(0.05, self.cfg.contention_window_s / 10))
+            await asyncio.sleep(max(0.05, min(self.cfg.contention_window_s / 10, WATCH_MAX_S)))
 
     async def watch_once(self) -> None:
         assert self.shared is not None
+        if not len(self.ctl):  # the pump reads the other instances' waits while it runs; idle, the watch does
+            await self.shared.refresh(self.ctl.tags, (), self.board, self.instance, self.clock())
         tags = await self.shared.scan(self.ctl.tags, len(self.cfg.bands))
         now = self.clock()
         for flow, f in tags.items():
@@ -184,34 +198,50 @@ class FlowGate:
     async def pump(self) -> None:
         ctl = self.ctl
         if self.shared is not None and len(ctl):
-            await self.shared.refresh(ctl.tags, {t.flow for t in ctl.queued()})
+            await self.shared.refresh(ctl.tags, {t.flow for t in ctl.queued()}, self.board, self.instance, self.clock())
         now = self.clock()
         for r in ctl.expire(now):
             self._refuse(r)
-        p = Pass(self.cfg.lookahead)
+        p = Pass(self.cfg.lookahead, self._elsewhere)
         while (t := ctl.head(now, p.skip)) is not None:
             h: Held = t.payload
             q = self.cfg.queue_for(t.band)
             if ctl.under_share(t):  # first in the fair order and under its share: its whole SLA (gate.meets_sla)
                 decision = await self.decide(h.rreq, h.route)
-                go = p.free(meets_sla(decision, h.rreq, q))
+                go = p.free(meets_sla(decision, h.rreq, q), t)
             else:
                 decision = await self.decide(tightened(h.rreq, bound(h.rreq, h.timing, q)), h.route)
-                go = p.free(verdict(decision, h.rreq, q))
+                go = p.free(verdict(decision, h.rreq, q), t)
             now = self.clock()
             if t.state != "queued":  # cancelled while the decision was awaited
                 self.release(h.rreq.request_id)
                 continue
             if go is None:  # no room for it now: the next in the fair order may fit elsewhere
                 self.release(h.rreq.request_id)
-                if not p.passed(t, decision):
-                    return
+                if not p.passed(t, decision, ctl.tags.start(t.band, t.tenant)):
+                    break
                 continue
             self._claim(h.rreq, decision, go)
             ctl.grant(t, now, placed_cost(ctl, t, go))
             self.metrics.depth.labels(t.tenant, self.cfg.bands[t.band].name).dec()
             self._charged(t, held=True, waited=now - t.arrived)
             h.done.set_result(go)
+        await self._publish(p, now)
+
+    def _elsewhere(self, target: str, t: Ticket) -> bool:
+        return self.board.ahead(target, t.band, self.ctl.tags.start(t.band, t.tenant), self.instance, self.clock())
+
+    async def _publish(self, p: Pass, now: float) -> None:
+        """This pass's waits onto the board, and to Redis when they changed or half their life has gone."""
+        mine = self.board.publish(self.instance, p.waits, now)
+        if self.shared is None:
+            return
+        old = self._published
+        changed = {t: (w.band, w.start) for t, w in mine.items()} != {t: (w.band, w.start) for t, w in old.items()}
+        aging = bool(mine) and min(w.until for w in old.values()) - now < self.board.ttl_s / 2 if old else bool(mine)
+        if changed or aging:
+            self._published = mine
+            await self.shared.publish_waits(self.instance, mine, now)
 
     # -- bookkeeping -------------------------------------------------------------------------------------------
     def _claim(self, rreq: RoutingRequest, decision: Decision[Any], go: Decision[Any]) -> None:

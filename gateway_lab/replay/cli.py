@@ -354,9 +354,9 @@ def _scenario(args: argparse.Namespace, trace: list[Any], targets: list[Any], ro
     if args.noisy:
         aggressor = read_trace(args.noisy)
         results = mix.noisy_neighbour(trace, aggressor, targets, routing, flow, args.aggressor_x, args.window_s,
-                                      progress=None if args.no_progress else progress)
+                                      progress=None if args.no_progress else progress, instances=args.instances)
         x = results[-1].extra
-        print(f"\nnoisy neighbour on {fleet_label}, first {args.window_s:.0f} s: B = {args.trace} at its share "
+        print(f"\nnoisy neighbour on {fleet_label}, {args.instances} gateway instance(s), first {args.window_s:.0f} s: B = {args.trace} at its share "
               f"({x['b_demand'] / 1000:.1f}k units/s), A = {args.noisy} at {args.aggressor_x:g}x its share (speed "
               f"{x['aggressor_speed']:.2f}, {x['a_demand'] / 1000:.1f}k units/s); equal weights; TTFT SLA "
               f"{routing.ttft_sla_ms / 1000:.2f} s; units: prefill-weighted tokens (docs/flow-control.md); of "

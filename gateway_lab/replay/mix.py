@@ -245,9 +245,11 @@ def run_mix(trace: Sequence[TraceRecord], targets: Sequence[tuple[TargetInfo[Any
 def noisy_neighbour(victim: Sequence[TraceRecord], aggressor: Sequence[TraceRecord],
                     targets: Sequence[tuple[TargetInfo[Any], ReplicaConfig]], routing: Routing, flow: FlowControl,
                     aggressor_x: float = 5.0, window_s: float = 1200.0, weights: tuple[float, float] = (1.0, 1.0),
-                    progress: Callable[[str, int], Callable[[], None] | None] | None = None) -> list[MixResult]:
+                    progress: Callable[[str, int], Callable[[], None] | None] | None = None,
+                    instances: int = 1) -> list[MixResult]:
     """B (tenant-1, the victim) at its share, A (tenant-2) at `aggressor_x` x its weighted share: B alone, A alone,
-    both without flow control, both with it — one table."""
+    both without flow control, both with it — one table. `instances`: gateway instances, requests dealt round-robin
+    (each its own queue, the fair tags and the routing state shared, as over Redis)."""
     b_demand = demand(victim, flow, window_s)
     a_unit = demand(aggressor, flow)  # at speed 1
     a_speed = aggressor_x * b_demand * (weights[1] / weights[0]) / a_unit
@@ -271,7 +273,7 @@ def noisy_neighbour(victim: Sequence[TraceRecord], aggressor: Sequence[TraceReco
     for label, trace, fc, who in runs:
         cb = progress(label, len(trace)) if progress else None
         out.append(run_mix(trace, targets, routing, fc, pol, sla, label, window_s, {t: dem[t] for t in who},
-                           progress=cb, can_meet={t: can[t] for t in who}))
+                           instances, progress=cb, can_meet={t: can[t] for t in who}))
     out[-1].extra = {"aggressor_speed": a_speed, "b_demand": b_demand, "a_demand": dem[tenant_name(2)],
                      "b_possible": can[tenant_name(1)], "a_possible": can[tenant_name(2)]}
     return out

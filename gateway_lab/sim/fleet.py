@@ -22,6 +22,7 @@ from gateway.flow.controller import FairTags, FlowController, Refusal, Ticket
 from gateway.flow.gate import Pass, bound, budget_s, late, meets_sla, placed_cost, tightened, verdict
 from gateway.flow.preempt import choose
 from gateway.flow.settings import FlowControl, FlowPolicy
+from gateway.flow.waits import WaitBoard
 from gateway.prediction.pricing import request_cost
 from gateway.prediction.ttft import TtftCorrector
 from gateway.prefix.memory import MemoryPrefixIndex
@@ -94,7 +95,8 @@ class Instance:
     """One gateway instance: its engine (policy + corrector) over an index and a load view (maybe shared)."""
 
     def __init__(self, engine: RoutingEngine, index: MemoryPrefixIndex, loads: MemoryLoadTracker,
-                 flow: FlowController | None = None) -> None:
+                 flow: FlowController | None = None, name: str = "i0") -> None:
+        self.name = name
         self.engine = engine
         self.index = index
         self.loads = loads
@@ -149,12 +151,14 @@ class Fleet:
         self.flow_timing = next((i.timing for i in self.infos if i.self_hosted), self.infos[0].timing)
         shared_tags = FairTags(flow.burst_credit if flow is not None else 0.0)
         self.instances = []
-        for _ in range(instances):
+        # the targets queued requests wait for, per instance (gateway/flow/waits.py; over Redis between gateways)
+        self.waits = WaitBoard() if shared else None
+        for n in range(instances):
             index, loads = shared_state if shared else (make_index(), MemoryLoadTracker())
             engine = build_engine(routing, corrector() if corrector else None)
             engine.corrector.clock = clock  # a replica's own correction decays on the virtual clock, not the wall's
             ctl = FlowController(self.flow_cfg, shared_tags if shared else None) if self.flow_cfg else None
-            self.instances.append(Instance(engine, index, loads, ctl))
+            self.instances.append(Instance(engine, index, loads, ctl, f"i{n}"))
         self.on_decision = on_decision
         self.records: list[Record] = []
         self.on_arrival: Callable[[], None] | None = None  # progress hook
@@ -231,6 +235,8 @@ class Fleet:
         if not len(ctl):  # nobody waiting: go now if routing predicts the SLA (gateway/flow/gate.py: meets_sla)
             q = ctl.cfg.queue_for(t.band)
             go = meets_sla(self._decide(inst, job), req, q)
+            if go is not None and go.chosen is not None and self._elsewhere(inst)(go.chosen.name, t):
+                go = None  # another instance's request ahead of it waits for that target: in the queue instead
             if go is not None:
                 if self.preempt and late(go, req, 0.0) and self._preempt(inst, t, job):
                     go = meets_sla(self._decide(inst, job), req, q) or go
@@ -256,24 +262,26 @@ class Fleet:
         for r in ctl.expire(now):
             self._refused(r)
         cfg = ctl.cfg
-        p = Pass(cfg.lookahead)
+        p = Pass(cfg.lookahead, self._elsewhere(inst))
         while (t := ctl.head(now, p.skip)) is not None:
             k, job = t.payload
             q = cfg.queue_for(t.band)
             if ctl.under_share(t):  # first in the fair order and under its share: its whole SLA (gate.meets_sla)
                 decision = self._decide(inst, job)
-                go = p.free(meets_sla(decision, job.req, q))
+                go = p.free(meets_sla(decision, job.req, q), t)
             else:
                 decision = self._decide(inst, job, tightened(job.req, bound(job.req, self.flow_timing, q)))
-                go = p.free(verdict(decision, job.req, q))
+                go = p.free(verdict(decision, job.req, q), t)
             if self.preempt and (go is None or late(go, job.req, now - t.arrived)) and self._preempt(inst, t, job):
                 continue  # decide again: the lower bands' requests it cancelled are off their target
             if go is None:  # no room for it now: the next in the fair order may fit elsewhere
-                if not p.passed(t, decision):
+                if not p.passed(t, decision, ctl.tags.start(t.band, t.tenant)):
                     break
                 continue
             ctl.grant(t, now, placed_cost(ctl, t, go))
             self._dispatch(k, inst, job, go, t.arrived, t)
+        if self.waits is not None:
+            self.waits.publish(inst.name, p.waits, now)
         if len(ctl) and (inst.pump_at is None or inst.pump_at <= now):
             inst.pump_at = now + ctl.cfg.tick_s
 
@@ -282,6 +290,13 @@ class Fleet:
                 self._pump(inst)
 
             self.loop.at(inst.pump_at, tick)
+
+    def _elsewhere(self, inst: Instance) -> Callable[[str, Ticket], bool]:
+        """Whether another instance has a request ahead of a ticket waiting for a target (gate.Pass)."""
+        board, ctl, now = self.waits, inst.flow, self.loop.now
+        if board is None or ctl is None or len(self.instances) < 2:
+            return lambda target, t: False
+        return lambda target, t: board.ahead(target, t.band, ctl.tags.start(t.band, t.tenant), inst.name, now)
 
     def _preempt(self, inst: Instance, head: Ticket, job: Job) -> bool:
         """Cancel lower bands' requests without a first token where that leaves `head` room (gateway/flow/preempt.py):

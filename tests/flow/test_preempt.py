@@ -171,5 +171,5 @@ def test_a_request_passed_over_keeps_the_target_it_waits_for():
     assert p.passed(waiting, Decision.of([cand("warm", 6.0), cand("cold", 3.0)], "warm_over_sla", Inputs.of(req)))
     on_warm = Decision.of([cand("warm", 1.0)], "prefix_hit", Inputs.of(req))
     on_cold = Decision.of([cand("cold", 1.0)], "cold_ring", Inputs.of(req))
-    assert p.free(on_warm) is None and p.free(on_cold) is on_cold
+    assert p.free(on_warm, waiting) is None and p.free(on_cold, waiting) is on_cold
     assert not p.passed(tk(c, "b", 0.0, key="b"), on_cold)  # two passed over: the pass ends

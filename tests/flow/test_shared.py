@@ -214,3 +214,54 @@ def test_a_request_the_fleet_has_no_room_for_does_not_hold_the_queue_behind_it()
         await fg.stop()
 
     asyncio.run(main())
+
+
+def test_a_target_a_request_waits_for_on_one_instance_is_not_taken_by_a_later_flow_on_the_other(
+        redis_server: RedisServer):
+    """B (under its share) waits on instance 1 for r0, its one target, which is busy; instance 2's A requests (over
+    their share) would fit on r0 at once. Through the waits board in Redis, instance 2 holds them off r0 until B
+    has gone there; then they go. Without the board, instance 2 would keep r0's queue full of A's and B would wait."""
+    class Busy(Gate):
+        def __init__(self) -> None:
+            super().__init__()
+            self.busy = False
+            self.decided: list[str] = []
+
+        async def decide(self, req: RoutingRequest, route: Any) -> Decision[None]:
+            self.decided.append(req.request_id)
+            if req.tenant == "B" and self.busy:  # r0 predicted far past B's SLA: passed over, waiting for r0
+                cand = Candidate(TargetInfo("r0", "r0@0", "p", PoolTiming(), None, None), 0, 0, req.prompt_tokens,
+                                 LoadView(), 10.0, 10.0, 0.0)
+                return Decision.of([cand], "test", Inputs.of(req))
+            return chosen(req)
+
+    async def main() -> None:
+        g1, g2 = Busy(), Busy()
+        cfg = {"contention_window_s": 0.5}
+        one, two = make(g1, redis_server.url, "waits:", **cfg), make(g2, redis_server.url, "waits:", **cfg)
+        one.start()
+        two.start()
+        for fg in (one, two):  # both tenants served on both instances: each sees two flows (contended), A far ahead
+            for i in range(5):
+                await fg.hold(fg.ctl.ticket(f"a{fg.instance}-{i}", "A", 1, 1.0, 5000, 0, fg.clock(), 2.0),
+                              rreq(f"a{fg.instance}-{i}", "A"), None, PoolTiming())
+            await fg.hold(fg.ctl.ticket(f"b{fg.instance}", "B", 1, 1.0, 10, 0, fg.clock(), 2.0),
+                          rreq(f"b{fg.instance}", "B"), None, PoolTiming())
+        await until(lambda: not one._bg and not two._bg, "the charges to reach Redis")
+        order: list[str] = []
+        g1.busy = True
+        await submit(one, "b-wait", "B", order)
+        start_a = two.ctl.tags.start(1, "A")
+        await until(lambda: two.board.ahead("r0", 1, start_a, two.instance, two.clock()),
+                    "instance 2 to read instance 1's wait for r0")
+        await submit(two, "a-next", "A", order)
+        await until(lambda: len(two.ctl) == 1 and g2.decided.count("a-next") >= 5,
+                    "instance 2 to have tried a-next several times")
+        assert order == [], order  # a-next fits r0, but B waits for r0 on instance 1 and is ahead of it
+        g1.busy = False
+        await until(lambda: order[:1] == ["b-wait"], "B granted on instance 1")
+        await until(lambda: order == ["b-wait", "a-next"], "a-next granted once nobody ahead waits for r0")
+        await one.stop()
+        await two.stop()
+
+    asyncio.run(main())
