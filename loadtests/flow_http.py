@@ -30,6 +30,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import httpx
 import orjson
 import yaml
 
@@ -164,6 +165,7 @@ async def run(a: argparse.Namespace, work: Path, label: str, flow: bool, b: list
             rb, ra = [r for p in parts[:n] for r in p], [r for p in parts[n:] for r in p]
             ob, oa = [r for i in range(n) for r in b[i::n]], [r for i in range(n) for r in aggr[i::n]]
             where = {id(r): k % n for k, p in enumerate(parts) for r in p}
+        await sim_lag(label, mi)
     finally:
         for p in procs + sims:
             p.stop()
@@ -173,6 +175,24 @@ async def run(a: argparse.Namespace, work: Path, label: str, flow: bool, b: list
     if a.dump:
         dump_rows(a, label, (("B", ob, rb), ("A", oa, ra)), where)
     return [tenant_row(label, t, tr, res, a.sla, a.window_s) for t, tr, res in (("B", ob, rb), ("A", oa, ra)) if tr]
+
+
+async def sim_lag(label: str, urls: list[str]) -> None:
+    """Did the simulators keep time through the arm? Each rank's forward steps against the model's durations and how
+    late they completed (gateway_lab/sim/realtime.py), printed: a late simulator makes every TTFT late, whatever
+    the gateway decided."""
+    rows = []
+    async with httpx.AsyncClient(timeout=10) as c:
+        for u in urls:
+            try:
+                lag = (await c.get(u + "/_sim/state")).json()["ranks"][0]["lag"]
+            except (httpx.HTTPError, ValueError, KeyError, IndexError):
+                continue
+            rows.append(lag)
+    if rows:
+        print(f"{label}: simulators' step time vs model {max(r['step_time_ratio'] for r in rows) - 1:+.1%} (worst rank), "
+              f"step lag p99 {max(r['p99_lag_s'] for r in rows) * 1000:.0f} ms, max {max(r['max_lag_s'] for r in rows) * 1000:.0f} "
+              f"ms, resyncs {sum(r['resyncs'] for r in rows)}", file=sys.stderr)
 
 
 async def _send(trace: list[TraceRecord], url: str, key: str, a: argparse.Namespace,

@@ -173,7 +173,8 @@ class FlowGate:
 
     async def watch_once(self) -> None:
         assert self.shared is not None
-        if not len(self.ctl):  # the pump reads the other instances' waits while it runs; idle, the watch does
+        if not len(self.ctl) and self.cfg.share_waits:  # the pump reads the other instances' waits while it runs;
+            # idle, the watch does
             await self.shared.refresh(self.ctl.tags, (), self.board, self.instance, self.clock())
         tags = await self.shared.scan(self.ctl.tags, len(self.cfg.bands))
         now = self.clock()
@@ -198,7 +199,8 @@ class FlowGate:
     async def pump(self) -> None:
         ctl = self.ctl
         if self.shared is not None and len(ctl):
-            await self.shared.refresh(ctl.tags, {t.flow for t in ctl.queued()}, self.board, self.instance, self.clock())
+            board = self.board if self.cfg.share_waits else None
+            await self.shared.refresh(ctl.tags, {t.flow for t in ctl.queued()}, board, self.instance, self.clock())
         now = self.clock()
         for r in ctl.expire(now):
             self._refuse(r)
@@ -229,10 +231,12 @@ class FlowGate:
         await self._publish(p, now)
 
     def _elsewhere(self, target: str, t: Ticket) -> bool:
-        return self.board.ahead(target, t.band, self.ctl.tags.start(t.band, t.tenant), self.instance, self.clock())
+        return self.cfg.share_waits and self.board.elsewhere(self.instance, self.ctl.tags, self.clock())(target, t)
 
     async def _publish(self, p: Pass, now: float) -> None:
         """This pass's waits onto the board, and to Redis when they changed or half their life has gone."""
+        if not self.cfg.share_waits:
+            return
         mine = self.board.publish(self.instance, p.waits, now)
         if self.shared is None:
             return

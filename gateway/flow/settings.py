@@ -67,6 +67,9 @@ class FlowControl(Strict):
     lookahead: int = Field(default=8, ge=1, le=256, description="requests the queue passes over in one pass when "
                            "the fleet has no room for them (each costs a routing decision): one request waiting for "
                            "its one warm replica does not hold the queue behind it")
+    share_waits: bool = Field(default=True, description="every instance publishes the targets its passed-over "
+                              "requests wait for (through Redis), and a request goes on a target only when no other "
+                              "instance has a request ahead of it in the fair order waiting there (flow/waits.py)")
 
     @model_validator(mode="after")
     def _bands(self) -> FlowControl:

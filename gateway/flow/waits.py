@@ -19,7 +19,12 @@ soon after. The board is one object per process in the virtual-clock fleet and a
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gateway.flow.controller import FairTags, Ticket
 
 TTL_S = 0.5  # a pump passes every tick_s (0.02 s) while it has anything queued: many times within this
 
@@ -64,3 +69,8 @@ class WaitBoard:
             if w is not None and w.until >= now and (w.band, w.start) < (band, start):
                 return True
         return False
+
+    def elsewhere(self, instance: str, tags: FairTags, now: float) -> Callable[[str, Ticket], bool]:
+        """`gate.Pass`'s question for `instance`: does another instance have a request ahead of a ticket (its flow's
+        start tag in `tags`) waiting for a target."""
+        return lambda target, t: self.ahead(target, t.band, tags.start(t.band, t.tenant), instance, now)

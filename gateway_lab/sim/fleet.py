@@ -152,7 +152,7 @@ class Fleet:
         shared_tags = FairTags(flow.burst_credit if flow is not None else 0.0)
         self.instances = []
         # the targets queued requests wait for, per instance (gateway/flow/waits.py; over Redis between gateways)
-        self.waits = WaitBoard() if shared else None
+        self.waits = WaitBoard() if shared and instances > 1 and self.flow_cfg and self.flow_cfg.share_waits else None
         for n in range(instances):
             index, loads = shared_state if shared else (make_index(), MemoryLoadTracker())
             engine = build_engine(routing, corrector() if corrector else None)
@@ -235,7 +235,7 @@ class Fleet:
         if not len(ctl):  # nobody waiting: go now if routing predicts the SLA (gateway/flow/gate.py: meets_sla)
             q = ctl.cfg.queue_for(t.band)
             go = meets_sla(self._decide(inst, job), req, q)
-            if go is not None and go.chosen is not None and self._elsewhere(inst)(go.chosen.name, t):
+            if go and go.chosen and self.waits and self.waits.elsewhere(inst.name, ctl.tags, now)(go.chosen.name, t):
                 go = None  # another instance's request ahead of it waits for that target: in the queue instead
             if go is not None:
                 if self.preempt and late(go, req, 0.0) and self._preempt(inst, t, job):
@@ -262,7 +262,7 @@ class Fleet:
         for r in ctl.expire(now):
             self._refused(r)
         cfg = ctl.cfg
-        p = Pass(cfg.lookahead, self._elsewhere(inst))
+        p = Pass(cfg.lookahead, self.waits.elsewhere(inst.name, ctl.tags, now) if self.waits else None)
         while (t := ctl.head(now, p.skip)) is not None:
             k, job = t.payload
             q = cfg.queue_for(t.band)
@@ -290,13 +290,6 @@ class Fleet:
                 self._pump(inst)
 
             self.loop.at(inst.pump_at, tick)
-
-    def _elsewhere(self, inst: Instance) -> Callable[[str, Ticket], bool]:
-        """Whether another instance has a request ahead of a ticket waiting for a target (gate.Pass)."""
-        board, ctl, now = self.waits, inst.flow, self.loop.now
-        if board is None or ctl is None or len(self.instances) < 2:
-            return lambda target, t: False
-        return lambda target, t: board.ahead(target, t.band, ctl.tags.start(t.band, t.tenant), inst.name, now)
 
     def _preempt(self, inst: Instance, head: Ticket, job: Job) -> bool:
         """Cancel lower bands' requests without a first token where that leaves `head` room (gateway/flow/preempt.py):
