@@ -14,7 +14,7 @@ gate asks whether another instance has a request *ahead* of it waiting there (a 
 smaller start tag: a tenant under its share is ahead of one over it; a tenant is never ahead of itself). An entry
 lives `ttl_s` unless published again: an instance that stopped, or whose request went, stops blocking the target
 soon after. The board is one object per process in the virtual-clock fleet and a Redis hash between gateways
-(`shared.RedisWaits`), merged into the same object before each pass.
+(`shared.RedisFairTags`: `publish_waits`, read by `refresh`), merged into the same object before each pass.
 """
 
 from __future__ import annotations
