@@ -49,13 +49,25 @@ def free_port_base(offsets: tuple[int, ...] = (0, 1, 2, 3, 50, 51, 52, 53)) -> i
     raise RuntimeError("no free block of ports")
 
 
+def _listening() -> socket.socket:
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("127.0.0.1", 0))
+    s.listen(2048)
+    return s
+
+
 class ServerThread:
     """uvicorn servers for the given ASGI apps, on free loopback ports, in one background event loop."""
 
     def __init__(self, apps: list[Any], ports: list[int] | None = None) -> None:
-        self.ports = ports or [free_port() for _ in apps]
+        # without given ports, each server gets a socket bound and listening here, which it serves on: a port found
+        # free and bound later by uvicorn could be taken in between by another test process (EADDRINUSE seen in CI)
+        socks: list[socket.socket | None] = [None] * len(apps) if ports else [_listening() for _ in apps]
+        self.ports = ports or [int(s.getsockname()[1]) for s in socks if s is not None]
         self.urls = [f"http://127.0.0.1:{p}" for p in self.ports]
-        self.servers = [make_server(app, "127.0.0.1", p, timeout_keep_alive=5) for app, p in zip(apps, self.ports)]
+        self.servers = [make_server(app, "127.0.0.1", p, timeout_keep_alive=5, sock=sock)
+                        for app, p, sock in zip(apps, self.ports, socks)]
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self._run, daemon=True)
 
