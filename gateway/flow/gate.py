@@ -130,8 +130,7 @@ class Pass:
         self.lookahead = lookahead
         self.elsewhere = elsewhere
         self.skip: set[Ticket] = set()
-        self.waited_for: set[str] = set()
-        self.waits: dict[str, tuple[int, float]] = {}  # target -> its most urgent waiter's (band, start tag)
+        self.waits: dict[str, tuple[int, float]] = {}  # target waited for -> its most urgent waiter's (band, start tag)
 
     def free(self, go: Decision[Any] | None, t: Ticket) -> Decision[Any] | None:
         """`go`, unless it takes a target a request passed over in this pass, or one ahead of `t` on another
@@ -139,7 +138,7 @@ class Pass:
         if go is None or go.chosen is None:
             return go
         name = go.chosen.name
-        if name in self.waited_for or (self.elsewhere is not None and self.elsewhere(name, t)):
+        if name in self.waits or (self.elsewhere is not None and self.elsewhere(name, t)):
             return None
         return go
 
@@ -148,7 +147,6 @@ class Pass:
         self.skip.add(t)
         if decision.chosen is not None:
             name = decision.chosen.name
-            self.waited_for.add(name)
             if name not in self.waits or (t.band, start) < self.waits[name]:
                 self.waits[name] = (t.band, start)
         return len(self.skip) < self.lookahead

@@ -31,7 +31,7 @@ from gateway.flow.gate import Pass, bound, meets_sla, placed_cost, tightened, ve
 from gateway.flow.metrics import FlowMetrics
 from gateway.flow.settings import FlowControl
 from gateway.flow.shared import RedisFairTags
-from gateway.flow.waits import Wait, WaitBoard
+from gateway.flow.waits import WaitBoard
 from gateway.routing.decision import Decision
 from gateway.routing.request import RoutingRequest
 
@@ -92,7 +92,8 @@ class FlowGate:
         # the targets queued requests wait for, here and (read from Redis) on the other instances (waits.py)
         self.instance = uuid.uuid4().hex[:12]
         self.board = WaitBoard()
-        self._published: dict[str, Wait] = {}
+        self._sent: dict[str, tuple[int, float]] = {}  # the waits last written to Redis, and when to renew them
+        self._renew_at = 0.0
         metrics.fairness.set_function(self.fairness)
 
     def start(self) -> None:
@@ -173,10 +174,9 @@ class FlowGate:
 
     async def watch_once(self) -> None:
         assert self.shared is not None
-        if not len(self.ctl) and self.cfg.share_waits:  # the pump reads the other instances' waits while it runs;
-            # idle, the watch does
-            await self.shared.refresh(self.ctl.tags, (), self.board, self.instance, self.clock())
-        tags = await self.shared.scan(self.ctl.tags, len(self.cfg.bands))
+        # the pump reads the other instances' waits while it runs; idle, the watch does
+        board = self.board if self.cfg.share_waits and not len(self.ctl) else None
+        tags = await self.shared.scan(self.ctl.tags, len(self.cfg.bands), board, self.instance, self.clock())
         now = self.clock()
         for flow, f in tags.items():
             if f > self._tags_seen.get(flow, 0.0):
@@ -231,21 +231,18 @@ class FlowGate:
         await self._publish(p, now)
 
     def _elsewhere(self, target: str, t: Ticket) -> bool:
-        return self.cfg.share_waits and self.board.elsewhere(self.instance, self.ctl.tags, self.clock())(target, t)
+        return self.cfg.share_waits and self.board.ahead(target, t.band, self.ctl.tags.start(t.band, t.tenant),
+                                                         self.instance, self.clock())
 
     async def _publish(self, p: Pass, now: float) -> None:
         """This pass's waits onto the board, and to Redis when they changed or half their life has gone."""
         if not self.cfg.share_waits:
             return
         mine = self.board.publish(self.instance, p.waits, now)
-        if self.shared is None:
+        if self.shared is None or (p.waits == self._sent and not (mine and now >= self._renew_at)):
             return
-        old = self._published
-        changed = {t: (w.band, w.start) for t, w in mine.items()} != {t: (w.band, w.start) for t, w in old.items()}
-        aging = bool(mine) and min(w.until for w in old.values()) - now < self.board.ttl_s / 2 if old else bool(mine)
-        if changed or aging:
-            self._published = mine
-            await self.shared.publish_waits(self.instance, mine, now)
+        self._sent, self._renew_at = dict(p.waits), now + self.board.ttl_s / 2
+        await self.shared.publish_waits(self.instance, mine, now)
 
     # -- bookkeeping -------------------------------------------------------------------------------------------
     def _claim(self, rreq: RoutingRequest, decision: Decision[Any], go: Decision[Any]) -> None:

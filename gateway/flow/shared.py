@@ -74,8 +74,10 @@ class RedisFairTags:
         self.guard.succeeded()
         tags.merge(band, tenant, float(f), float(v))
 
-    async def scan(self, tags: FairTags, bands: int) -> dict[tuple[int, str], float]:
-        """Every flow's tag in every band (merged into `tags`): which tenants other instances are serving."""
+    async def scan(self, tags: FairTags, bands: int, board: WaitBoard | None = None, me: str = "",
+                   now: float = 0.0) -> dict[tuple[int, str], float]:
+        """Every flow's tag in every band (merged into `tags`): which tenants other instances are serving; with
+        `board`, every other instance's waits too, in the same round trip."""
         if not self.guard.available:
             self.guard.fallback("away")
             return {}
@@ -85,11 +87,15 @@ class RedisFairTags:
                 pipe = self.client.pipeline(transaction=False)
                 for band in range(bands):
                     pipe.hgetall(self._key(band))
+                if board is not None:
+                    pipe.hgetall(self._waits_key)
                 replies = await pipe.execute()
         except REDIS_ERRORS as e:
             self.guard.fallback(self.guard.failed(e, started))
             return {}
         self.guard.succeeded()
+        if board is not None:
+            self._merge_waits(replies.pop(), board, me, now)
         out: dict[tuple[int, str], float] = {}
         for band, h in enumerate(replies):
             fields = {(k.decode() if isinstance(k, bytes) else k): float(v) for k, v in h.items()}
