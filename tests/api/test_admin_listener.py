@@ -128,6 +128,8 @@ def test_gateway_serve_starts_both_listeners_admin_on_the_api_port_plus_one(sims
     proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", "--config", str(path), "--port", str(port)],
                             env=env_without_proxies(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
+        # both listeners start together, in no set order: wait for each before asking either
+        wait_http(f"http://127.0.0.1:{port}/healthz", proc=proc)
         wait_http(f"http://127.0.0.1:{port + 1}/healthz", proc=proc)
         assert httpx.get(f"http://127.0.0.1:{port}/metrics").status_code == 404
         assert httpx.get(f"http://127.0.0.1:{port}/admin/state", headers=ADMIN_H).status_code == 404
