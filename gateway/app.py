@@ -167,6 +167,7 @@ def create_app(config: GatewayConfig, *, span_exporter: Any = None, transport: h
                                     RedisGuard("flow", on_fallback=fell_back, hung_after=rc.redis_hung_after_s),
                                     router.reservations.reserve)
             state.flow.start()
+            outliers.waiting = state.flow.waiting_for  # no latency ejection from a saturated pool
         app.state.gateway = state
         app.state.proxy = Pipeline(state)
         app.state.responses_store = build_response_store(config.responses, redis_client, rc.redis_prefix,

@@ -87,6 +87,7 @@ class Feedback:
         send for a round trip and showed it to no one sooner: a request decided meanwhile anywhere misses it
         either way."""
         self._apply(self.engine.dispatched(a))
+        self.stats.prefill(a.name, a.uncached, a.queued_prefill)  # prefill it runs: its streams' tokens wait for it
         if self.reservations is not None:  # after: briefly counted twice rather than not at all
             self.reservations.release(a.req.request_id)
         share = self._share.get((a.pool, a.name))
@@ -116,13 +117,17 @@ class Feedback:
             self.stats.ttft(a.name, engine_ttft, a.ttft_raw * corrector.get(a.pool, a.regime))
             self._judge()
 
-    def itl(self, a: Attempt, seconds_per_token: float) -> None:
-        """A served stream's mean inter-token latency (first token to the end, over the tokens after the first)."""
+    def itl(self, a: Attempt, seconds_per_token: float, decode_s: float | None) -> None:
+        """A served stream's mean inter-token latency (first token to the end, over the tokens after the first) and
+        its decode share (`decode_s`: without the prefills that cut in; pipeline/accounting.py `decode_itl`; None:
+        nothing to judge the replica on): the metric shows what the client saw, the outlier detector judges the
+        replica's own speed."""
         if seconds_per_token <= 0:
             return
         self._replica_metrics(a.pool, a.name)[1].observe(seconds_per_token)
-        self.stats.itl(a.name, seconds_per_token)
-        self._judge()
+        if decode_s is not None:
+            self.stats.itl(a.name, seconds_per_token, decode_s)
+            self._judge()
 
     def outcome(self, target: Any, kind: str) -> None:
         """One attempt's end as far as the replica is concerned: ok | error | timeout."""

@@ -8,8 +8,9 @@ which TTFT does not see) and what on-call should be told about.
 
 Every `interval_s` (checked on each observation; no background task), per pool: each replica's statistic is the
 median of its last `min_samples` observations in the window — the TTFT residual (observed / predicted for the pool,
-`replica_stats.py`) and the inter-token latency. A replica whose statistic is more than `ttft_factor` (`itl_factor`)
-times the median of its peers' — with at least `min_hosts` replicas judged — for `consecutive` evaluations in a row is
+`replica_stats.py`) and the decode inter-token latency (a stream's ITL without the prefills that cut in between its
+tokens: a healthy replica sent long prompts slows its streams' tokens by those prefills, which is load, not a fault;
+pipeline/accounting.py `decode_itl`). A replica whose statistic is more than `ttft_factor` (`itl_factor`) times the median of its peers' — with at least `min_hosts` replicas judged — for `consecutive` evaluations in a row is
 ejected for `base_ejection_s` x the number of ejections in a row (capped at `max_ejection_s`).
 
 - Floor: an ejection never takes a pool's replicas out of routing (ejected, unhealthy, drained, breaker open) beyond
@@ -79,6 +80,7 @@ class _Track:
     back_at: float = -math.inf  # when it last returned (or the count last decayed)
     held: str = ""  # why an outlier was not ejected (the floor), for admin state
     probation: bool = False  # back from an ejection and not yet judged clean on min_samples
+    saturated: str = ""  # why an outlier was not ejected (its pool saturated), for admin state
 
 
 def detector_stats(cfg: OutlierDetection, clock: Callable[[], float] = time.monotonic) -> ReplicaStats:
@@ -101,6 +103,9 @@ class LatencyOutliers:
         self.ejections: dict[str, Ejection] = {}  # replica -> its current ejection
         self._track: dict[str, _Track] = {}
         self._gates: dict[str, ProbeGate] = {}  # replica -> its probe gate, while it is open
+        # pool -> requests waiting in the gateway for its capacity (flow control's queue; set once flow control is
+        # built, gateway/app.py): while any wait, the pool is saturated and latency says where the load landed
+        self.waiting: Callable[[str], int] = lambda pool: 0
         self._last = -math.inf
 
     # -- reading ---------------------------------------------------------------------------------------------------
@@ -114,6 +119,8 @@ class LatencyOutliers:
         out: dict[str, Any] = {"ejected": e.as_dict(now) if e else None}
         if tr is not None and tr.held and e is None:
             out["held_by_floor"] = tr.held
+        if tr is not None and tr.saturated and e is None:
+            out["held_by_saturation"] = tr.saturated
         gate = self._gates.get(name)
         if gate is not None:  # back from an ejection, one request at a time
             out["probing"] = {"probes": gate.probes, "in_flight": gate.holder is not None}
@@ -193,7 +200,7 @@ class LatencyOutliers:
             if t.name in flagged:
                 tr.streak += 1
             elif t.name not in self.ejections:
-                tr.streak, tr.held = 0, ""
+                tr.streak, tr.held, tr.saturated = 0, "", ""
                 if t.name in self._gates and self._probed(t.name):
                     self._passed(t)
                 if tr.probation and min(map(len, self.stats.recent(t.name, cfg.min_samples))) >= cfg.min_samples:
@@ -205,6 +212,20 @@ class LatencyOutliers:
         _, t, reason, value, peers = worst
         tr = self._track[t.name]
         if tr.streak < (1 if tr.probation else cfg.consecutive):
+            return
+        if cfg.hold_while_saturated and not tr.probation and (waiting := self.waiting(pool)):
+            # requests wait in the gateway for this pool's capacity: every replica is as busy as routing can make
+            # it, their latencies differ by how the load landed (a rank prefilling long prompts stalls its streams,
+            # a full batch decodes slower), and taking one out leaves the same load on fewer; a replica slow itself
+            # is still routed around by its own TTFT correction, and one that stalls or errors still ejected
+            if not tr.saturated:
+                log.info("replica %s of pool %s is a latency outlier (%s %.3g, %.1fx its peers' %.3g) but not "
+                         "ejected: %d requests wait in flow control for the pool", t.name, pool, reason, value,
+                         value / peers, peers, waiting,
+                         extra={"event": "replica_ejection_held", "replica": t.name, "pool": pool, "reason": reason,
+                                "waiting": waiting, "prefill_load": self._load(t)})
+            tr.saturated = f"the pool is saturated: {waiting} requests wait in flow control for it (latency says " \
+                           "where the load landed)"
             return
         allowed = math.floor(len(targets) * cfg.max_ejection_percent / 100)
         if cfg.max_ejection_percent > 0 and len(targets) >= cfg.min_hosts:
@@ -222,6 +243,15 @@ class LatencyOutliers:
                       f"{cfg.max_ejection_percent:g})"
             return
         self._eject(t, reason, value, peers, now, flagged[t.name])
+
+    def _load(self, t: Any) -> dict[str, float]:
+        """Its prefill load in the window beside its pool peers' medians (in the ejection's log line: on-call's first
+        question, was it busy?)."""
+        tokens, queued = self.stats.prefill_load(t.name)
+        peers = [self.stats.prefill_load(x.name) for x in self.by_pool().get(t.pool, ()) if x.name != t.name]
+        return {"tokens": tokens, "queued_p50": round(queued),
+                "peers_tokens": statistics.median([p[0] for p in peers]) if peers else 0,
+                "peers_queued_p50": round(statistics.median([p[1] for p in peers])) if peers else 0}
 
     def _probed(self, name: str) -> bool:
         """Enough evidence through the gate: `probe_samples` TTFTs and ITLs, or — traffic with no streamed latency to
@@ -258,7 +288,7 @@ class LatencyOutliers:
                     extra={"event": "replica_ejected", "replica": t.name, "pool": t.pool, "reason": reason,
                            "value": round(value, 4), "peers_median": round(peers, 4), "ejected_s": length,
                            "signals": {k: round(v, 2) for k, v in signals.items()},
-                           "ejections_in_a_row": e.count})
+                           "ejections_in_a_row": e.count, "prefill_load": self._load(t)})
 
     def _return(self, t: Any, e: Ejection, now: float) -> None:
         del self.ejections[t.name]

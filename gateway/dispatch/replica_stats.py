@@ -4,8 +4,11 @@ by the latency outlier detector (`outliers.py`), `/admin/state` and explain. The
 
 `view` summarises the whole window and, apart, the last `recent` observations (what the outlier detector judges: a
 replica slowed a few seconds ago still has a window median from before). The residual is observed TTFT / the prediction corrected for the pool (not for the replica itself): how much slower
-this replica is than the pool's model says, which is comparable across replicas whatever their load. Observations are
-kept per replica, at most `max_samples` of each kind, so memory is bounded whatever the traffic.
+this replica is than the pool's model says, which is comparable across replicas whatever their load. A stream's
+inter-token latency is kept twice: its mean, what the client saw (the window's figures), and its decode share, the
+mean without the prefills that cut in between its tokens (pipeline/accounting.py `decode_itl`), which a replica's load
+does not move and its own slowness does (what `recent` gives the outlier detector). Observations are kept per
+replica, at most `max_samples` of each kind, so memory is bounded whatever the traffic.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ class ReplicaView:
     itl_samples: int
     itl_p50_s: float | None
     recent_ttft_residual_p50: float | None  # over the last `recent` only: what the outlier detector judges
-    recent_itl_p50_s: float | None
+    recent_itl_p50_s: float | None  # decode steps' share (the outlier detector's), over the last `recent`
     attempts: int
     error_rate: float | None
     timeout_rate: float | None
@@ -51,8 +54,10 @@ def _r(v: float | None, digits: int) -> float | None:
 @dataclass
 class _Window:
     ttft: deque[tuple[float, float, float]]  # (at, observed s, residual)
-    itl: deque[tuple[float, float]]  # (at, seconds per token)
+    itl: deque[tuple[float, float, float]]  # (at, seconds per token, of which the decode steps')
     outcomes: deque[tuple[float, str]] = field(default_factory=deque)
+    # (at, uncached prompt tokens sent, prefill tokens queued on it at the decision)
+    prefill: deque[tuple[float, int, float]] = field(default_factory=deque)
 
 
 def _quantile(values: list[float], q: float) -> float:
@@ -76,7 +81,7 @@ class ReplicaStats:
         w = self._w.get(name)
         if w is None:
             n = self.max_samples
-            w = self._w[name] = _Window(deque(maxlen=n), deque(maxlen=n), deque(maxlen=n))
+            w = self._w[name] = _Window(deque(maxlen=n), deque(maxlen=n), deque(maxlen=n), deque(maxlen=n))
         return w
 
     def ttft(self, name: str, observed_s: float, predicted_s: float) -> None:
@@ -84,9 +89,27 @@ class ReplicaStats:
             return
         self._window(name).ttft.append((self.clock(), observed_s, observed_s / predicted_s))
 
-    def itl(self, name: str, seconds_per_token: float) -> None:
+    def itl(self, name: str, seconds_per_token: float, decode_s: float | None = None) -> None:
+        """`decode_s`: the stream's decode share (default: all of it), what `recent` gives the outlier detector."""
         if seconds_per_token > 0:
-            self._window(name).itl.append((self.clock(), seconds_per_token))
+            d = seconds_per_token if decode_s is None or not 0 < decode_s <= seconds_per_token else decode_s
+            self._window(name).itl.append((self.clock(), seconds_per_token, d))
+
+    def prefill(self, name: str, tokens: int, queued: float = 0.0) -> None:
+        """A request sent with `tokens` uncached prompt tokens, `queued` prefill tokens ahead of it (the router's
+        view at the decision): prefill the replica runs ahead of its decode steps."""
+        self._window(name).prefill.append((self.clock(), max(0, tokens), max(0.0, queued)))
+
+    def prefill_load(self, name: str) -> tuple[int, float]:
+        """Uncached prompt tokens sent to the replica within the window (of the last `max_samples` requests), and
+        the median of the prefill queued on it at their decisions."""
+        w = self._w.get(name)
+        if w is None:
+            return 0, 0.0
+        self._trim(w)
+        cut = self.clock() - self.window_s
+        sent = [x for x in w.prefill if x[0] >= cut]
+        return sum(x[1] for x in sent), statistics.median([x[2] for x in sent]) if sent else 0.0
 
     def outcome(self, name: str, kind: str) -> None:
         """`kind`: ok | error | timeout (one attempt's end, as far as the replica is concerned)."""
@@ -98,18 +121,18 @@ class ReplicaStats:
 
     def _trim(self, w: _Window) -> None:
         cut = self.clock() - self.lookback_s
-        for dq in (w.ttft, w.itl, w.outcomes):
+        for dq in (w.ttft, w.itl, w.outcomes, w.prefill):
             while dq and dq[0][0] < cut:
                 dq.popleft()
 
     def recent(self, name: str, n: int) -> tuple[list[float], list[float]]:
-        """The last `n` TTFT residuals and inter-token latencies within the lookback (fewer if fewer were seen):
+        """The last `n` TTFT residuals and decode inter-token latencies within the lookback (fewer if fewer were seen):
         those of the window, or older ones as far back as `lookback_s` where the window holds fewer than `n`."""
         w = self._w.get(name)
         if w is None:
             return [], []
         self._trim(w)
-        return [x[2] for x in list(w.ttft)[-n:]], [x[1] for x in list(w.itl)[-n:]]
+        return [x[2] for x in list(w.ttft)[-n:]], [x[2] for x in list(w.itl)[-n:]]
 
     def view(self, name: str) -> ReplicaView:
         w = self._w.get(name)
@@ -120,10 +143,11 @@ class ReplicaStats:
         ttft = [x for x in w.ttft if x[0] >= cut]
         ttfts = [x[1] for x in ttft]
         residuals = [x[2] for x in ttft]
-        itls = [x[1] for x in w.itl if x[0] >= cut]
+        itl_w = [x for x in w.itl if x[0] >= cut]
+        itls = [x[1] for x in itl_w]
         kinds = [x[1] for x in w.outcomes if x[0] >= cut]
         n = len(kinds)
-        recent_res, recent_itl = residuals[-self.recent_n:], itls[-self.recent_n:]
+        recent_res, recent_itl = residuals[-self.recent_n:], [x[2] for x in itl_w[-self.recent_n:]]
         return ReplicaView(
             len(ttfts), statistics.median(ttfts) if ttfts else None, _quantile(ttfts, 0.95) if ttfts else None,
             statistics.median(residuals) if residuals else None, len(itls), statistics.median(itls) if itls else None,

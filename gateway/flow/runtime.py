@@ -286,6 +286,13 @@ class FlowGate:
         sq = sum(x * x for x in xs)
         return (sum(xs) ** 2) / (len(xs) * sq) if sq else 1.0
 
+    def waiting_for(self, pool: str) -> int:
+        """Requests queued here that could be served by `pool` (the latency outlier detector: the pool is
+        saturated)."""
+        if not len(self.ctl):
+            return 0
+        return sum(1 for t in self.ctl.queued() if pool in getattr(t.payload.route, "pools", ()))
+
     def snapshot(self) -> dict[str, Any]:
         """The admin view: queues per flow, the fair tags, the fairness index."""
         now = self.clock()

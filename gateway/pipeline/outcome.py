@@ -18,6 +18,7 @@ the upstream), as it must see who was tried when every attempt failed.
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,6 +43,9 @@ class Outcome:
     error_target: Any = None  # the last target tried when dispatch failed (set by the dispatcher on its error)
     error_attempts: int = 0
     chunks: int = 0  # upstream payloads relayed: a stream cut short is billed by them (pipeline/accounting.py)
+    # seconds per event of each of a stream's reads after the first token (the first GAP_SAMPLES, set by the relay's
+    # framer): the replica's decode steps, apart from the prefills that cut in (pipeline/accounting.py `_itl`)
+    gaps: array[float] | None = None
     accounted: bool = False  # accounting ran (it runs exactly once): the one field accounting writes
 
     @classmethod

@@ -9,6 +9,8 @@ its reads: tests/pipeline/test_relay_reads.py).
 
 from __future__ import annotations
 
+import time
+from array import array
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +26,7 @@ if TYPE_CHECKING:
     from gateway.pipeline.relay import Relay
 
 DONE = b"data: [DONE]\n\n"
+GAP_SAMPLES = 256  # reads of a stream whose spacing is kept (Outcome.gaps): a 1k-token answer's ~300 decode steps
 
 
 def error_of(message: str, type_: str = "server_error", code: str = "upstream_error") -> dict[str, Any]:
@@ -46,7 +49,9 @@ class Framer:
         "enc",
         "ended",
         "ex",
+        "gaps",
         "held",
+        "last",
         "new",
         "new2",
         "old",
@@ -66,9 +71,15 @@ class Framer:
         self.plain = self.enc is None and self.old == self.new  # nothing to rename: the payload is framed as it came
         self.saw_done = False
         self.ended = False
+        self.gaps = out.gaps = array("d")  # 8 bytes a read, not a float object each
+        self.last = out.first_token_at or time.monotonic()
 
     def read(self, payloads: list[bytes]) -> bytes:
         out = self.out
+        now = time.monotonic()  # each read's spacing: the replica's decode steps (accounting's decode ITL)
+        if len(self.gaps) < GAP_SAMPLES:
+            self.gaps.append((now - self.last) / (len(payloads) or 1))
+        self.last = now
         if len(payloads) == 1:  # the common read: one event
             payload = payloads[0]
             if payload[:8] != b'{"error"' and payload != b"[DONE]":

@@ -6,6 +6,7 @@ once the fault clears. Conditions are waited on by request count, never by wall-
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 import httpx
 import pytest
@@ -27,8 +28,9 @@ def body(i: int) -> dict:
 class Traffic:
     """Streams from a few threads until told to stop; counts the replica that served each."""
 
-    def __init__(self, url: str, threads: int = 4) -> None:
+    def __init__(self, url: str, threads: int = 4, body_of: Callable[[int], dict] = body) -> None:
         self.url = url
+        self.body_of = body_of
         self.served: list[str] = []
         self.n = 0
         self.lock = threading.Lock()
@@ -41,7 +43,7 @@ class Traffic:
                 with self.lock:
                     self.n += 1
                     i = self.n
-                with c.stream("POST", self.url + "/v1/chat/completions", json=body(i),
+                with c.stream("POST", self.url + "/v1/chat/completions", json=self.body_of(i),
                               headers={"authorization": f"Bearer {KEY_A}"}) as r:
                     for _ in r.iter_lines():
                         pass

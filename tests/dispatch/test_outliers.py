@@ -411,3 +411,26 @@ def test_a_healthy_replica_with_a_few_slow_answers_is_not_suspect():
         f.clock.now += CFG.interval_s
         f.det.evaluate()
     assert f.ejected() == set()
+
+
+@pytest.mark.parametrize("waiting", [0, 5])
+def test_no_latency_ejection_from_a_saturated_pool(waiting: int, caplog):
+    """While requests wait in flow control for the pool, a replica far slower than its peers is held (shown in its
+    status, logged once) rather than ejected: its latency says where the load landed. With none waiting it is
+    ejected as ever."""
+    f = Fleet()
+    f.det.waiting = lambda pool: waiting
+    with caplog.at_level(logging.INFO, logger="gateway.outliers"):
+        for _ in range(12):
+            f.second(itl_slow={"r2": 4.0})
+    if waiting:
+        assert f.ejected() == set()
+        assert "5 requests wait in flow control" in f.det.status("r2")["held_by_saturation"]
+        held = [r for r in caplog.records if getattr(r, "event", "") == "replica_ejection_held"]
+        assert len(held) == 1 and held[0].waiting == 5 and set(held[0].prefill_load) >= {"tokens", "peers_tokens"}
+        f.det.waiting = lambda pool: 0  # the queue drained: judged as ever, the hold gone
+        f.second(itl_slow={"r2": 4.0})
+        f.second(itl_slow={"r2": 4.0})
+        assert f.ejected() == {"r2"} and "held_by_saturation" not in f.det.status("r2")
+    else:
+        assert f.ejected() == {"r2"} and f.det.ejected("r2").reason == "latency_itl"

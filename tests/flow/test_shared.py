@@ -4,6 +4,7 @@ share and loses nothing."""
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -263,5 +264,26 @@ def test_a_target_a_request_waits_for_on_one_instance_is_not_taken_by_a_later_fl
         await until(lambda: order == ["b-wait", "a-next"], "a-next granted once nobody ahead waits for r0")
         await one.stop()
         await two.stop()
+
+    asyncio.run(main())
+
+
+def test_waiting_for_counts_the_queued_requests_each_pool_could_serve():
+    """What the latency outlier detector asks (gateway/app.py): how many requests wait here for a pool's capacity."""
+    async def main() -> None:
+        gate = Gate()
+        fg = make(gate, None)
+        fg.start()
+        assert fg.waiting_for("p") == 0
+        for i, (tenant, pools) in enumerate((("A", ["p"]), ("B", ["p", "q"]), ("A", ["q"]))):  # two flows: held
+            t = fg.ctl.ticket(f"r{i}", tenant, 1, 1.0, 1000, 10, fg.clock(), 2.0)
+            asyncio.get_running_loop().create_task(fg.hold(t, rreq(f"r{i}", tenant), SimpleNamespace(pools=pools),
+                                                           PoolTiming()))
+        await until(lambda: len(fg.ctl) == 3, "three queued")
+        assert (fg.waiting_for("p"), fg.waiting_for("q"), fg.waiting_for("other")) == (2, 2, 0)
+        gate.open = True
+        await until(lambda: len(fg.ctl) == 0, "all granted")
+        assert fg.waiting_for("p") == 0
+        await fg.stop()
 
     asyncio.run(main())
