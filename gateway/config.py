@@ -97,7 +97,8 @@ class OutlierDetection(_Strict):
     itl_factor: float = Field(default=2.5, gt=1, description="eject when the replica's median inter-token latency is "
                               "this many times its peers' median")
     hold_while_saturated: bool = Field(default=True, description="no latency ejection from a pool while requests wait "
-                                       "in flow control for its capacity (its replicas' latencies then reflect how "
+                                       "in flow control for its capacity, nor for window_s after (its replicas' "
+                                       "latencies then reflect how "
                                        "the load landed; a slow replica is still routed around, and one that stalls "
                                        "or errors still ejected); a replica on probation is judged regardless")
     consecutive: int = Field(default=2, ge=1, le=100, description="evaluations in a row the replica must be an "

@@ -123,7 +123,7 @@ def dump_rows(a: argparse.Namespace, label: str, tenants: Any, where: dict[int, 
                     "run": label, "tenant": tenant, "instance": where.get(id(r), 0), "at": t.timestamp_ms / 1000,
                     "sent": r.sent * a.time_scale, "input": t.input_length, "output": t.output_length,
                     "cached": r.cached_tokens, "ok": r.ok, "error": r.error, "ttft": r.ttft, "wait": r.flow_wait,
-                    "replica": r.replica, "route": r.route,
+                    "replica": r.replica, "route": r.route, "predicted": r.predicted,
                     "idle_ttft": idle_ttft(cfg, t.input_length, r.cached_tokens)}) + b"\n")
 
 
@@ -172,6 +172,7 @@ async def run(a: argparse.Namespace, work: Path, label: str, flow: bool, b: list
     for r in rb + ra:  # wall seconds -> simulated seconds
         r.ttft = None if r.ttft is None else r.ttft * a.time_scale
         r.flow_wait = None if r.flow_wait is None else r.flow_wait * a.time_scale
+        r.predicted = None if r.predicted is None else r.predicted * a.time_scale
     if a.dump:
         dump_rows(a, label, (("B", ob, rb), ("A", oa, ra)), where)
     return [tenant_row(label, t, tr, res, a.sla, a.window_s) for t, tr, res in (("B", ob, rb), ("A", oa, ra)) if tr]

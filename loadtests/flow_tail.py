@@ -47,15 +47,25 @@ def main() -> None:
     p.add_argument("--rows", action="store_true")
     a = p.parse_args()
     rows = load(a.dump, a.run, a.tenant)
+    late_rows = late(rows, a.sla)
     print(f"{a.run}, tenant {a.tenant}: requests that could meet the {a.sla} s SLA and did not")
     print(table(["requests", "possible", "late", "mostly the gateway's wait", "mostly after dispatch",
                  "late, by branch", "all, by branch"], summary(rows, a.sla)))
+    ratios = [(r in late_rows, (r["ttft"] - (r["wait"] or 0)) / r["predicted"]) for r in rows
+              if r["ok"] and r.get("predicted") and r["ttft"] is not None and r["idle_ttft"] <= a.sla]
+    if ratios:  # how far the replica's TTFT was from what routing predicted for it (x-gateway-ttft-predicted-ms)
+        for what, mine in (("late", True), ("on time", False)):
+            xs = sorted(x for is_late, x in ratios if is_late is mine)
+            if xs:
+                print(f"after dispatch / predicted, {what} ({len(xs)}): median {xs[len(xs) // 2]:.2f}, "
+                      f"p90 {xs[int(len(xs) * 0.9)]:.2f}")
     if a.rows:
         print(table(["at", "instance", "input", "cached", "idle TTFT", "TTFT", "flow wait", "after dispatch",
-                     "replica", "branch"],
+                     "predicted", "replica", "branch"],
                     [[f"{r['at']:.2f}", r["instance"], r["input"], r["cached"], f"{r['idle_ttft']:.2f}",
                       f"{r['ttft']:.2f}", f"{r['wait'] or 0:.2f}", f"{r['ttft'] - (r['wait'] or 0):.2f}",
-                      r["replica"], r["route"]] for r in sorted(late(rows, a.sla), key=lambda r: r["at"])]))
+                      "" if r.get("predicted") is None else f"{r['predicted']:.2f}",
+                      r["replica"], r["route"]] for r in sorted(late_rows, key=lambda r: r["at"])]))
 
 
 if __name__ == "__main__":

@@ -106,6 +106,7 @@ class LatencyOutliers:
         # pool -> requests waiting in the gateway for its capacity (flow control's queue; set once flow control is
         # built, gateway/app.py): while any wait, the pool is saturated and latency says where the load landed
         self.waiting: Callable[[str], int] = lambda pool: 0
+        self._saturated: dict[str, tuple[float, int]] = {}  # pool -> when requests last waited for it, how many
         self._last = -math.inf
 
     # -- reading ---------------------------------------------------------------------------------------------------
@@ -180,6 +181,8 @@ class LatencyOutliers:
 
     def _judge(self, pool: str, targets: Sequence[Any], now: float) -> None:
         cfg = self.cfg
+        if cfg.hold_while_saturated and (waiting := self.waiting(pool)):
+            self._saturated[pool] = (now, waiting)
         factors = {"latency_ttft": cfg.ttft_factor, "latency_itl": cfg.itl_factor}
         worst: tuple[float, Any, str, float, float] | None = None  # (times peers, target, reason, value, peers)
         flagged: dict[str, dict[str, float]] = {}  # replica -> reason -> x its peers
@@ -213,19 +216,22 @@ class LatencyOutliers:
         tr = self._track[t.name]
         if tr.streak < (1 if tr.probation else cfg.consecutive):
             return
-        if cfg.hold_while_saturated and not tr.probation and (waiting := self.waiting(pool)):
-            # requests wait in the gateway for this pool's capacity: every replica is as busy as routing can make
-            # it, their latencies differ by how the load landed (a rank prefilling long prompts stalls its streams,
-            # a full batch decodes slower), and taking one out leaves the same load on fewer; a replica slow itself
-            # is still routed around by its own TTFT correction, and one that stalls or errors still ejected
+        at, waiting = self._saturated.get(pool, (-math.inf, 0))
+        if cfg.hold_while_saturated and not tr.probation and now - at < cfg.window_s:
+            # requests wait (or waited, within the window the statistics cover) in the gateway for this pool's
+            # capacity: every replica is as busy as routing can make it, their latencies differ by how the load
+            # landed (a rank prefilling long prompts stalls its streams, a full batch decodes slower), and taking
+            # one out leaves the same load on fewer; a replica slow itself is still routed around by its own TTFT
+            # correction, and one that stalls or errors still ejected
             if not tr.saturated:
                 log.info("replica %s of pool %s is a latency outlier (%s %.3g, %.1fx its peers' %.3g) but not "
                          "ejected: %d requests wait in flow control for the pool", t.name, pool, reason, value,
                          value / peers, peers, waiting,
                          extra={"event": "replica_ejection_held", "replica": t.name, "pool": pool, "reason": reason,
-                                "waiting": waiting, "prefill_load": self._load(t)})
-            tr.saturated = f"the pool is saturated: {waiting} requests wait in flow control for it (latency says " \
-                           "where the load landed)"
+                                "value": round(value, 4), "peers_median": round(peers, 4), "waiting": waiting,
+                                "prefill_load": self._load(t)})
+            tr.saturated = f"the pool is saturated: {waiting} requests waited in flow control for it " \
+                           f"{now - at:.0f} s ago (latency says where the load landed)"
             return
         allowed = math.floor(len(targets) * cfg.max_ejection_percent / 100)
         if cfg.max_ejection_percent > 0 and len(targets) >= cfg.min_hosts:
@@ -274,7 +280,7 @@ class LatencyOutliers:
             gate.close()  # out of routing altogether; opened again when this ejection ends
         tr = self._track[t.name]
         tr.count += 1
-        tr.streak, tr.held = 0, ""
+        tr.streak, tr.held, tr.saturated = 0, "", ""
         length = min(self.cfg.max_ejection_s, self.cfg.base_ejection_s * tr.count)
         e = self.ejections[t.name] = Ejection(t.name, t.pool, reason, value, peers, now, now + length, tr.count,
                                               dict(signals))

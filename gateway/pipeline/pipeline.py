@@ -209,6 +209,9 @@ class Pipeline:
             ex.rreq = rreq
             ex.decision = await decide.decide(st.router, st.metrics, ex.rreq, ex.route, held)
             ex.headers["x-gateway-route"] = ex.decision.branch
+            chosen = ex.decision.chosen
+            if chosen is not None and chosen.ttft > 0:  # what routing expected of it: the replica's TTFT, from send
+                ex.headers["x-gateway-ttft-predicted-ms"] = str(int(chosen.ttft * 1000))
             decide.refuse_shed(st.control.name_override, ex.tenant.name, ex.decision)
             if decided is not None:
                 decided(ex)

@@ -50,6 +50,7 @@ class HttpResult:
     replica: str = ""  # the gateway's x-gateway-replica (where it went), when the endpoint says
     route: str = ""  # the gateway's x-gateway-route (the routing branch)
     flow_wait: float | None = None  # the gateway's x-gateway-flow-wait-ms, in seconds (time held by flow control)
+    predicted: float | None = None  # the gateway's x-gateway-ttft-predicted-ms, in seconds (the replica's, from send)
 
 
 async def _one(client: httpx.AsyncClient, base: str, model: str, r: TraceRecord, headers: dict[str, str]) -> HttpResult:
@@ -64,6 +65,8 @@ async def _one(client: httpx.AsyncClient, base: str, model: str, r: TraceRecord,
             res.route = resp.headers.get("x-gateway-route", "")
             wait = resp.headers.get("x-gateway-flow-wait-ms")
             res.flow_wait = float(wait) / 1000 if wait else None
+            predicted = resp.headers.get("x-gateway-ttft-predicted-ms")
+            res.predicted = float(predicted) / 1000 if predicted else None
             if resp.status_code != 200:
                 res.error = f"HTTP {resp.status_code}"
                 raw = await resp.aread()

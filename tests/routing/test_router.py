@@ -51,6 +51,8 @@ def test_two_instances_share_prefix_placement_through_redis(fleet, redis_server)
             h2, r2 = send(b, msgs[:1] + [{"role": "user", "content": "a different question"}])
             assert h1["x-gateway-replica"] == h2["x-gateway-replica"]
             assert h2["x-gateway-route"] == "prefix_hit"
+            # what routing expected of the replica: the cached prefix shortens the predicted first token
+            assert 0 < int(h2["x-gateway-ttft-predicted-ms"]) < int(h1["x-gateway-ttft-predicted-ms"])
             assert r2.usage.prompt_tokens_details.cached_tokens >= 3000  # the shared system prompt (3,150 tokens) came from cache
     finally:
         a.stop()
