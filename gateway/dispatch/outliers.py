@@ -103,9 +103,10 @@ class LatencyOutliers:
         self.ejections: dict[str, Ejection] = {}  # replica -> its current ejection
         self._track: dict[str, _Track] = {}
         self._gates: dict[str, ProbeGate] = {}  # replica -> its probe gate, while it is open
-        # pool -> requests waiting in the gateway for its capacity (flow control's queue; set once flow control is
-        # built, gateway/app.py): while any wait, the pool is saturated and latency says where the load landed
-        self.waiting: Callable[[str], int] = lambda pool: 0
+        # (pool, its targets) -> requests waiting in the gateway for its capacity, on this instance or another
+        # (flow control's queue and waits board; set once flow control is built, gateway/app.py): while any
+        # wait, the pool is saturated and latency says where the load landed
+        self.waiting: Callable[[str, list[str]], int] = lambda pool, targets: 0
         self._saturated: dict[str, tuple[float, int]] = {}  # pool -> when requests last waited for it, how many
         self._last = -math.inf
 
@@ -181,7 +182,7 @@ class LatencyOutliers:
 
     def _judge(self, pool: str, targets: Sequence[Any], now: float) -> None:
         cfg = self.cfg
-        if cfg.hold_while_saturated and (waiting := self.waiting(pool)):
+        if cfg.hold_while_saturated and (waiting := self.waiting(pool, [t.name for t in targets])):
             self._saturated[pool] = (now, waiting)
         factors = {"latency_ttft": cfg.ttft_factor, "latency_itl": cfg.itl_factor}
         worst: tuple[float, Any, str, float, float] | None = None  # (times peers, target, reason, value, peers)

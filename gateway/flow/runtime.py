@@ -19,7 +19,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -286,12 +286,13 @@ class FlowGate:
         sq = sum(x * x for x in xs)
         return (sum(xs) ** 2) / (len(xs) * sq) if sq else 1.0
 
-    def waiting_for(self, pool: str) -> int:
-        """Requests queued here that could be served by `pool` (the latency outlier detector: the pool is
-        saturated)."""
-        if not len(self.ctl):
-            return 0
-        return sum(1 for t in self.ctl.queued() if pool in getattr(t.payload.route, "pools", ()))
+    def waiting_for(self, pool: str, targets: Collection[str] = ()) -> int:
+        """Requests queued here that `pool` could serve, plus the pool's `targets` that requests on other instances
+        wait for (the waits board): the latency outlier detector's sign that the pool is saturated, whichever
+        instance holds the queue."""
+        here = sum(1 for t in self.ctl.queued() if pool in getattr(t.payload.route, "pools", ())) if len(self.ctl) else 0
+        there = self.board.waiting_elsewhere(self.instance, targets, self.clock()) if self.cfg.share_waits else 0
+        return here + there
 
     def snapshot(self) -> dict[str, Any]:
         """The admin view: queues per flow, the fair tags, the fairness index."""

@@ -19,7 +19,7 @@ soon after. The board is one object per process in the virtual-clock fleet and a
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -69,6 +69,11 @@ class WaitBoard:
             if w is not None and w.until >= now and (w.band, w.start) < (band, start):
                 return True
         return False
+
+    def waiting_elsewhere(self, instance: str, targets: Collection[str], now: float) -> int:
+        """How many of `targets` another instance has requests waiting for (counted once per instance)."""
+        return sum(1 for inst, waits in self._by.items() if inst != instance
+                   for target in targets if (w := waits.get(target)) is not None and w.until >= now)
 
     def elsewhere(self, instance: str, tags: FairTags, now: float) -> Callable[[str, Ticket], bool]:
         """`gate.Pass`'s question for `instance`: does another instance have a request ahead of a ticket (its flow's

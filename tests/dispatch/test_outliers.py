@@ -419,7 +419,7 @@ def test_no_latency_ejection_from_a_saturated_pool(waiting: int, caplog):
     status, logged once) rather than ejected: its latency says where the load landed. With none waiting it is
     ejected as ever."""
     f = Fleet()
-    f.det.waiting = lambda pool: waiting
+    f.det.waiting = lambda pool, targets: waiting
     with caplog.at_level(logging.INFO, logger="gateway.outliers"):
         for _ in range(12):
             f.second(itl_slow={"r2": 4.0})
@@ -429,7 +429,7 @@ def test_no_latency_ejection_from_a_saturated_pool(waiting: int, caplog):
         held = [r for r in caplog.records if getattr(r, "event", "") == "replica_ejection_held"]
         assert len(held) == 1 and held[0].waiting == 5 and set(held[0].prefill_load) >= {"tokens", "peers_tokens"}
         # the queue drained: the statistics still cover the saturated window, so the hold lasts window_s more
-        f.det.waiting = lambda pool: 0
+        f.det.waiting = lambda pool, targets: 0
         for _ in range(int(CFG.window_s) - 3):
             f.second(itl_slow={"r2": 4.0})
         assert f.ejected() == set()

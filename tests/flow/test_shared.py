@@ -15,6 +15,7 @@ from gateway.flow.controller import Ticket
 from gateway.flow.metrics import FlowMetrics
 from gateway.flow.runtime import FlowGate, FlowRefused, build
 from gateway.flow.settings import FlowControl
+from gateway.flow.waits import Wait
 from gateway.prediction.ttft import LoadView
 from gateway.routing.decision import Decision, Inputs
 from gateway.routing.features import Candidate, TargetInfo
@@ -281,6 +282,11 @@ def test_waiting_for_counts_the_queued_requests_each_pool_could_serve():
                                                            PoolTiming()))
         await until(lambda: len(fg.ctl) == 3, "three queued")
         assert (fg.waiting_for("p"), fg.waiting_for("q"), fg.waiting_for("other")) == (2, 2, 0)
+        # another instance's requests waiting for one of the pool's targets (the waits board) count too
+        fg.board.merge("elsewhere", {"r7": Wait(1, 0.0, fg.clock() + 10), "x1": Wait(1, 0.0, fg.clock() + 10)})
+        assert fg.waiting_for("p", ["r6", "r7"]) == 3 and fg.waiting_for("other", ["r6"]) == 0
+        fg.board.merge("stale", {"r6": Wait(1, 0.0, fg.clock() - 1)})  # past its time: not believed
+        assert fg.waiting_for("other", ["r6"]) == 0
         gate.open = True
         await until(lambda: len(fg.ctl) == 0, "all granted")
         assert fg.waiting_for("p") == 0
