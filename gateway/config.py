@@ -98,9 +98,9 @@ class OutlierDetection(_Strict):
                               "this many times its peers' median")
     hold_while_saturated: bool = Field(default=True, description="no latency ejection from a pool while requests wait "
                                        "in flow control for its capacity, nor for window_s after (its replicas' "
-                                       "latencies then reflect how "
-                                       "the load landed; a slow replica is still routed around, and one that stalls "
-                                       "or errors still ejected); a replica on probation is judged regardless")
+                                       "latencies then reflect how the load landed; a slow replica is still routed "
+                                       "around, and one that stalls or errors still ejected); a replica on "
+                                       "probation is judged regardless")
     consecutive: int = Field(default=2, ge=1, le=100, description="evaluations in a row the replica must be an "
                              "outlier (it stays far above, not one bad moment)")
     base_ejection_s: float = Field(default=30.0, gt=0, le=86_400, description="first ejection's length; each "

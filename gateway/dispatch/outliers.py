@@ -10,9 +10,12 @@ Every `interval_s` (checked on each observation; no background task), per pool: 
 median of its last `min_samples` observations in the window — the TTFT residual (observed / predicted for the pool,
 `replica_stats.py`) and the decode inter-token latency (a stream's ITL without the prefills that cut in between its
 tokens: a healthy replica sent long prompts slows its streams' tokens by those prefills, which is load, not a fault;
-pipeline/accounting.py `decode_itl`). A replica whose statistic is more than `ttft_factor` (`itl_factor`) times the median of its peers' — with at least `min_hosts` replicas judged — for `consecutive` evaluations in a row is
-ejected for `base_ejection_s` x the number of ejections in a row (capped at `max_ejection_s`).
+pipeline/accounting.py `decode_itl`). A replica whose statistic is more than `ttft_factor` (`itl_factor`) times the
+median of its peers' — with at least `min_hosts` replicas judged — for `consecutive` evaluations in a row is ejected
+for `base_ejection_s` x the number of ejections in a row (capped at `max_ejection_s`).
 
+- Saturation: while requests wait in flow control for the pool (on any instance), and for `window_s` after, no
+  replica of it is ejected on latency (`hold_while_saturated`): their latencies then say where the load landed.
 - Floor: an ejection never takes a pool's replicas out of routing (ejected, unhealthy, drained, breaker open) beyond
   `max_ejection_percent` of them, with at least one allowed once the pool has `min_hosts`: a fleet-wide slowdown makes
   no replica an outlier, and a pool is never emptied by this module.
@@ -226,8 +229,8 @@ class LatencyOutliers:
             # correction, and one that stalls or errors still ejected
             if not tr.saturated:
                 log.info("replica %s of pool %s is a latency outlier (%s %.3g, %.1fx its peers' %.3g) but not "
-                         "ejected: %d requests wait in flow control for the pool", t.name, pool, reason, value,
-                         value / peers, peers, waiting,
+                         "ejected: %d requests waited in flow control for the pool %.0f s ago", t.name, pool, reason,
+                         value, value / peers, peers, waiting, now - at,
                          extra={"event": "replica_ejection_held", "replica": t.name, "pool": pool, "reason": reason,
                                 "value": round(value, 4), "peers_median": round(peers, 4), "waiting": waiting,
                                 "prefill_load": self._load(t)})

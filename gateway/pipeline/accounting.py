@@ -318,7 +318,8 @@ def decode_itl(mean: float, gaps: Sequence[float] | None, burst_s: float = 0.0) 
     one decode step each: the first quartile of the gaps is that step. A replica slow itself makes every step slow,
     the quartile with them. Gaps under `burst_s` (no engine step is that short: tokens that reached the gateway
     together) are left out, as is a stream with fewer than 4 gaps left (its mean is all there is). The latency
-    outlier detector judges this, so a busy replica is not ejected for the prefills it was sent (docs/on-call-replicas.md)."""
+    outlier detector judges this, so a busy replica is not ejected for the prefills it was sent
+    (docs/on-call-replicas.md)."""
     if not gaps:
         return mean
     steps = sorted(g for g in gaps if g >= burst_s)
