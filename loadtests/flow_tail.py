@@ -51,7 +51,8 @@ def main() -> None:
     print(f"{a.run}, tenant {a.tenant}: requests that could meet the {a.sla} s SLA and did not")
     print(table(["requests", "possible", "late", "mostly the gateway's wait", "mostly after dispatch",
                  "late, by branch", "all, by branch"], summary(rows, a.sla)))
-    ratios = [(r in late_rows, (r["ttft"] - (r["wait"] or 0)) / r["predicted"]) for r in rows
+    late_ids = {id(r) for r in late_rows}
+    ratios = [(id(r) in late_ids, (r["ttft"] - (r["wait"] or 0)) / r["predicted"]) for r in rows
               if r["ok"] and r.get("predicted") and r["ttft"] is not None and r["idle_ttft"] <= a.sla]
     if ratios:  # how far the replica's TTFT was from what routing predicted for it (x-gateway-ttft-predicted-ms)
         for what, mine in (("late", True), ("on time", False)):

@@ -119,7 +119,7 @@ class Feedback:
 
     def itl(self, a: Attempt, seconds_per_token: float, decode_s: float | None) -> None:
         """A served stream's mean inter-token latency (first token to the end, over the tokens after the first) and
-        its decode share (`decode_s`: without the prefills that cut in; pipeline/accounting.py `decode_itl`; None:
+        its decode share (`decode_s`: without the prefills that cut in; dispatch/replica_stats.py `judged_itl`; None:
         nothing to judge the replica on): the metric shows what the client saw, the outlier detector judges the
         replica's own speed."""
         if seconds_per_token <= 0:

@@ -10,7 +10,7 @@ Every `interval_s` (checked on each observation; no background task), per pool: 
 median of its last `min_samples` observations in the window — the TTFT residual (observed / predicted for the pool,
 `replica_stats.py`) and the decode inter-token latency (a stream's ITL without the prefills that cut in between its
 tokens: a healthy replica sent long prompts slows its streams' tokens by those prefills, which is load, not a fault;
-pipeline/accounting.py `decode_itl`). A replica whose statistic is more than `ttft_factor` (`itl_factor`) times the
+replica_stats.py `decode_itl`). A replica whose statistic is more than `ttft_factor` (`itl_factor`) times the
 median of its peers' — with at least `min_hosts` replicas judged — for `consecutive` evaluations in a row is ejected
 for `base_ejection_s` x the number of ejections in a row (capped at `max_ejection_s`).
 

@@ -6,7 +6,7 @@ by the latency outlier detector (`outliers.py`), `/admin/state` and explain. The
 replica slowed a few seconds ago still has a window median from before). The residual is observed TTFT / the prediction corrected for the pool (not for the replica itself): how much slower
 this replica is than the pool's model says, which is comparable across replicas whatever their load. A stream's
 inter-token latency is kept twice: its mean, what the client saw (the window's figures), and its decode share, the
-mean without the prefills that cut in between its tokens (pipeline/accounting.py `decode_itl`), which a replica's load
+mean without the prefills that cut in between its tokens (`decode_itl`, below), which a replica's load
 does not move and its own slowness does (what `recent` gives the outlier detector). Observations are kept per
 replica, at most `max_samples` of each kind, so memory is bounded whatever the traffic.
 """
@@ -16,7 +16,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 OUTCOMES = ("ok", "error", "timeout")
@@ -153,3 +153,31 @@ class ReplicaStats:
             statistics.median(residuals) if residuals else None, len(itls), statistics.median(itls) if itls else None,
             statistics.median(recent_res) if recent_res else None, statistics.median(recent_itl) if recent_itl else None,
             n, kinds.count("error") / n if n else None, kinds.count("timeout") / n if n else None)
+
+
+def decode_itl(mean: float, gaps: Sequence[float] | None, burst_s: float = 0.0) -> float:
+    """The part of a stream's mean inter-token latency that is the replica's decode speed: the mean scaled by its
+    typical decode step over its mean read spacing. An engine runs queued prefill before its next decode step
+    (SGLang: strictly), so on a busy healthy replica many of a stream's gaps hold whole prefills and the mean (even
+    the median gap, once prefills follow each other) rises with the load, while the gaps between prefills are still
+    one decode step each: the first quartile of the gaps is that step. A replica slow itself makes every step slow,
+    the quartile with them. Gaps under `burst_s` (no engine step is that short: tokens that reached the gateway
+    together) are left out, as is a stream with fewer than 4 gaps left (its mean is all there is). The latency
+    outlier detector judges this, so a busy replica is not ejected for the prefills it was sent
+    (docs/on-call-replicas.md)."""
+    if not gaps:
+        return mean
+    steps = sorted(g for g in gaps if g >= burst_s)
+    avg = sum(gaps) / len(gaps)
+    if len(steps) < 4 or avg <= 0:
+        return mean
+    return mean * min(1.0, steps[len(steps) // 4] / avg)
+
+
+def judged_itl(mean: float, gaps: Sequence[float] | None, decode_step_s: float, tokens_per_step: float) -> float | None:
+    """What the outlier detector judges of a stream on a pool whose model decodes a full batch in `decode_step_s`,
+    `tokens_per_step` tokens a step: its decode share, gaps under a tenth of that step left out (no engine step is
+    shorter; at one request it is about a third); None for a stream faster than a tenth of the model's decode (its
+    tokens reached the gateway in a burst, the first one seen late), which says nothing of the replica's speed."""
+    decode = decode_itl(mean, gaps, decode_step_s / 10)
+    return decode if decode >= decode_step_s / tokens_per_step / 10 else None

@@ -21,12 +21,13 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gateway.dispatch.dispatcher import Dispatched
 from gateway.dispatch.feedback import Feedback
+from gateway.dispatch.replica_stats import judged_itl
 from gateway.observability.logging import log_request
 from gateway.observability.metrics import Children, GatewayMetrics
 from gateway.pipeline import idempotency
@@ -205,7 +206,7 @@ class Accounting:
     def _itl(self, c: _Ctx) -> None:
         """A served stream's inter-token latency, for its replica: the mean (the time from the first token to the end
         over the tokens after the first, per choice: n choices decode side by side), what the client saw; and its
-        decode share, what the replica's own speed made of it (`decode_itl`)."""
+        decode share, what the replica's own speed made of it (dispatch/replica_stats.py `judged_itl`)."""
         ex, d, first = c.ex, c.out.dispatched, c.out.first_token_at
         if not ex.parsed.stream or c.reason != "ok" or d is None or first is None:
             return
@@ -214,12 +215,7 @@ class Accounting:
         if per_choice >= 2:
             mean = (c.now - first) / (per_choice - 1)
             t = d.target.timing
-            # a tenth of the model's full-batch decode step: no engine step is shorter (at one request ~a third)
-            decode = decode_itl(mean, c.out.gaps, t.decode_step_s / 10)
-            # faster than that: the tokens reached the gateway in a burst (it saw the first one late), which says
-            # nothing of the replica's speed; the metric keeps what the client saw
-            plausible = decode >= t.decode_step_s / t.tokens_per_step / 10
-            self.books.feedback.itl(d.attempt, mean, decode if plausible else None)
+            self.books.feedback.itl(d.attempt, mean, judged_itl(mean, c.out.gaps, t.decode_step_s, t.tokens_per_step))
 
     def _sla(self, c: _Ctx) -> None:
         """Streams are judged on their observed TTFT (dispatch feedback). A non-streamed response has no first
@@ -309,21 +305,3 @@ class _Ctx:
         self.prompt = self.cached = self.completion = 0
         self.cost = 0.0
 
-
-def decode_itl(mean: float, gaps: Sequence[float] | None, burst_s: float = 0.0) -> float:
-    """The part of a stream's mean inter-token latency that is the replica's decode speed: the mean scaled by its
-    typical decode step over its mean read spacing. An engine runs queued prefill before its next decode step
-    (SGLang: strictly), so on a busy healthy replica many of a stream's gaps hold whole prefills and the mean (even
-    the median gap, once prefills follow each other) rises with the load, while the gaps between prefills are still
-    one decode step each: the first quartile of the gaps is that step. A replica slow itself makes every step slow,
-    the quartile with them. Gaps under `burst_s` (no engine step is that short: tokens that reached the gateway
-    together) are left out, as is a stream with fewer than 4 gaps left (its mean is all there is). The latency
-    outlier detector judges this, so a busy replica is not ejected for the prefills it was sent
-    (docs/on-call-replicas.md)."""
-    if not gaps:
-        return mean
-    steps = sorted(g for g in gaps if g >= burst_s)
-    avg = sum(gaps) / len(gaps)
-    if len(steps) < 4 or avg <= 0:
-        return mean
-    return mean * min(1.0, steps[len(steps) // 4] / avg)

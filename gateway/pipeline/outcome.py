@@ -44,7 +44,7 @@ class Outcome:
     error_attempts: int = 0
     chunks: int = 0  # upstream payloads relayed: a stream cut short is billed by them (pipeline/accounting.py)
     # seconds per event of each of a stream's reads after the first token (the first GAP_SAMPLES, set by the relay's
-    # framer): the replica's decode steps, apart from the prefills that cut in (pipeline/accounting.py `_itl`)
+    # framer): the replica's decode steps, apart from the prefills that cut in (dispatch/replica_stats.py `judged_itl`)
     gaps: array[float] | None = None
     accounted: bool = False  # accounting ran (it runs exactly once): the one field accounting writes
 

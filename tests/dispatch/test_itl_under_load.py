@@ -1,7 +1,7 @@
 """A healthy replica sent long prompts is not a latency outlier. The engine runs a queued prefill before its next
 decode step, so the streams on a replica taking long prompts see their tokens stall for whole prefills: their mean
 inter-token latency rises with the load, while each decode step is as fast as anywhere. The outlier detector judges
-the decode share (pipeline/accounting.py `decode_itl`: the first quartile of its gaps), so such a replica keeps its
+the decode share (dispatch/replica_stats.py `decode_itl`: the first quartile of its gaps), so such a replica keeps its
 place in routing; a replica whose decode itself is slow is still ejected (tests/dispatch/test_gray_failure.py)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import threading
 
 import httpx
 
-from gateway.pipeline.accounting import decode_itl
+from gateway.dispatch.replica_stats import decode_itl
 from tests.dispatch.test_gray_failure import TIMING, TS, Traffic
 from tests.gateway_fixtures import KEY_A, config, sglang_pool, start_gateway
 from tests.support import start_sims
